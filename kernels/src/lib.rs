@@ -1,0 +1,10 @@
+//! `infer-kernels`: the quantized block formats and the SIMD matmul kernels of `infer`.
+//!
+//! Everything hot and nearly all `unsafe` lives here, behind safe functions: the block formats (byte-compatible
+//! with ggml, so real GGUF files load), scalar reference kernels that define each operation, hand-written AVX2 and
+//! AVX-512 variants chosen once at run time, and the rayon-parallel matrix drivers.
+
+pub mod ggml_type;
+pub mod quant;
+
+pub use ggml_type::{GgmlType, TypeIdError};

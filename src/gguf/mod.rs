@@ -1,0 +1,1 @@
+//! GGUF files: reading (memory-mapped, zero-copy, validated) and writing.

@@ -1,0 +1,10 @@
+//! `infer`: run GGUF language models on ordinary CPUs.
+//!
+//! The library is the engine; the `infer` binary is a thin CLI over it. The engine knows nothing of terminals or
+//! HTTP: it loads a model, tokenizes, runs batches of sequences through the shared decoder and samples.
+#![deny(unsafe_code)]
+
+pub mod cli;
+pub mod gguf;
+
+pub use infer_kernels as kernels;

@@ -1,0 +1,22 @@
+//! The `infer` binary: parse the command line, run the command, print errors ripgrep-style.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = infer::cli::Cli::parse();
+    match infer::cli::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // `infer ... | head` closes our stdout early: that is the reader's choice, not an error.
+            if infer::cli::is_broken_pipe(&err) {
+                return ExitCode::SUCCESS;
+            }
+            let mut stderr = std::io::stderr().lock();
+            let _ = writeln!(stderr, "error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
