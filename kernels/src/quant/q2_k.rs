@@ -23,3 +23,60 @@ pub struct BlockQ2K {
     pub dmin: f16,
 }
 const _: () = assert!(std::mem::size_of::<BlockQ2K>() == 84);
+
+use super::q8_k::BlockQ8K;
+
+/// The 256 quants of a super-block, each in 0..=3, in weight order.
+fn unpack(b: &BlockQ2K) -> [u8; QK_K] {
+    let mut q = [0u8; QK_K];
+    for n in 0..QK_K / 128 {
+        for s in 0..4 {
+            for l in 0..32 {
+                q[128 * n + 32 * s + l] = (b.qs[32 * n + l] >> (2 * s)) & 3;
+            }
+        }
+    }
+    q
+}
+
+/// Dequantizes `x` into `y` (`x.len() * 256` values): `y = d * sc * q - dmin * m` per sub-block of 16.
+///
+/// # Panics
+/// If `y.len() != x.len() * 256`.
+pub fn dequantize_row_ref(x: &[BlockQ2K], y: &mut [f32]) {
+    assert_eq!(y.len(), x.len() * QK_K, "Q2_K dequantize: {} values for {} blocks", y.len(), x.len());
+    for (xb, yb) in x.iter().zip(y.chunks_exact_mut(QK_K)) {
+        let (d, dmin) = (xb.d.to_f32(), xb.dmin.to_f32());
+        let q = unpack(xb);
+        for (j, (ys, qs)) in yb.chunks_exact_mut(16).zip(q.chunks_exact(16)).enumerate() {
+            let dl = d * (xb.scales[j] & 0xF) as f32;
+            let ml = dmin * (xb.scales[j] >> 4) as f32;
+            for (out, &qi) in ys.iter_mut().zip(qs) {
+                *out = dl * qi as f32 - ml;
+            }
+        }
+    }
+}
+
+/// Dot product of Q2_K weights with Q8_K activations. Per super-block, two exact integer sums:
+/// `Σ_j sc_j * Σ_{i in j} q_i * a_i` and `Σ_j m_j * bsums_j`; the result is
+/// `(da * d) * first - (da * dmin) * second`, accumulated in f32 super-block by super-block. The activations'
+/// `bsums` must be the sums of their quants (as `q8_k::quantize_row_ref` writes them).
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn vec_dot_q2_k_q8_k_ref(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
+    assert_eq!(w.len(), a.len(), "vec_dot_q2_k_q8_k: {} weight blocks, {} activation blocks", w.len(), a.len());
+    let mut sum = 0.0f32;
+    for (wb, ab) in w.iter().zip(a) {
+        let q = unpack(wb);
+        let (mut sumi, mut summ) = (0i32, 0i32);
+        for j in 0..QK_K / 16 {
+            let dot: i32 = (16 * j..16 * j + 16).map(|i| q[i] as i32 * ab.qs[i] as i32).sum();
+            sumi += (wb.scales[j] & 0xF) as i32 * dot;
+            summ += (wb.scales[j] >> 4) as i32 * ab.bsums[j] as i32;
+        }
+        sum += (ab.d * wb.d.to_f32()) * sumi as f32 - (ab.d * wb.dmin.to_f32()) * summ as f32;
+    }
+    sum
+}

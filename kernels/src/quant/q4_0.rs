@@ -18,3 +18,67 @@ pub struct BlockQ4_0 {
     pub qs: [u8; QK4_0 / 2],
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == 18);
+
+use super::q8_0::{BlockQ8_0, QK8_0};
+
+/// Quantizes `x` (`y.len() * 32` values) into `y`, as ggml's `quantize_row_q4_0_ref`: take the value `max` of
+/// largest magnitude (its sign kept), `d = max / -8`, so `max` itself maps to `q = 0`, and
+/// `q = min(15, trunc(x / d + 8.5))`. Using the signed extreme gains one level on that side: the range is -8..=7.
+///
+/// # Panics
+/// If `x.len() != y.len() * 32`.
+pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ4_0]) {
+    assert_eq!(x.len(), y.len() * QK4_0, "Q4_0 quantize: {} values for {} blocks", x.len(), y.len());
+    for (xb, yb) in x.chunks_exact(QK4_0).zip(y.iter_mut()) {
+        let (mut amax, mut max) = (0.0f32, 0.0f32);
+        for &v in xb {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        yb.d = f16::from_f32(d);
+        // x * id + 8.5 lies in [0.5, 16.5]; `as u8` truncates like ggml's (int8_t) cast there.
+        let q = |v: f32| ((v * id + 8.5) as u8).min(15);
+        for j in 0..QK4_0 / 2 {
+            yb.qs[j] = q(xb[j]) | (q(xb[j + QK4_0 / 2]) << 4);
+        }
+    }
+}
+
+/// Dequantizes `x` into `y` (`x.len() * 32` values): `y = d * (q - 8)`.
+///
+/// # Panics
+/// If `y.len() != x.len() * 32`.
+pub fn dequantize_row_ref(x: &[BlockQ4_0], y: &mut [f32]) {
+    assert_eq!(y.len(), x.len() * QK4_0, "Q4_0 dequantize: {} values for {} blocks", y.len(), x.len());
+    for (xb, yb) in x.iter().zip(y.chunks_exact_mut(QK4_0)) {
+        let d = xb.d.to_f32();
+        for (j, &b) in xb.qs.iter().enumerate() {
+            yb[j] = ((b & 0xF) as i32 - 8) as f32 * d;
+            yb[j + QK4_0 / 2] = ((b >> 4) as i32 - 8) as f32 * d;
+        }
+    }
+}
+
+/// Dot product of Q4_0 weights with Q8_0 activations: per block, the exact integer sum `Σ (qw - 8) * qa` times
+/// `dw * da`, accumulated in f32 block by block.
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn vec_dot_q4_0_q8_0_ref(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+    assert_eq!(w.len(), a.len(), "vec_dot_q4_0_q8_0: {} weight blocks, {} activation blocks", w.len(), a.len());
+    const _: () = assert!(QK4_0 == QK8_0);
+    let mut sum = 0.0f32;
+    for (wb, ab) in w.iter().zip(a) {
+        let mut sumi = 0i32;
+        for (j, &b) in wb.qs.iter().enumerate() {
+            sumi += ((b & 0xF) as i32 - 8) * ab.qs[j] as i32;
+            sumi += ((b >> 4) as i32 - 8) * ab.qs[j + QK4_0 / 2] as i32;
+        }
+        sum += sumi as f32 * (wb.d.to_f32() * ab.d.to_f32());
+    }
+    sum
+}

@@ -22,3 +22,73 @@ pub struct BlockQ4_1 {
     pub qs: [u8; QK4_1 / 2],
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == 20);
+
+use super::q8_0::{BlockQ8_0, QK8_0};
+
+/// Quantizes `x` (`y.len() * 32` values) into `y`, as ggml's `quantize_row_q4_1_ref`: `m = min`,
+/// `d = (max - min) / 15`, `q = min(15, trunc((x - min) / d + 0.5))`. The inverse scale comes from the f32 `d`.
+///
+/// # Panics
+/// If `x.len() != y.len() * 32`.
+pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ4_1]) {
+    assert_eq!(x.len(), y.len() * QK4_1, "Q4_1 quantize: {} values for {} blocks", x.len(), y.len());
+    for (xb, yb) in x.chunks_exact(QK4_1).zip(y.iter_mut()) {
+        let (mut min, mut max) = (f32::MAX, -f32::MAX);
+        for &v in xb {
+            if v < min {
+                min = v;
+            }
+            if v > max {
+                max = v;
+            }
+        }
+        let d = (max - min) / 15.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        yb.d = f16::from_f32(d);
+        yb.m = f16::from_f32(min);
+        // (x - min) * id + 0.5 lies in [0.5, 15.5]; `as u8` truncates like ggml's (int8_t) cast there.
+        let q = |v: f32| (((v - min) * id + 0.5) as u8).min(15);
+        for j in 0..QK4_1 / 2 {
+            yb.qs[j] = q(xb[j]) | (q(xb[j + QK4_1 / 2]) << 4);
+        }
+    }
+}
+
+/// Dequantizes `x` into `y` (`x.len() * 32` values): `y = d * q + m`.
+///
+/// # Panics
+/// If `y.len() != x.len() * 32`.
+pub fn dequantize_row_ref(x: &[BlockQ4_1], y: &mut [f32]) {
+    assert_eq!(y.len(), x.len() * QK4_1, "Q4_1 dequantize: {} values for {} blocks", y.len(), x.len());
+    for (xb, yb) in x.iter().zip(y.chunks_exact_mut(QK4_1)) {
+        let (d, m) = (xb.d.to_f32(), xb.m.to_f32());
+        for (j, &b) in xb.qs.iter().enumerate() {
+            yb[j] = (b & 0xF) as f32 * d + m;
+            yb[j + QK4_1 / 2] = (b >> 4) as f32 * d + m;
+        }
+    }
+}
+
+/// Dot product of Q4_1 weights with Q8_0 activations. Per block,
+/// `Σ (dw*qw + m) * (da*qa) = (dw*da) * Σ qw*qa + (m*da) * Σ qa`: two exact integer sums (the second is the sum of
+/// the activation quants, which a SIMD kernel may precompute), each times its float scale, accumulated in f32 block
+/// by block.
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn vec_dot_q4_1_q8_0_ref(w: &[BlockQ4_1], a: &[BlockQ8_0]) -> f32 {
+    assert_eq!(w.len(), a.len(), "vec_dot_q4_1_q8_0: {} weight blocks, {} activation blocks", w.len(), a.len());
+    const _: () = assert!(QK4_1 == QK8_0);
+    let mut sum = 0.0f32;
+    for (wb, ab) in w.iter().zip(a) {
+        let mut sumi = 0i32;
+        for (j, &b) in wb.qs.iter().enumerate() {
+            sumi += (b & 0xF) as i32 * ab.qs[j] as i32;
+            sumi += (b >> 4) as i32 * ab.qs[j + QK4_1 / 2] as i32;
+        }
+        let suma: i32 = ab.qs.iter().map(|&q| q as i32).sum();
+        let da = ab.d.to_f32();
+        sum += (wb.d.to_f32() * da) * sumi as f32 + (wb.m.to_f32() * da) * suma as f32;
+    }
+    sum
+}

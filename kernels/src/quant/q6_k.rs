@@ -24,3 +24,60 @@ pub struct BlockQ6K {
     pub d: f16,
 }
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
+
+use super::q8_k::BlockQ8K;
+
+/// The 256 quants of a super-block, each in 0..=63 (before subtracting 32), in weight order.
+fn unpack(b: &BlockQ6K) -> [u8; QK_K] {
+    let mut q = [0u8; QK_K];
+    for n in 0..QK_K / 128 {
+        let (ql, qh) = (&b.ql[64 * n..64 * n + 64], &b.qh[32 * n..32 * n + 32]);
+        for l in 0..32 {
+            let base = 128 * n + l;
+            q[base] = (ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4);
+            q[base + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+            q[base + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            q[base + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
+    q
+}
+
+/// Dequantizes `x` into `y` (`x.len() * 256` values): `y = d * sc * (q - 32)` per sub-block of 16.
+///
+/// # Panics
+/// If `y.len() != x.len() * 256`.
+pub fn dequantize_row_ref(x: &[BlockQ6K], y: &mut [f32]) {
+    assert_eq!(y.len(), x.len() * QK_K, "Q6_K dequantize: {} values for {} blocks", y.len(), x.len());
+    for (xb, yb) in x.iter().zip(y.chunks_exact_mut(QK_K)) {
+        let d = xb.d.to_f32();
+        let q = unpack(xb);
+        for (j, (ys, qs)) in yb.chunks_exact_mut(16).zip(q.chunks_exact(16)).enumerate() {
+            let dl = d * xb.scales[j] as f32;
+            for (out, &qi) in ys.iter_mut().zip(qs) {
+                *out = dl * (qi as i32 - 32) as f32;
+            }
+        }
+    }
+}
+
+/// Dot product of Q6_K weights with Q8_K activations. Per super-block, the exact integer sum
+/// `Σ_j sc_j * Σ_{i in j} (q_i - 32) * a_i` over the sixteen sub-blocks of 16, times `da * d`, accumulated in f32
+/// super-block by super-block. (A SIMD kernel may compute `Σ q*a - 32 * bsums`; the integers are equal.)
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn vec_dot_q6_k_q8_k_ref(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+    assert_eq!(w.len(), a.len(), "vec_dot_q6_k_q8_k: {} weight blocks, {} activation blocks", w.len(), a.len());
+    let mut sum = 0.0f32;
+    for (wb, ab) in w.iter().zip(a) {
+        let q = unpack(wb);
+        let mut sumi = 0i32;
+        for j in 0..QK_K / 16 {
+            let dot: i32 = (16 * j..16 * j + 16).map(|i| (q[i] as i32 - 32) * ab.qs[i] as i32).sum();
+            sumi += wb.scales[j] as i32 * dot;
+        }
+        sum += (ab.d * wb.d.to_f32()) * sumi as f32;
+    }
+    sum
+}

@@ -18,3 +18,53 @@ pub struct BlockQ8K {
     pub bsums: [i16; QK_K / 16],
 }
 const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
+
+use super::k_quants::nearest_int;
+
+/// Quantizes `x` (`y.len() * 256` values) into `y`, as ggml's `quantize_row_q8_K_ref`: the value `max` of largest
+/// magnitude (sign kept) gives the inverse scale `-127 / max`, `q = min(127, nearest_int(x * iscale))` (ties to
+/// even), `d = 1 / iscale`, and `bsums` the sums of each 16 quants. (ggml keeps the range symmetric, -127..=127, so
+/// its SIMD code can use sign tricks; we do the same so activations quantize identically.) An all-zero super-block
+/// gets `d = 0` and zero quants.
+///
+/// # Panics
+/// If `x.len() != y.len() * 256`.
+pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ8K]) {
+    assert_eq!(x.len(), y.len() * QK_K, "Q8_K quantize: {} values for {} blocks", x.len(), y.len());
+    for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
+        let (mut amax, mut max) = (0.0f32, 0.0f32);
+        for &v in xb {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            yb.d = 0.0;
+            yb.qs = [0; QK_K];
+            yb.bsums = [0; QK_K / 16];
+            continue;
+        }
+        let iscale = -127.0 / max;
+        for (q, &v) in yb.qs.iter_mut().zip(xb) {
+            *q = nearest_int(iscale * v).min(127) as i8;
+        }
+        for (s, qs) in yb.bsums.iter_mut().zip(yb.qs.chunks_exact(16)) {
+            *s = qs.iter().map(|&q| q as i16).sum();
+        }
+        yb.d = 1.0 / iscale;
+    }
+}
+
+/// Dequantizes `x` into `y` (`x.len() * 256` values): `y = d * q`.
+///
+/// # Panics
+/// If `y.len() != x.len() * 256`.
+pub fn dequantize_row_ref(x: &[BlockQ8K], y: &mut [f32]) {
+    assert_eq!(y.len(), x.len() * QK_K, "Q8_K dequantize: {} values for {} blocks", y.len(), x.len());
+    for (xb, yb) in x.iter().zip(y.chunks_exact_mut(QK_K)) {
+        for (out, &q) in yb.iter_mut().zip(&xb.qs) {
+            *out = xb.d * q as f32;
+        }
+    }
+}
