@@ -35,3 +35,30 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
         cause.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
 }
+
+/// Resolves a MODEL argument (path or registry name; `None` = the default model) to a file.
+pub fn resolve_model_arg(spec: Option<&str>) -> anyhow::Result<std::path::PathBuf> {
+    match spec {
+        Some(s) => Ok(std::path::PathBuf::from(s)),
+        None => anyhow::bail!("no model given"),
+    }
+}
+
+/// The CPU's SIMD features that matter to the kernels.
+pub fn cpu_features() -> Vec<&'static str> {
+    #[allow(unused_mut)]
+    let mut out = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! probe {
+            ($($f:tt),*) => {$( if std::is_x86_feature_detected!($f) { out.push($f); } )*};
+        }
+        probe!("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512bf16", "avxvnni");
+    }
+    out
+}
+
+/// The kernel level in use (chosen once at start-up; `INFER_ISA` overrides).
+pub fn isa_in_use() -> String {
+    "scalar".to_string()
+}
