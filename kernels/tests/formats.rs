@@ -156,3 +156,257 @@ dot_matches_dequant!(
     q8_k::dequantize_row_ref,
     q6_k::vec_dot_q6_k_q8_k_ref
 );
+
+// ---------------------------------------------------------------------------------------------------------------
+// Quantization error on ggml's standard test data (tests/test-quantize-fns.cpp).
+
+const N: usize = 4096;
+
+/// ggml's synthetic test vector: `0.1 + 2 cos(i + offset)`, in [-1.9, 2.1].
+fn test_data(offset: f32, n: usize) -> Vec<f32> {
+    (0..n).map(|i| 0.1 + 2.0 * (i as f32 + offset).cos()).collect()
+}
+
+/// ggml's "total error": `sqrt(Σ (x - x̂)²) / n`. Note this is the RMSE divided by `sqrt(n)`, not the RMSE; the
+/// ggml bounds (0.002, 0.0075 for 2-bit) are stated for this metric.
+fn ggml_total_error(x: &[f32], y: &[f32]) -> f64 {
+    let sum: f64 = x.iter().zip(y).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
+    sum.sqrt() / x.len() as f64
+}
+
+/// Root mean squared error, the usual metric.
+fn rmse(x: &[f32], y: &[f32]) -> f64 {
+    let sum: f64 = x.iter().zip(y).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
+    (sum / x.len() as f64).sqrt()
+}
+
+/// Quantize then dequantize through one format's `_ref` functions.
+fn round_trip<B: Copy>(x: &[f32], qk: usize, zero: B, q: fn(&[f32], &mut [B]), dq: fn(&[B], &mut [f32])) -> Vec<f32> {
+    let mut blocks = vec![zero; x.len() / qk];
+    q(x, &mut blocks);
+    let mut y = vec![0.0; x.len()];
+    dq(&blocks, &mut y);
+    y
+}
+
+fn zero_q8_0() -> BlockQ8_0 {
+    BlockQ8_0::default()
+}
+fn zero_q8_k() -> BlockQ8K {
+    BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] }
+}
+fn zero_q2_k() -> BlockQ2K {
+    BlockQ2K { scales: [0; 16], qs: [0; 64], d: f16::ZERO, dmin: f16::ZERO }
+}
+fn zero_q4_k() -> BlockQ4K {
+    BlockQ4K { d: f16::ZERO, dmin: f16::ZERO, scales: [0; 12], qs: [0; 128] }
+}
+fn zero_q6_k() -> BlockQ6K {
+    BlockQ6K { ql: [0; 128], qh: [0; 64], scales: [0; 16], d: f16::ZERO }
+}
+
+/// One weight format's round trip, as a uniform value for the table-driven tests below.
+struct Format {
+    name: &'static str,
+    qk: usize,
+    /// Quantize + dequantize.
+    rt: fn(&[f32]) -> Vec<f32>,
+    /// ggml's bound on `ggml_total_error`.
+    ggml_bound: f64,
+    /// Our bound on the RMSE for data in [-1.9, 2.1]: about 1.25 times what the reference quantizer reaches on
+    /// 4096 values (roughly step / sqrt(12), the ideal for uniform rounding), so a regression is caught while
+    /// short inputs, whose error varies more, still pass.
+    rmse_bound: f64,
+}
+
+fn formats() -> Vec<Format> {
+    vec![
+        Format {
+            name: "Q8_0",
+            qk: 32,
+            rt: |x| round_trip(x, 32, zero_q8_0(), q8_0::quantize_row_ref, q8_0::dequantize_row_ref),
+            ggml_bound: 0.002,
+            rmse_bound: 0.006,
+        },
+        Format {
+            name: "Q4_0",
+            qk: 32,
+            rt: |x| round_trip(x, 32, BlockQ4_0::default(), q4_0::quantize_row_ref, q4_0::dequantize_row_ref),
+            ggml_bound: 0.002,
+            rmse_bound: 0.09,
+        },
+        Format {
+            name: "Q4_1",
+            qk: 32,
+            rt: |x| round_trip(x, 32, BlockQ4_1::default(), q4_1::quantize_row_ref, q4_1::dequantize_row_ref),
+            ggml_bound: 0.002,
+            rmse_bound: 0.09,
+        },
+        Format {
+            name: "Q5_0",
+            qk: 32,
+            rt: |x| round_trip(x, 32, BlockQ5_0::default(), q5_0::quantize_row_ref, q5_0::dequantize_row_ref),
+            ggml_bound: 0.002,
+            rmse_bound: 0.047,
+        },
+        Format {
+            name: "Q2_K",
+            qk: QK_K,
+            rt: |x| round_trip(x, QK_K, zero_q2_k(), q2_k::quantize_row_ref, q2_k::dequantize_row_ref),
+            ggml_bound: 0.0075,
+            rmse_bound: 0.37,
+        },
+        Format {
+            name: "Q4_K",
+            qk: QK_K,
+            rt: |x| round_trip(x, QK_K, zero_q4_k(), q4_k::quantize_row_ref, q4_k::dequantize_row_ref),
+            ggml_bound: 0.002,
+            rmse_bound: 0.08,
+        },
+        Format {
+            name: "Q6_K",
+            qk: QK_K,
+            rt: |x| round_trip(x, QK_K, zero_q6_k(), q6_k::quantize_row_ref, q6_k::dequantize_row_ref),
+            ggml_bound: 0.002,
+            rmse_bound: 0.021,
+        },
+        Format {
+            name: "Q8_K",
+            qk: QK_K,
+            rt: |x| round_trip(x, QK_K, zero_q8_k(), q8_k::quantize_row_ref, q8_k::dequantize_row_ref),
+            ggml_bound: 0.002,
+            rmse_bound: 0.006,
+        },
+    ]
+}
+
+#[test]
+fn quantization_error_within_ggml_bounds() {
+    let x = test_data(0.0, N);
+    let mut report = String::new();
+    for f in formats() {
+        let y = (f.rt)(&x);
+        let (total, r) = (ggml_total_error(&x, &y), rmse(&x, &y));
+        report += &format!(
+            "{}: ggml total error {total:.6} (bound {}), rmse {r:.5} (bound {})\n",
+            f.name, f.ggml_bound, f.rmse_bound
+        );
+        assert!(total <= f.ggml_bound, "{report}");
+        assert!(r <= f.rmse_bound, "{report}");
+    }
+    eprintln!("{report}");
+}
+
+#[test]
+fn awkward_sizes_round_trip() {
+    for f in formats() {
+        for nb in 1..=9 {
+            let x = test_data(0.5 * nb as f32, nb * f.qk);
+            let y = (f.rt)(&x);
+            assert!(y.iter().all(|v| v.is_finite()), "{} with {nb} blocks: non-finite output", f.name);
+            let r = rmse(&x, &y);
+            assert!(r <= f.rmse_bound, "{} with {nb} blocks: rmse {r} > {}", f.name, f.rmse_bound);
+        }
+    }
+}
+
+#[test]
+fn degenerate_blocks_stay_finite() {
+    // All zero, constant, a single spike, tiny (subnormal-scale) values, mixed huge and tiny, all negative.
+    let cases: Vec<(&str, Box<dyn Fn(usize) -> f32>)> = vec![
+        ("zeros", Box::new(|_| 0.0)),
+        ("constant", Box::new(|_| 0.75)),
+        ("negative constant", Box::new(|_| -3.0)),
+        ("spike", Box::new(|i| if i == 5 { 4.0 } else { 0.0 })),
+        ("tiny", Box::new(|i| 1e-30 * (i as f32).sin())),
+        ("f16-subnormal scale", Box::new(|i| 1e-6 * (i as f32).cos())),
+        ("mixed", Box::new(|i| if i % 7 == 0 { 1000.0 } else { 1e-3 })),
+        ("all negative", Box::new(|i| -1.0 - (i as f32 * 0.37).sin().abs())),
+    ];
+    for f in formats() {
+        for (what, make) in &cases {
+            let x: Vec<f32> = (0..2 * f.qk).map(make).collect();
+            let y = (f.rt)(&x);
+            assert!(y.iter().all(|v| v.is_finite()), "{} on {what}: non-finite output {y:?}", f.name);
+            if *what == "zeros" {
+                assert!(y.iter().all(|&v| v == 0.0), "{} on zeros: {y:?}", f.name);
+            }
+            // Max error no worse than the full range of the block (catches garbage, not precision).
+            let range = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let worst = x.iter().zip(&y).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(worst <= range * 1.01 + 1e-6, "{} on {what}: error {worst} vs range {range}", f.name);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Dot-product error against f32 (ggml's dot_product_error: |q(a)·q8(b) - a·b| / n).
+
+fn q8_0_act(b: &[f32]) -> Vec<BlockQ8_0> {
+    let mut a = vec![zero_q8_0(); b.len() / 32];
+    q8_0::quantize_row_ref(b, &mut a);
+    a
+}
+fn q8_k_act(b: &[f32]) -> Vec<BlockQ8K> {
+    let mut a = vec![zero_q8_k(); b.len() / QK_K];
+    q8_k::quantize_row_ref(b, &mut a);
+    a
+}
+fn quant<B: Copy>(x: &[f32], qk: usize, zero: B, q: fn(&[f32], &mut [B])) -> Vec<B> {
+    let mut w = vec![zero; x.len() / qk];
+    q(x, &mut w);
+    w
+}
+
+/// `(name, bound, |w_f32, a_f32| quantized dot)` for every weight format.
+fn dot_formats() -> Vec<(&'static str, f64, fn(&[f32], &[f32]) -> f32)> {
+    vec![
+        ("Q8_0", 0.02, |w, a| {
+            q8_0::vec_dot_q8_0_q8_0_ref(&quant(w, 32, zero_q8_0(), q8_0::quantize_row_ref), &q8_0_act(a))
+        }),
+        ("Q4_0", 0.02, |w, a| {
+            q4_0::vec_dot_q4_0_q8_0_ref(&quant(w, 32, BlockQ4_0::default(), q4_0::quantize_row_ref), &q8_0_act(a))
+        }),
+        ("Q4_1", 0.02, |w, a| {
+            q4_1::vec_dot_q4_1_q8_0_ref(&quant(w, 32, BlockQ4_1::default(), q4_1::quantize_row_ref), &q8_0_act(a))
+        }),
+        ("Q5_0", 0.02, |w, a| {
+            q5_0::vec_dot_q5_0_q8_0_ref(&quant(w, 32, BlockQ5_0::default(), q5_0::quantize_row_ref), &q8_0_act(a))
+        }),
+        ("Q2_K", 0.04, |w, a| {
+            q2_k::vec_dot_q2_k_q8_k_ref(&quant(w, QK_K, zero_q2_k(), q2_k::quantize_row_ref), &q8_k_act(a))
+        }),
+        ("Q4_K", 0.02, |w, a| {
+            q4_k::vec_dot_q4_k_q8_k_ref(&quant(w, QK_K, zero_q4_k(), q4_k::quantize_row_ref), &q8_k_act(a))
+        }),
+        ("Q6_K", 0.02, |w, a| {
+            q6_k::vec_dot_q6_k_q8_k_ref(&quant(w, QK_K, zero_q6_k(), q6_k::quantize_row_ref), &q8_k_act(a))
+        }),
+    ]
+}
+
+#[test]
+fn dot_product_error_within_ggml_bounds() {
+    let (w, a) = (test_data(0.0, N), test_data(1.0, N));
+    let exact: f64 = w.iter().zip(&a).map(|(&x, &y)| x as f64 * y as f64).sum();
+    let mut report = String::new();
+    for (name, bound, dot) in dot_formats() {
+        let err = (dot(&w, &a) as f64 - exact).abs() / N as f64;
+        report += &format!("{name}: dot error {err:.6} (bound {bound})\n");
+        assert!(err <= bound, "{report}");
+    }
+    eprintln!("{report}");
+}
+
+#[test]
+fn dot_product_awkward_sizes() {
+    for (name, bound, dot) in dot_formats() {
+        for nb in 1..=9 {
+            let n = nb * QK_K; // a multiple of both block sizes
+            let (w, a) = (test_data(0.25 * nb as f32, n), test_data(1.0 + nb as f32, n));
+            let exact: f64 = w.iter().zip(&a).map(|(&x, &y)| x as f64 * y as f64).sum();
+            let err = (dot(&w, &a) as f64 - exact).abs() / n as f64;
+            assert!(err <= bound, "{name}, {nb} super-blocks: dot error {err} > {bound}");
+        }
+    }
+}

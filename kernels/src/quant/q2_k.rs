@@ -7,7 +7,8 @@
 
 use half::f16;
 
-use super::k_quants::QK_K;
+use super::k_quants::{QK_K, make_qkx2_quants, nearest_int};
+use super::q8_k::BlockQ8K;
 
 /// One super-block of 256 weights.
 #[repr(C)]
@@ -23,8 +24,6 @@ pub struct BlockQ2K {
     pub dmin: f16,
 }
 const _: () = assert!(std::mem::size_of::<BlockQ2K>() == 84);
-
-use super::q8_k::BlockQ8K;
 
 /// The 256 quants of a super-block, each in 0..=3, in weight order.
 fn unpack(b: &BlockQ2K) -> [u8; QK_K] {
@@ -79,4 +78,67 @@ pub fn vec_dot_q2_k_q8_k_ref(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
         sum += (ab.d * wb.d.to_f32()) * sumi as f32 - (ab.d * wb.dmin.to_f32()) * summ as f32;
     }
     sum
+}
+
+/// Quantizes `x` (`y.len() * 256` values) into `y`, as ggml's `quantize_row_q2_K_ref`:
+/// 1. each sub-block of 16 gets a scale and min from `make_qkx2_quants` (levels 0..=3, weights `|x|`, minimising
+///    absolute error over 16 candidate scales);
+/// 2. the sixteen scales are quantized to 4 bits against `d = max_scale / 15`, the mins likewise against
+///    `dmin = max_min / 15`;
+/// 3. every weight is re-rounded against its sub-block's *quantized* scale and min, so the stored levels fit the
+///    stored scales rather than the unquantized ones.
+///
+/// # Panics
+/// If `x.len() != y.len() * 256`.
+pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ2K]) {
+    assert_eq!(x.len(), y.len() * QK_K, "Q2_K quantize: {} values for {} blocks", x.len(), y.len());
+    const Q4SCALE: f32 = 15.0;
+    for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
+        let mut l = [0u8; QK_K];
+        let (mut scales, mut mins) = ([0.0f32; QK_K / 16], [0.0f32; QK_K / 16]);
+        let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
+        for (j, (xs, ls)) in xb.chunks_exact(16).zip(l.chunks_exact_mut(16)).enumerate() {
+            let weights: [f32; 16] = std::array::from_fn(|i| xs[i].abs());
+            (scales[j], mins[j]) = make_qkx2_quants(3, xs, &weights, ls, -0.5, 0.1, 15, true);
+            max_scale = max_scale.max(scales[j]);
+            max_min = max_min.max(mins[j]);
+        }
+        if max_scale > 0.0 {
+            let iscale = Q4SCALE / max_scale;
+            for j in 0..QK_K / 16 {
+                // At most 15 (scales[j] <= max_scale); `as u8` keeps the low byte as ggml's uint8_t store does.
+                yb.scales[j] = nearest_int(iscale * scales[j]) as u8;
+            }
+            yb.d = f16::from_f32(max_scale / Q4SCALE);
+        } else {
+            yb.scales = [0; QK_K / 16];
+            yb.d = f16::ZERO;
+        }
+        if max_min > 0.0 {
+            let iscale = Q4SCALE / max_min;
+            for j in 0..QK_K / 16 {
+                yb.scales[j] |= (nearest_int(iscale * mins[j]) << 4) as u8;
+            }
+            yb.dmin = f16::from_f32(max_min / Q4SCALE);
+        } else {
+            yb.dmin = f16::ZERO;
+        }
+        for j in 0..QK_K / 16 {
+            let d = yb.d.to_f32() * (yb.scales[j] & 0xF) as f32;
+            if d == 0.0 {
+                // Keep the levels from step 1: with a zero scale they dequantize to -dm whatever they are.
+                continue;
+            }
+            let dm = yb.dmin.to_f32() * (yb.scales[j] >> 4) as f32;
+            for i in 16 * j..16 * j + 16 {
+                l[i] = nearest_int((xb[i] + dm) / d).clamp(0, 3) as u8;
+            }
+        }
+        for n in 0..QK_K / 128 {
+            for i in 0..32 {
+                let base = 128 * n + i;
+                yb.qs[32 * n + i] = l[base] | (l[base + 32] << 2) | (l[base + 64] << 4) | (l[base + 96] << 6);
+            }
+        }
+    }
 }

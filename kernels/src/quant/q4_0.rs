@@ -5,6 +5,8 @@
 
 use half::f16;
 
+use super::q8_0::{BlockQ8_0, QK8_0};
+
 /// Weights per block.
 pub const QK4_0: usize = 32;
 
@@ -18,8 +20,6 @@ pub struct BlockQ4_0 {
     pub qs: [u8; QK4_0 / 2],
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == 18);
-
-use super::q8_0::{BlockQ8_0, QK8_0};
 
 /// Quantizes `x` (`y.len() * 32` values) into `y`, as ggml's `quantize_row_q4_0_ref`: take the value `max` of
 /// largest magnitude (its sign kept), `d = max / -8`, so `max` itself maps to `q = 0`, and

@@ -7,6 +7,8 @@
 
 use half::f16;
 
+use super::q8_0::{BlockQ8_0, QK8_0};
+
 /// Weights per block.
 pub const QK4_1: usize = 32;
 
@@ -22,8 +24,6 @@ pub struct BlockQ4_1 {
     pub qs: [u8; QK4_1 / 2],
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == 20);
-
-use super::q8_0::{BlockQ8_0, QK8_0};
 
 /// Quantizes `x` (`y.len() * 32` values) into `y`, as ggml's `quantize_row_q4_1_ref`: `m = min`,
 /// `d = (max - min) / 15`, `q = min(15, trunc((x - min) / d + 0.5))`. The inverse scale comes from the f32 `d`.

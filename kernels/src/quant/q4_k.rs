@@ -9,7 +9,8 @@
 
 use half::f16;
 
-use super::k_quants::{K_SCALE_SIZE, QK_K};
+use super::k_quants::{K_SCALE_SIZE, QK_K, get_scale_min_k4, make_qkx2_quants, nearest_int};
+use super::q8_k::BlockQ8K;
 
 /// One super-block of 256 weights.
 #[repr(C)]
@@ -25,9 +26,6 @@ pub struct BlockQ4K {
     pub qs: [u8; QK_K / 2],
 }
 const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
-
-use super::k_quants::get_scale_min_k4;
-use super::q8_k::BlockQ8K;
 
 /// The 256 quants of a super-block, each in 0..=15, in weight order.
 fn unpack(b: &BlockQ4K) -> [u8; QK_K] {
@@ -82,4 +80,64 @@ pub fn vec_dot_q4_k_q8_k_ref(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
         sum += (ab.d * wb.d.to_f32()) * sumi as f32 - (ab.d * wb.dmin.to_f32()) * summ as f32;
     }
     sum
+}
+
+/// Quantizes `x` (`y.len() * 256` values) into `y`, as ggml's `quantize_row_q4_K_ref`:
+/// 1. each sub-block of 32 gets a scale and min from `make_qkx2_quants` (levels 0..=15, weights
+///    `rms(sub-block) + |x|`, minimising squared error over 21 candidate scales);
+/// 2. the eight scales are quantized to 6 bits against `d = max_scale / 63`, the mins against
+///    `dmin = max_min / 63`, and packed as [`get_scale_min_k4`] reads them;
+/// 3. every weight is re-rounded against its sub-block's quantized scale and min.
+///
+/// # Panics
+/// If `x.len() != y.len() * 256`.
+pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ4K]) {
+    assert_eq!(x.len(), y.len() * QK_K, "Q4_K quantize: {} values for {} blocks", x.len(), y.len());
+    for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
+        let mut l = [0u8; QK_K];
+        let (mut scales, mut mins) = ([0.0f32; QK_K / 32], [0.0f32; QK_K / 32]);
+        let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
+        for (j, (xs, ls)) in xb.chunks_exact(32).zip(l.chunks_exact_mut(32)).enumerate() {
+            let sum_x2 = xs.iter().fold(0.0f32, |s, &v| s + v * v);
+            let av_x = (sum_x2 / 32.0).sqrt();
+            let weights: [f32; 32] = std::array::from_fn(|i| av_x + xs[i].abs());
+            (scales[j], mins[j]) = make_qkx2_quants(15, xs, &weights, ls, -1.0, 0.1, 20, false);
+            max_scale = max_scale.max(scales[j]);
+            max_min = max_min.max(mins[j]);
+        }
+        let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+        let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+        yb.scales = [0; K_SCALE_SIZE];
+        for j in 0..QK_K / 32 {
+            // `as u8` before the clamp, as ggml stores the int into a uint8_t first (values are >= 0 here).
+            let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
+            let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
+            if j < 4 {
+                yb.scales[j] = ls;
+                yb.scales[j + 4] = lm;
+            } else {
+                yb.scales[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4);
+                yb.scales[j - 4] |= (ls >> 4) << 6;
+                yb.scales[j] |= (lm >> 4) << 6;
+            }
+        }
+        yb.d = f16::from_f32(max_scale / 63.0);
+        yb.dmin = f16::from_f32(max_min / 63.0);
+        for j in 0..QK_K / 32 {
+            let (sc, m) = get_scale_min_k4(j, &yb.scales);
+            let d = yb.d.to_f32() * sc as f32;
+            if d == 0.0 {
+                continue;
+            }
+            let dm = yb.dmin.to_f32() * m as f32;
+            for i in 32 * j..32 * j + 32 {
+                l[i] = nearest_int((xb[i] + dm) / d).clamp(0, 15) as u8;
+            }
+        }
+        for c in 0..QK_K / 64 {
+            for i in 0..32 {
+                yb.qs[32 * c + i] = l[64 * c + i] | (l[64 * c + 32 + i] << 4);
+            }
+        }
+    }
 }

@@ -6,6 +6,8 @@
 
 use half::f16;
 
+use super::q8_0::{BlockQ8_0, QK8_0};
+
 /// Weights per block.
 pub const QK5_0: usize = 32;
 
@@ -21,8 +23,6 @@ pub struct BlockQ5_0 {
     pub qs: [u8; QK5_0 / 2],
 }
 const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
-
-use super::q8_0::{BlockQ8_0, QK8_0};
 
 /// Quantizes `x` (`y.len() * 32` values) into `y`, as ggml's `quantize_row_q5_0_ref`: the value `max` of largest
 /// magnitude (sign kept) gives `d = max / -16`, and `q = min(31, trunc(x / d + 16.5))`, range -16..=15.

@@ -8,7 +8,8 @@
 
 use half::f16;
 
-use super::k_quants::QK_K;
+use super::k_quants::{GROUP_MAX_EPS, QK_K, make_qx_quants, nearest_int};
+use super::q8_k::BlockQ8K;
 
 /// One super-block of 256 weights.
 #[repr(C)]
@@ -24,8 +25,6 @@ pub struct BlockQ6K {
     pub d: f16,
 }
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
-
-use super::q8_k::BlockQ8K;
 
 /// The 256 quants of a super-block, each in 0..=63 (before subtracting 32), in weight order.
 fn unpack(b: &BlockQ6K) -> [u8; QK_K] {
@@ -80,4 +79,57 @@ pub fn vec_dot_q6_k_q8_k_ref(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
         sum += (ab.d * wb.d.to_f32()) * sumi as f32;
     }
     sum
+}
+
+/// Quantizes `x` (`y.len() * 256` values) into `y`, as ggml's `quantize_row_q6_K_ref`:
+/// 1. each sub-block of 16 gets a signed scale from `make_qx_quants` (levels -32..=31, weights `x²`);
+/// 2. the scale of largest magnitude (sign kept) maps to -128: `d = max_scale / -128`, and each sub-block scale is
+///    stored as `min(127, nearest_int(scale / d))`;
+/// 3. every weight is re-rounded against its sub-block's quantized scale.
+/// A super-block whose scales are all (nearly) zero is stored as all zeros.
+///
+/// # Panics
+/// If `x.len() != y.len() * 256`.
+pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ6K]) {
+    assert_eq!(x.len(), y.len() * QK_K, "Q6_K quantize: {} values for {} blocks", x.len(), y.len());
+    for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
+        let mut l = [0i8; QK_K];
+        let mut scales = [0.0f32; QK_K / 16];
+        let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
+        for (j, (xs, ls)) in xb.chunks_exact(16).zip(l.chunks_exact_mut(16)).enumerate() {
+            scales[j] = make_qx_quants(32, xs, ls);
+            if scales[j].abs() > max_abs_scale {
+                max_abs_scale = scales[j].abs();
+                max_scale = scales[j];
+            }
+        }
+        if max_abs_scale < GROUP_MAX_EPS {
+            *yb = BlockQ6K { ql: [0; QK_K / 2], qh: [0; QK_K / 4], scales: [0; QK_K / 16], d: f16::ZERO };
+            continue;
+        }
+        let iscale = -128.0 / max_scale;
+        yb.d = f16::from_f32(1.0 / iscale);
+        for j in 0..QK_K / 16 {
+            // In -128..=127: |iscale * scale| <= 128, and only the largest (which maps to -128) reaches 128.
+            yb.scales[j] = nearest_int(iscale * scales[j]).min(127) as i8;
+        }
+        for j in 0..QK_K / 16 {
+            let d = yb.d.to_f32() * yb.scales[j] as f32;
+            if d == 0.0 {
+                continue;
+            }
+            for i in 16 * j..16 * j + 16 {
+                l[i] = (nearest_int(xb[i] / d).clamp(-32, 31) + 32) as i8;
+            }
+        }
+        for n in 0..QK_K / 128 {
+            let (ql, qh) = (&mut yb.ql[64 * n..64 * n + 64], &mut yb.qh[32 * n..32 * n + 32]);
+            for i in 0..32 {
+                let q = |k: usize| l[128 * n + 32 * k + i] as u8;
+                ql[i] = (q(0) & 0xF) | ((q(2) & 0xF) << 4);
+                ql[i + 32] = (q(1) & 0xF) | ((q(3) & 0xF) << 4);
+                qh[i] = (q(0) >> 4) | ((q(1) >> 4) << 2) | ((q(2) >> 4) << 4) | ((q(3) >> 4) << 6);
+            }
+        }
+    }
 }

@@ -4,7 +4,7 @@
 //! Byte-identical to ggml's `block_q8_K` (GGUF type 15). Used only as the activation side of the K-quant dot
 //! products: `bsums` lets the min terms of Q2_K/Q4_K be applied once per sub-block instead of once per weight.
 
-use super::k_quants::QK_K;
+use super::k_quants::{QK_K, nearest_int};
 
 /// One super-block of 256 activations.
 #[repr(C)]
@@ -18,8 +18,6 @@ pub struct BlockQ8K {
     pub bsums: [i16; QK_K / 16],
 }
 const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
-
-use super::k_quants::nearest_int;
 
 /// Quantizes `x` (`y.len() * 256` values) into `y`, as ggml's `quantize_row_q8_K_ref`: the value `max` of largest
 /// magnitude (sign kept) gives the inverse scale `-127 / max`, `q = min(127, nearest_int(x * iscale))` (ties to
