@@ -4,7 +4,9 @@
 //! with ggml, so real GGUF files load), scalar reference kernels that define each operation, hand-written AVX2 and
 //! AVX-512 variants chosen once at run time, and the rayon-parallel matrix drivers.
 
+pub mod dequant;
 pub mod ggml_type;
 pub mod quant;
 
+pub use dequant::{DequantError, dequantize};
 pub use ggml_type::{GgmlType, TypeIdError};

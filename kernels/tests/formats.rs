@@ -410,3 +410,110 @@ fn dot_product_awkward_sizes() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// The checked byte-level entry point.
+
+use infer_kernels::{DequantError, GgmlType, dequantize};
+
+/// Quantized bytes of `x` in every supported type, via the `_ref` quantizers.
+fn encode(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+    match ty {
+        GgmlType::F32 => blocks_as_bytes(x).to_vec(),
+        GgmlType::F16 => {
+            let mut y = vec![f16::ZERO; x.len()];
+            infer_kernels::quant::f16::quantize_row_ref(x, &mut y);
+            blocks_as_bytes(&y).to_vec()
+        }
+        GgmlType::BF16 => {
+            let mut y = vec![half::bf16::ZERO; x.len()];
+            infer_kernels::quant::bf16::quantize_row_ref(x, &mut y);
+            blocks_as_bytes(&y).to_vec()
+        }
+        GgmlType::Q8_0 => blocks_as_bytes(&quant(x, 32, zero_q8_0(), q8_0::quantize_row_ref)).to_vec(),
+        GgmlType::Q4_0 => blocks_as_bytes(&quant(x, 32, BlockQ4_0::default(), q4_0::quantize_row_ref)).to_vec(),
+        GgmlType::Q4_1 => blocks_as_bytes(&quant(x, 32, BlockQ4_1::default(), q4_1::quantize_row_ref)).to_vec(),
+        GgmlType::Q5_0 => blocks_as_bytes(&quant(x, 32, BlockQ5_0::default(), q5_0::quantize_row_ref)).to_vec(),
+        GgmlType::Q2_K => blocks_as_bytes(&quant(x, QK_K, zero_q2_k(), q2_k::quantize_row_ref)).to_vec(),
+        GgmlType::Q4_K => blocks_as_bytes(&quant(x, QK_K, zero_q4_k(), q4_k::quantize_row_ref)).to_vec(),
+        GgmlType::Q6_K => blocks_as_bytes(&quant(x, QK_K, zero_q6_k(), q6_k::quantize_row_ref)).to_vec(),
+        GgmlType::Q8_K => blocks_as_bytes(&quant(x, QK_K, zero_q8_k(), q8_k::quantize_row_ref)).to_vec(),
+        other => panic!("no encoder for {other}"),
+    }
+}
+
+fn supported() -> impl Iterator<Item = GgmlType> {
+    GgmlType::ALL.into_iter().filter(|t| t.is_supported())
+}
+
+#[test]
+fn dequantize_matches_ref_at_any_alignment() {
+    let x = test_data(0.3, 2 * QK_K);
+    for ty in supported() {
+        let bytes = encode(ty, &x);
+        let mut want = vec![0.0f32; x.len()];
+        dequantize(ty, &bytes, &mut want).unwrap();
+        // The F32/F16/BF16 round trips are exact or nearly so; the others are checked elsewhere, here only that
+        // the values are the data's.
+        assert!(rmse(&x, &want) < 0.37, "{ty}");
+        // Shift the bytes by 1..8 inside a larger buffer: misaligned views must give identical results.
+        for shift in 1..8 {
+            let mut shifted = vec![0u8; bytes.len() + shift];
+            shifted[shift..].copy_from_slice(&bytes);
+            let mut got = vec![0.0f32; x.len()];
+            dequantize(ty, &shifted[shift..], &mut got).unwrap();
+            assert_eq!(got, want, "{ty} shifted by {shift}");
+        }
+    }
+    assert_eq!(encode(GgmlType::F32, &x), blocks_as_bytes(&x[..]));
+}
+
+#[test]
+fn dequantize_rejects_wrong_lengths() {
+    for ty in supported() {
+        let (bb, bv) = (ty.type_size(), ty.block_size());
+        let data = vec![0u8; 3 * bb];
+        let mut out = vec![0.0f32; 3 * bv + 1];
+        assert_eq!(
+            dequantize(ty, &data, &mut out[..3 * bv + 1]),
+            Err(DequantError::LengthMismatch { ty, bytes: 3 * bb, values: 3 * bv, out_len: 3 * bv + 1 })
+        );
+        assert_eq!(
+            dequantize(ty, &data, &mut out[..3 * bv - 1]),
+            Err(DequantError::LengthMismatch { ty, bytes: 3 * bb, values: 3 * bv, out_len: 3 * bv - 1 })
+        );
+        if bb > 1 {
+            let err = dequantize(ty, &data[..3 * bb - 1], &mut out[..3 * bv]).unwrap_err();
+            assert_eq!(err, DequantError::PartialBlock { ty, bytes: 3 * bb - 1, block_bytes: bb });
+            assert!(err.to_string().contains(ty.name()), "{err}");
+        }
+        assert_eq!(dequantize(ty, &[], &mut []), Ok(()));
+        assert_eq!(dequantize(ty, &data, &mut out[..3 * bv]), Ok(()));
+    }
+    for ty in GgmlType::ALL.into_iter().filter(|t| !t.is_supported()) {
+        let data = vec![0u8; ty.type_size()];
+        let mut out = vec![0.0f32; ty.block_size()];
+        let err = dequantize(ty, &data, &mut out).unwrap_err();
+        assert_eq!(err, DequantError::Unsupported(ty));
+        assert!(err.to_string().contains(ty.name()), "{err}");
+    }
+}
+
+#[test]
+fn f16_and_bf16_round_trip() {
+    let x = [0.0f32, -0.0, 1.0, -2.5, 65504.0, 1e-8, 3.140625, f32::INFINITY];
+    let mut h = [f16::ZERO; 8];
+    infer_kernels::quant::f16::quantize_row_ref(&x, &mut h);
+    let mut y = [0.0f32; 8];
+    infer_kernels::quant::f16::dequantize_row_ref(&h, &mut y);
+    assert_eq!(&y[..5], &x[..5]);
+    assert!(y[5].abs() < 1e-7 && y[6] == 3.140625 && y[7] == f32::INFINITY);
+    let mut b = [half::bf16::ZERO; 8];
+    infer_kernels::quant::bf16::quantize_row_ref(&x, &mut b);
+    infer_kernels::quant::bf16::dequantize_row_ref(&b, &mut y);
+    assert_eq!(&y[..4], &x[..4]);
+    // bf16 keeps 8 significant bits: 3.140625 = 0b11.001001 fits exactly; 65504 rounds to 65536.
+    assert_eq!((y[4], y[6]), (65536.0, 3.140625));
+    // The bytes are ggml's: bf16 is the top half of the f32 (1.0 = 0x3F80), stored little-endian.
+    assert_eq!(&blocks_as_bytes(&b[2..3]), &[0x80, 0x3F]);
+}
