@@ -6,5 +6,6 @@
 
 pub mod cli;
 pub mod gguf;
+pub mod model;
 
 pub use infer_kernels as kernels;

@@ -178,6 +178,11 @@ impl GgufFile {
         self.storage.bytes().get(start..start + info.n_bytes as usize).unwrap_or(&[])
     }
 
+    /// The whole file (header included): tensor byte ranges computed from `data_offset() + offset` index into it.
+    pub fn raw_bytes(&self) -> &[u8] {
+        self.storage.bytes()
+    }
+
     /// The sum of all tensor elements: the model's parameter count.
     pub fn parameter_count(&self) -> u64 {
         self.tensors.iter().map(|t| t.n_elements).sum()

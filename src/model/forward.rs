@@ -1,0 +1,432 @@
+//! The shared decoder forward pass: one function runs prefill, single-token decode and batched decode.
+//!
+//! A call takes a batch of sequences, each at its own position with its own KV block table, and a slice of new
+//! tokens per sequence. All tokens of all sequences are stacked into one activation matrix, so every weight matrix
+//! is read once per call whatever the batch holds: a long prompt (prefill), one token each for many users
+//! (batched decode), or a mix (continuous batching). Only attention looks at sequences separately. Logits are
+//! computed only for the positions that ask for them.
+
+use std::sync::Arc;
+
+use infer_kernels::matmul::{ActPrecision, MatmulScratch, WeightMatrix, matmul, matmul_multi};
+use infer_kernels::vec_f32;
+use rayon::prelude::*;
+
+use crate::gguf::{GgufError, GgufFile};
+
+use super::config::{Activation, ModelConfig};
+use super::kv_cache::{KvError, KvPool, KvRow, SeqKv};
+use super::ops;
+use super::weights::ModelWeights;
+
+/// A loaded model: configuration, weights (zero-copy in the file's memory map) and the file itself.
+pub struct Model {
+    pub config: ModelConfig,
+    pub weights: ModelWeights,
+    file: Arc<GgufFile>,
+    precision: ActPrecision,
+}
+
+/// Which positions of a sequence's new tokens need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    Last,
+    All,
+}
+
+/// One sequence's part of a batch.
+pub struct SeqStep<'a> {
+    pub tokens: &'a [u32],
+    pub kv: &'a mut SeqKv,
+    pub logits: Logits,
+}
+
+/// Why a forward pass could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("token id {token} is out of range (vocabulary has {n_vocab} tokens)")]
+    InvalidToken { token: u32, n_vocab: usize },
+    #[error(transparent)]
+    Kv(#[from] KvError),
+}
+
+/// Where token `t` of the stacked batch comes from.
+#[derive(Debug, Clone, Copy)]
+struct TokenSlot {
+    item: usize,
+    pos: usize,
+    token: u32,
+}
+
+/// Buffers reused across forward passes: grown to the largest batch seen, never shrunk, so the decode loop does
+/// not allocate.
+pub struct ForwardScratch {
+    plan: Vec<TokenSlot>,
+    x: Vec<f32>,     // (T, n_embd) residual stream
+    xb: Vec<f32>,    // (T, n_embd) normed input of a block
+    xb2: Vec<f32>,   // (T, n_embd) block output
+    q: Vec<f32>,     // (T, n_head·head_dim)
+    k: Vec<f32>,     // (T, n_head_kv·head_dim)
+    v: Vec<f32>,     // (T, n_head_kv·head_dim_v)
+    att: Vec<f32>,   // (T, n_head·head_dim_v)
+    gate: Vec<f32>,  // (T, n_ff)
+    up: Vec<f32>,    // (T, n_ff)
+    rope_cos: [Vec<f32>; 2], // (T, n_rot/2) for the full and sliding-window bases
+    rope_sin: [Vec<f32>; 2],
+    out_rows: Vec<usize>,       // stacked-batch rows whose logits are wanted
+    out_items: Vec<(usize, usize)>, // per item: (first logits row, number of rows)
+    out_x: Vec<f32>,            // (n_out, n_embd)
+    logits: Vec<f32>,           // (n_out, n_vocab)
+    matmul: MatmulScratch,
+}
+
+fn grow(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
+}
+
+impl ForwardScratch {
+    pub fn new(model: &Model) -> ForwardScratch {
+        ForwardScratch {
+            plan: Vec::new(),
+            x: Vec::new(),
+            xb: Vec::new(),
+            xb2: Vec::new(),
+            q: Vec::new(),
+            k: Vec::new(),
+            v: Vec::new(),
+            att: Vec::new(),
+            gate: Vec::new(),
+            up: Vec::new(),
+            rope_cos: [Vec::new(), Vec::new()],
+            rope_sin: [Vec::new(), Vec::new()],
+            out_rows: Vec::new(),
+            out_items: Vec::new(),
+            out_x: Vec::new(),
+            logits: Vec::new(),
+            matmul: MatmulScratch::new(model.precision),
+        }
+    }
+
+    /// The logits of batch item `item` from the last forward pass: `rows × n_vocab` values, one row per position
+    /// that asked for logits (the last one, or all), in position order.
+    pub fn logits(&self, item: usize, n_vocab: usize) -> &[f32] {
+        let (first, n) = self.out_items.get(item).copied().unwrap_or((0, 0));
+        &self.logits[first * n_vocab..(first + n) * n_vocab]
+    }
+}
+
+/// Below this many rows, elementwise work runs on the calling thread: spreading a single token's few thousand
+/// values over threads costs more than it saves.
+const PAR_ROWS: usize = 16;
+
+fn for_rows(buf: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if buf.len() / width.max(1) >= PAR_ROWS {
+        buf.par_chunks_mut(width).enumerate().for_each(|(t, row)| f(t, row));
+    } else {
+        buf.chunks_mut(width).enumerate().for_each(|(t, row)| f(t, row));
+    }
+}
+
+impl Model {
+    /// Builds the model from an open file: configuration from metadata, then every tensor checked by name, shape
+    /// and type.
+    pub fn from_file(file: Arc<GgufFile>) -> Result<Model, GgufError> {
+        let config = ModelConfig::from_metadata(file.metadata())?;
+        let weights = ModelWeights::load(&file, &config)?;
+        Ok(Model { config, weights, file, precision: ActPrecision::Q8x2 })
+    }
+
+    /// Opens and loads a GGUF file.
+    pub fn load(path: impl AsRef<std::path::Path>) -> Result<Model, GgufError> {
+        Model::from_file(Arc::new(GgufFile::open(path)?))
+    }
+
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    pub fn shared_file(&self) -> Arc<GgufFile> {
+        self.file.clone()
+    }
+
+    /// How activations are quantized for the integer dot products (set before creating scratch buffers).
+    pub fn set_precision(&mut self, precision: ActPrecision) {
+        self.precision = precision;
+    }
+
+    pub fn precision(&self) -> ActPrecision {
+        self.precision
+    }
+
+    fn mat(&self, l: &super::weights::Linear) -> WeightMatrix<'_> {
+        l.matrix(&self.file)
+    }
+
+    /// Runs one batch through the decoder, appending the new tokens to each sequence's cache.
+    pub fn forward(&self, items: &mut [SeqStep], pool: &mut KvPool, s: &mut ForwardScratch) -> Result<(), ForwardError> {
+        let c = &self.config;
+        // Plan the stacked batch and validate every token before touching the cache.
+        s.plan.clear();
+        for (i, item) in items.iter().enumerate() {
+            for (j, &token) in item.tokens.iter().enumerate() {
+                if token as usize >= c.n_vocab {
+                    return Err(ForwardError::InvalidToken { token, n_vocab: c.n_vocab });
+                }
+                s.plan.push(TokenSlot { item: i, pos: item.kv.len() + j, token });
+            }
+        }
+        for (i, item) in items.iter_mut().enumerate() {
+            if let Err(e) = pool.reserve(item.kv, item.tokens.len()) {
+                // Give back what earlier items reserved in this call? Their blocks stay in their tables and are
+                // reused by their next call, so nothing leaks; just report.
+                let _ = i;
+                return Err(e.into());
+            }
+        }
+        let t_count = s.plan.len();
+        if t_count == 0 {
+            s.out_items.clear();
+            s.out_items.resize(items.len(), (0, 0));
+            return Ok(());
+        }
+
+        let (n_embd, q_dim, k_dim, v_dim, n_ff) = (c.n_embd, c.q_dim(), c.k_dim(), c.v_dim(), c.n_ff);
+        let att_dim = c.n_head * c.head_dim_v;
+        let half_rot = c.n_rot / 2;
+
+        // Token embeddings.
+        {
+            let plan = &s.plan;
+            let emb = &self.weights.token_embd;
+            let file = &*self.file;
+            let scale = c.embed_scale;
+            for_rows(grow(&mut s.x, t_count * n_embd), n_embd, |t, row| {
+                let bytes = emb.row_bytes(file, plan[t].token as usize);
+                infer_kernels::dequant::dequantize(emb.ty, bytes, row).expect("row geometry checked at load");
+                if let Some(sc) = scale {
+                    row.iter_mut().for_each(|v| *v *= sc);
+                }
+            });
+        }
+        // Rotation tables per token, for the full-attention base and the sliding-window base.
+        for (b, base) in [c.rope_base, c.rope_base_swa].into_iter().enumerate() {
+            let cos = grow(&mut s.rope_cos[b], t_count * half_rot.max(1));
+            let sin = grow(&mut s.rope_sin[b], t_count * half_rot.max(1));
+            for (t, slot) in s.plan.iter().enumerate() {
+                let r = t * half_rot..(t + 1) * half_rot;
+                ops::rope_table(slot.pos, c.n_rot, base, c.rope_scale, &mut cos[r.clone()], &mut sin[r]);
+            }
+        }
+        grow(&mut s.xb, t_count * n_embd);
+        grow(&mut s.xb2, t_count * n_embd);
+        grow(&mut s.q, t_count * q_dim);
+        grow(&mut s.k, t_count * k_dim);
+        grow(&mut s.v, t_count * v_dim);
+        grow(&mut s.att, t_count * att_dim);
+        grow(&mut s.gate, t_count * n_ff);
+        grow(&mut s.up, t_count * n_ff);
+
+        for (il, lw) in self.weights.layers.iter().enumerate() {
+            let x = &s.x[..t_count * n_embd];
+            let xb = &mut s.xb[..t_count * n_embd];
+            for_rows(xb, n_embd, |t, row| ops::rmsnorm(row, &x[t * n_embd..(t + 1) * n_embd], &lw.attn_norm, c.rms_eps));
+
+            // Q, K, V from one pass over the normed input.
+            {
+                let (wq, wk, wv) = (self.mat(&lw.wq), self.mat(&lw.wk), self.mat(&lw.wv));
+                let mut outs: [&mut [f32]; 3] =
+                    [&mut s.q[..t_count * q_dim], &mut s.k[..t_count * k_dim], &mut s.v[..t_count * v_dim]];
+                matmul_multi(&[&wq, &wk, &wv], &s.xb[..t_count * n_embd], t_count, &mut outs, &mut s.matmul);
+            }
+
+            // Per-head norms and rotations.
+            let base_idx = usize::from(c.layer_is_swa[il]);
+            {
+                let (cos, sin) = (&s.rope_cos[base_idx], &s.rope_sin[base_idx]);
+                let rotate = |heads: &mut [f32], t: usize, norm: Option<&Vec<f32>>| {
+                    for head in heads.chunks_mut(c.head_dim) {
+                        if let Some(w) = norm {
+                            ops::rmsnorm_inplace(head, w, c.rms_eps);
+                        }
+                        let r = t * half_rot..(t + 1) * half_rot;
+                        ops::rope_apply(head, c.n_rot, c.rope_style, &cos[r.clone()], &sin[r]);
+                    }
+                };
+                for_rows(&mut s.q[..t_count * q_dim], q_dim, |t, row| rotate(row, t, lw.q_norm.as_ref()));
+                for_rows(&mut s.k[..t_count * k_dim], k_dim, |t, row| rotate(row, t, lw.k_norm.as_ref()));
+            }
+
+            // Cache the new keys and values, then attend.
+            for (t, slot) in s.plan.iter().enumerate() {
+                pool.write(
+                    items[slot.item].kv,
+                    il,
+                    slot.pos,
+                    &s.k[t * k_dim..(t + 1) * k_dim],
+                    &s.v[t * v_dim..(t + 1) * v_dim],
+                );
+            }
+            self.attention(il, items, pool, &s.plan, &s.q[..t_count * q_dim], &mut s.att[..t_count * att_dim]);
+
+            // Output projection, optional post-norm, residual.
+            matmul(&self.mat(&lw.wo), &s.att[..t_count * att_dim], t_count, &mut s.xb2[..t_count * n_embd], &mut s.matmul);
+            self.residual(&mut s.x[..t_count * n_embd], &mut s.xb2[..t_count * n_embd], lw.attn_post_norm.as_deref());
+
+            // Feed-forward.
+            let x = &s.x[..t_count * n_embd];
+            let xb = &mut s.xb[..t_count * n_embd];
+            for_rows(xb, n_embd, |t, row| ops::rmsnorm(row, &x[t * n_embd..(t + 1) * n_embd], &lw.ffn_norm, c.rms_eps));
+            {
+                let (wg, wu) = (self.mat(&lw.ffn_gate), self.mat(&lw.ffn_up));
+                let mut outs: [&mut [f32]; 2] = [&mut s.gate[..t_count * n_ff], &mut s.up[..t_count * n_ff]];
+                matmul_multi(&[&wg, &wu], &s.xb[..t_count * n_embd], t_count, &mut outs, &mut s.matmul);
+            }
+            {
+                let up = &s.up[..t_count * n_ff];
+                let act = c.activation;
+                for_rows(&mut s.gate[..t_count * n_ff], n_ff, |t, g| {
+                    let u = &up[t * n_ff..(t + 1) * n_ff];
+                    match act {
+                        Activation::Silu => ops::swiglu(g, u),
+                        Activation::GeluTanh => ops::geglu(g, u),
+                    }
+                });
+            }
+            matmul(&self.mat(&lw.ffn_down), &s.gate[..t_count * n_ff], t_count, &mut s.xb2[..t_count * n_embd], &mut s.matmul);
+            self.residual(&mut s.x[..t_count * n_embd], &mut s.xb2[..t_count * n_embd], lw.ffn_post_norm.as_deref());
+        }
+
+        // Logits, only where asked.
+        s.out_rows.clear();
+        s.out_items.clear();
+        let mut t0 = 0;
+        for item in items.iter() {
+            let n = item.tokens.len();
+            let first = s.out_rows.len();
+            match item.logits {
+                Logits::None => {}
+                Logits::Last if n > 0 => s.out_rows.push(t0 + n - 1),
+                Logits::Last => {}
+                Logits::All => s.out_rows.extend(t0..t0 + n),
+            }
+            s.out_items.push((first, s.out_rows.len() - first));
+            t0 += n;
+        }
+        let n_out = s.out_rows.len();
+        if n_out > 0 {
+            let out_x = grow(&mut s.out_x, n_out * n_embd);
+            for (r, &t) in s.out_rows.iter().enumerate() {
+                ops::rmsnorm(
+                    &mut out_x[r * n_embd..(r + 1) * n_embd],
+                    &s.x[t * n_embd..(t + 1) * n_embd],
+                    &self.weights.output_norm,
+                    c.rms_eps,
+                );
+            }
+            let logits = grow(&mut s.logits, n_out * c.n_vocab);
+            matmul(&self.mat(&self.weights.output), &s.out_x[..n_out * n_embd], n_out, logits, &mut s.matmul);
+            if let Some(cap) = c.final_logit_softcap {
+                ops::softcap(logits, cap);
+            }
+        }
+
+        for item in items.iter_mut() {
+            pool.advance(item.kv, item.tokens.len());
+        }
+        Ok(())
+    }
+
+    /// `x += norm(delta)` (or `x += delta` without a post-norm).
+    fn residual(&self, x: &mut [f32], delta: &mut [f32], post_norm: Option<&[f32]>) {
+        let (n_embd, eps) = (self.config.n_embd, self.config.rms_eps);
+        let d: &[f32] = delta;
+        for_rows(x, n_embd, |t, row| {
+            let dr = &d[t * n_embd..(t + 1) * n_embd];
+            match post_norm {
+                Some(w) => {
+                    // Normalise into a small stack buffer per chunk to avoid a second pass over `delta`.
+                    let ss: f64 = dr.iter().map(|&v| (v as f64) * (v as f64)).sum();
+                    let inv = (1.0 / (ss / n_embd as f64 + eps as f64).sqrt()) as f32;
+                    for ((xv, &dv), &g) in row.iter_mut().zip(dr).zip(w) {
+                        *xv += dv * inv * g;
+                    }
+                }
+                None => {
+                    for (xv, &dv) in row.iter_mut().zip(dr) {
+                        *xv += dv;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Causal attention of every new token over its sequence's cache (which already holds the new keys and values),
+    /// one (token, head) pair per task, with a streaming softmax over the cache's blocks.
+    fn attention(&self, il: usize, items: &[SeqStep], pool: &KvPool, plan: &[TokenSlot], q: &[f32], att: &mut [f32]) {
+        let c = &self.config;
+        let (hd, hdv, group) = (c.head_dim, c.head_dim_v, c.gqa_group());
+        let (q_dim, k_row, v_row) = (c.q_dim(), c.k_dim(), c.v_dim());
+        let window = pool.window(il);
+        let bs = pool.block_size;
+        let scale = c.attn_scale;
+        let task = |idx: usize, out: &mut [f32]| {
+            let (t, h) = (idx / c.n_head, idx % c.n_head);
+            let slot = plan[t];
+            let kv = &*items[slot.item].kv;
+            let kvh = h / group;
+            let qh = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+            let lo = window.map_or(0, |w| (slot.pos + 1).saturating_sub(w));
+            out.fill(0.0);
+            let mut m = f32::NEG_INFINITY;
+            let mut l = 0f32;
+            let mut scores = [0f32; super::kv_cache::DEFAULT_BLOCK_SIZE];
+            let mut p = lo;
+            while p <= slot.pos {
+                let n = (bs - p % bs).min(slot.pos + 1 - p);
+                let (krun, vrun) = pool.block_run(kv, il, p, n);
+                let mut m_blk = f32::NEG_INFINITY;
+                for (j, sc) in scores[..n].iter_mut().enumerate() {
+                    let off = j * k_row + kvh * hd;
+                    let d = match krun {
+                        KvRow::F32(k) => vec_f32::dot(qh, &k[off..off + hd]),
+                        KvRow::F16(k) => vec_f32::dot_f16(qh, &k[off..off + hd]),
+                    };
+                    *sc = d * scale;
+                    m_blk = m_blk.max(*sc);
+                }
+                let m_new = m.max(m_blk);
+                if m_new > m {
+                    // Rescale what was accumulated under the old maximum.
+                    let r = (m - m_new).exp();
+                    if l > 0.0 {
+                        vec_f32::scale(r, out);
+                    }
+                    l *= r;
+                    m = m_new;
+                }
+                for (j, &sc) in scores[..n].iter().enumerate() {
+                    let w = (sc - m).exp();
+                    l += w;
+                    let off = j * v_row + kvh * hdv;
+                    match vrun {
+                        KvRow::F32(v) => vec_f32::axpy(w, &v[off..off + hdv], out),
+                        KvRow::F16(v) => vec_f32::axpy_f16(w, &v[off..off + hdv], out),
+                    }
+                }
+                p += n;
+            }
+            if l > 0.0 {
+                vec_f32::scale(1.0 / l, out);
+            }
+        };
+        if plan.len() * c.n_head >= 2 {
+            att.par_chunks_mut(hdv).enumerate().for_each(|(idx, out)| task(idx, out));
+        } else {
+            att.chunks_mut(hdv).enumerate().for_each(|(idx, out)| task(idx, out));
+        }
+    }
+}

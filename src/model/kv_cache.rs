@@ -1,0 +1,283 @@
+//! The KV cache, in fixed-size blocks (PagedAttention, Kwon et al., SOSP 2023).
+//!
+//! Keys and values live in a pool of blocks of `block_size` positions. Each sequence owns a block table that maps
+//! its positions to blocks, so sequences of any length share one pool without fragmentation, a finished sequence
+//! returns its blocks at once, and (later) sequences with a common prefix can share blocks.
+//!
+//! Layers are split into groups with their own block tables. A group of sliding-window layers (gemma3) frees a
+//! sequence's blocks once every position in them has left the window, so those layers keep a cache bounded by the
+//! window rather than by the context.
+//!
+//! Storage per group: `[n_blocks][n_layers_in_group][block_size][row]`, rows of `n_head_kv · head_dim` values, f32
+//! or f16. A block's rows for one layer are contiguous, which is what attention streams through.
+
+use half::f16;
+
+use super::config::ModelConfig;
+
+/// Element type of cached keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    F32,
+    F16,
+}
+
+impl KvDtype {
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<KvDtype> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Some(KvDtype::F32),
+            "f16" => Some(KvDtype::F16),
+            _ => None,
+        }
+    }
+}
+
+/// Storage of keys or values for one layer group.
+#[derive(Debug)]
+pub enum KvStore {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+/// A borrowed row of cached keys or values.
+#[derive(Clone, Copy)]
+pub enum KvRow<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+impl KvStore {
+    fn new(dtype: KvDtype, len: usize) -> KvStore {
+        match dtype {
+            KvDtype::F32 => KvStore::F32(vec![0.0; len]),
+            KvDtype::F16 => KvStore::F16(vec![f16::ZERO; len]),
+        }
+    }
+
+    fn write(&mut self, at: usize, values: &[f32]) {
+        match self {
+            KvStore::F32(s) => s[at..at + values.len()].copy_from_slice(values),
+            KvStore::F16(s) => {
+                for (d, v) in s[at..at + values.len()].iter_mut().zip(values) {
+                    *d = f16::from_f32(*v);
+                }
+            }
+        }
+    }
+
+    fn slice(&self, at: usize, len: usize) -> KvRow<'_> {
+        match self {
+            KvStore::F32(s) => KvRow::F32(&s[at..at + len]),
+            KvStore::F16(s) => KvRow::F16(&s[at..at + len]),
+        }
+    }
+}
+
+/// Layers sharing one block table.
+#[derive(Debug)]
+pub struct LayerGroup {
+    /// Sliding window of these layers, if they have one.
+    pub window: Option<usize>,
+    n_layers: usize,
+    n_blocks: usize,
+    k: KvStore,
+    v: KvStore,
+    k_row: usize,
+    v_row: usize,
+    free: Vec<u32>,
+}
+
+/// Why the cache could not take more positions.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KvError {
+    #[error("the KV cache is full: {needed} more blocks of {block_size} positions needed, {free} free")]
+    OutOfBlocks { needed: usize, free: usize, block_size: usize },
+}
+
+/// The pool of KV blocks shared by all sequences.
+#[derive(Debug)]
+pub struct KvPool {
+    pub block_size: usize,
+    pub dtype: KvDtype,
+    groups: Vec<LayerGroup>,
+    /// For each model layer: (group index, index within the group).
+    layer_slot: Vec<(usize, usize)>,
+}
+
+/// One sequence's view of the cache: its length and, per layer group, its block table.
+#[derive(Debug, Default, Clone)]
+pub struct SeqKv {
+    len: usize,
+    /// Per group: block ids by block index; `None` where a sliding-window block has been freed.
+    tables: Vec<Vec<Option<u32>>>,
+}
+
+impl SeqKv {
+    pub fn new() -> SeqKv {
+        SeqKv::default()
+    }
+
+    /// Positions cached so far (the next token's position).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Tokens per block. Small enough that a short request wastes little, large enough that a block's rows form a
+/// long contiguous run for attention.
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
+impl KvPool {
+    /// A pool with room for `capacity` positions in total across sequences (sliding-window groups get room for
+    /// `swa_capacity`, since they hold at most a window plus one batch per sequence).
+    pub fn new(config: &ModelConfig, dtype: KvDtype, capacity: usize, swa_capacity: usize) -> KvPool {
+        let block_size = DEFAULT_BLOCK_SIZE;
+        let mut groups = Vec::new();
+        let mut layer_slot = vec![(0, 0); config.n_layer];
+        for swa in [false, true] {
+            let layers: Vec<usize> = (0..config.n_layer).filter(|&il| config.layer_is_swa[il] == swa).collect();
+            if layers.is_empty() {
+                continue;
+            }
+            let positions = if swa { swa_capacity.min(capacity) } else { capacity };
+            let n_blocks = positions.div_ceil(block_size).max(1);
+            let gi = groups.len();
+            for (slot, &il) in layers.iter().enumerate() {
+                layer_slot[il] = (gi, slot);
+            }
+            let (k_row, v_row) = (config.k_dim(), config.v_dim());
+            let per_block = layers.len() * block_size;
+            groups.push(LayerGroup {
+                window: if swa { config.sliding_window } else { None },
+                n_layers: layers.len(),
+                n_blocks,
+                k: KvStore::new(dtype, n_blocks * per_block * k_row),
+                v: KvStore::new(dtype, n_blocks * per_block * v_row),
+                k_row,
+                v_row,
+                free: (0..n_blocks as u32).rev().collect(),
+            });
+        }
+        KvPool { block_size, dtype, groups, layer_slot }
+    }
+
+    /// Bytes held by the pool.
+    pub fn bytes(&self) -> usize {
+        self.groups.iter().map(|g| g.n_blocks * g.n_layers * self.block_size * (g.k_row + g.v_row)).sum::<usize>()
+            * self.dtype.size()
+    }
+
+    /// Positions one sequence can still add before the pool runs out (ignoring other sequences' future needs).
+    pub fn free_positions(&self) -> usize {
+        self.groups.iter().filter(|g| g.window.is_none()).map(|g| g.free.len() * self.block_size).min().unwrap_or(usize::MAX)
+    }
+
+    /// Makes room for positions `seq.len() .. seq.len() + n` in every group, allocating blocks as needed.
+    pub fn reserve(&mut self, seq: &mut SeqKv, n: usize) -> Result<(), KvError> {
+        if seq.tables.len() < self.groups.len() {
+            seq.tables.resize(self.groups.len(), Vec::new());
+        }
+        let blocks_needed = (seq.len + n).div_ceil(self.block_size);
+        // Check every group first so that a failure allocates nothing.
+        for (g, table) in self.groups.iter().zip(&seq.tables) {
+            let needed = blocks_needed.saturating_sub(table.len());
+            if needed > g.free.len() {
+                return Err(KvError::OutOfBlocks { needed, free: g.free.len(), block_size: self.block_size });
+            }
+        }
+        for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
+            while table.len() < blocks_needed {
+                table.push(Some(g.free.pop().expect("checked above")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records that `n` positions were written (after a forward pass) and frees sliding-window blocks that no
+    /// future query can see.
+    pub fn advance(&mut self, seq: &mut SeqKv, n: usize) {
+        seq.len += n;
+        for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
+            let Some(window) = g.window else { continue };
+            // The next query sits at position `len` and sees positions > len - window.
+            let first_visible = (seq.len + 1).saturating_sub(window);
+            let dead_blocks = first_visible / self.block_size;
+            for entry in table.iter_mut().take(dead_blocks) {
+                if let Some(b) = entry.take() {
+                    g.free.push(b);
+                }
+            }
+        }
+    }
+
+    /// Returns all of a sequence's blocks to the pool and empties it.
+    pub fn release(&mut self, seq: &mut SeqKv) {
+        for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
+            g.free.extend(table.drain(..).flatten());
+        }
+        seq.len = 0;
+    }
+
+    /// Drops positions from `new_len` on (chat rewind, regenerate); blocks past the end return to the pool.
+    /// Sliding-window blocks already freed cannot come back, so truncation there must stay within the window.
+    pub fn truncate(&mut self, seq: &mut SeqKv, new_len: usize) {
+        if new_len >= seq.len {
+            return;
+        }
+        let keep = new_len.div_ceil(self.block_size);
+        for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
+            if table.len() > keep {
+                g.free.extend(table.drain(keep..).flatten());
+            }
+        }
+        seq.len = new_len;
+    }
+
+    fn offset(&self, seq: &SeqKv, layer: usize, pos: usize) -> (usize, usize) {
+        let (gi, slot) = self.layer_slot[layer];
+        let block = seq.tables[gi][pos / self.block_size].expect("position within the live window");
+        let g = &self.groups[gi];
+        let row_index = (block as usize * g.n_layers + slot) * self.block_size + pos % self.block_size;
+        (gi, row_index)
+    }
+
+    /// Stores the key and value rows of position `pos` (reserved beforehand) for `layer`.
+    pub fn write(&mut self, seq: &SeqKv, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let (gi, row) = self.offset(seq, layer, pos);
+        let g = &mut self.groups[gi];
+        debug_assert_eq!((k.len(), v.len()), (g.k_row, g.v_row));
+        g.k.write(row * g.k_row, k);
+        g.v.write(row * g.v_row, v);
+    }
+
+    /// The cached key and value rows of position `pos` for `layer`.
+    pub fn rows(&self, seq: &SeqKv, layer: usize, pos: usize) -> (KvRow<'_>, KvRow<'_>) {
+        let (gi, row) = self.offset(seq, layer, pos);
+        let g = &self.groups[gi];
+        (g.k.slice(row * g.k_row, g.k_row), g.v.slice(row * g.v_row, g.v_row))
+    }
+
+    /// A contiguous run of positions `[pos, pos + n)` within one block, for one layer: `n·row` values.
+    pub fn block_run(&self, seq: &SeqKv, layer: usize, pos: usize, n: usize) -> (KvRow<'_>, KvRow<'_>) {
+        debug_assert!(pos % self.block_size + n <= self.block_size);
+        let (gi, row) = self.offset(seq, layer, pos);
+        let g = &self.groups[gi];
+        (g.k.slice(row * g.k_row, n * g.k_row), g.v.slice(row * g.v_row, n * g.v_row))
+    }
+
+    /// The sliding window of `layer`, if it has one.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.groups[self.layer_slot[layer].0].window
+    }
+}

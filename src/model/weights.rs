@@ -1,0 +1,139 @@
+//! The model's tensors, looked up by name with their expected shapes and types checked once at load.
+//!
+//! Matrices stay in the memory map: a [`Linear`] records where a weight matrix lies and how it is encoded, and
+//! hands the kernels a zero-copy view per call. Small vectors (norm weights) are copied out as f32.
+
+use std::ops::Range;
+
+use infer_kernels::GgmlType;
+use infer_kernels::matmul::WeightMatrix;
+
+use crate::gguf::{GgufError, GgufFile, TensorInfo};
+
+use super::config::ModelConfig;
+
+/// A weight matrix of `rows` output features × `cols` inputs, stored row-major in the file in format `ty`.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub name: String,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    bytes: Range<usize>,
+}
+
+impl Linear {
+    /// The zero-copy kernel view of this matrix inside `file` (the file it was loaded from).
+    pub fn matrix<'a>(&self, file: &'a GgufFile) -> WeightMatrix<'a> {
+        let data = &file_bytes(file)[self.bytes.clone()];
+        WeightMatrix::new(self.ty, data, self.rows, self.cols).expect("shape checked at load")
+    }
+
+    /// The raw bytes of row `r` (for embedding lookups).
+    pub fn row_bytes<'a>(&self, file: &'a GgufFile, r: usize) -> &'a [u8] {
+        let row_len = self.bytes.len() / self.rows;
+        let start = self.bytes.start + r * row_len;
+        &file_bytes(file)[start..start + row_len]
+    }
+}
+
+fn file_bytes(file: &GgufFile) -> &[u8] {
+    file.raw_bytes()
+}
+
+/// One decoder layer's weights. Shapes in (rows, cols) = (outputs, inputs).
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,           // (n_embd)
+    pub wq: Linear,                    // (n_head·head_dim, n_embd)
+    pub wk: Linear,                    // (n_head_kv·head_dim, n_embd)
+    pub wv: Linear,                    // (n_head_kv·head_dim_v, n_embd)
+    pub wo: Linear,                    // (n_embd, n_head·head_dim_v)
+    pub q_norm: Option<Vec<f32>>,      // (head_dim), gemma3
+    pub k_norm: Option<Vec<f32>>,      // (head_dim), gemma3
+    pub attn_post_norm: Option<Vec<f32>>, // (n_embd), gemma3
+    pub ffn_norm: Vec<f32>,            // (n_embd)
+    pub ffn_gate: Linear,              // (n_ff, n_embd)
+    pub ffn_up: Linear,                // (n_ff, n_embd)
+    pub ffn_down: Linear,              // (n_embd, n_ff)
+    pub ffn_post_norm: Option<Vec<f32>>, // (n_embd), gemma3
+}
+
+/// All of the model's weights.
+#[derive(Debug, Clone)]
+pub struct ModelWeights {
+    pub token_embd: Linear,   // (n_vocab, n_embd)
+    pub layers: Vec<LayerWeights>,
+    pub output_norm: Vec<f32>, // (n_embd)
+    /// The output projection: `output.weight`, or the token embedding when the model ties them.
+    pub output: Linear,       // (n_vocab, n_embd)
+}
+
+impl ModelWeights {
+    pub fn load(file: &GgufFile, c: &ModelConfig) -> Result<ModelWeights, GgufError> {
+        let token_embd = linear(file, "token_embd.weight", c.n_vocab, c.n_embd)?;
+        let output = match file.tensor_info("output.weight") {
+            Some(_) => linear(file, "output.weight", c.n_vocab, c.n_embd)?,
+            None => token_embd.clone(),
+        };
+        let output_norm = vector(file, "output_norm.weight", c.n_embd)?;
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for il in 0..c.n_layer {
+            let n = |s: &str| format!("blk.{il}.{s}.weight");
+            let opt_vec = |s: &str, len: usize, wanted: bool| -> Result<Option<Vec<f32>>, GgufError> {
+                if wanted { vector(file, &n(s), len).map(Some) } else { Ok(None) }
+            };
+            layers.push(LayerWeights {
+                attn_norm: vector(file, &n("attn_norm"), c.n_embd)?,
+                wq: linear(file, &n("attn_q"), c.q_dim(), c.n_embd)?,
+                wk: linear(file, &n("attn_k"), c.k_dim(), c.n_embd)?,
+                wv: linear(file, &n("attn_v"), c.v_dim(), c.n_embd)?,
+                wo: linear(file, &n("attn_output"), c.n_embd, c.n_head * c.head_dim_v)?,
+                q_norm: opt_vec("attn_q_norm", c.head_dim, c.qk_norm)?,
+                k_norm: opt_vec("attn_k_norm", c.head_dim, c.qk_norm)?,
+                attn_post_norm: opt_vec("post_attention_norm", c.n_embd, c.post_norms)?,
+                ffn_norm: vector(file, &n("ffn_norm"), c.n_embd)?,
+                ffn_gate: linear(file, &n("ffn_gate"), c.n_ff, c.n_embd)?,
+                ffn_up: linear(file, &n("ffn_up"), c.n_ff, c.n_embd)?,
+                ffn_down: linear(file, &n("ffn_down"), c.n_embd, c.n_ff)?,
+                ffn_post_norm: opt_vec("post_ffw_norm", c.n_embd, c.post_norms)?,
+            });
+        }
+        Ok(ModelWeights { token_embd, layers, output_norm, output })
+    }
+}
+
+fn check_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), GgufError> {
+    if t.dims != expected {
+        return Err(GgufError::WrongShape { name: t.name.clone(), expected: expected.to_vec(), found: t.dims.clone() });
+    }
+    Ok(())
+}
+
+/// A matrix tensor of ggml shape `[cols, rows]` whose type the kernels support.
+fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linear, GgufError> {
+    let t = file.tensor(name)?;
+    check_shape(t, &[cols as u64, rows as u64])?;
+    if !t.ty.is_supported() || matches!(t.ty, GgmlType::Q8_K | GgmlType::BF16) {
+        return Err(GgufError::UnsupportedType { name: name.to_string(), ty: t.ty });
+    }
+    let start = (file.data_offset() + t.offset) as usize;
+    Ok(Linear { name: name.to_string(), ty: t.ty, rows, cols, bytes: start..start + t.n_bytes as usize })
+}
+
+/// A 1-D tensor of `len` values, converted to f32.
+fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, GgufError> {
+    let t = file.tensor(name)?;
+    check_shape(t, &[len as u64])?;
+    let mut out = vec![0f32; len];
+    infer_kernels::dequant::dequantize(t.ty, file.tensor_data(t), &mut out)
+        .map_err(|_| GgufError::UnsupportedType { name: name.to_string(), ty: t.ty })?;
+    if out.iter().any(|v| !v.is_finite()) {
+        return Err(GgufError::ValueOutOfRange {
+            key: name.to_string(),
+            value: "non-finite".into(),
+            why: "norm weights must be finite".into(),
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,67 @@
+//! Helpers shared by the integration tests: the binary, the real models, scratch directories.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// The `infer` binary built for this test run.
+pub fn infer_bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_infer"))
+}
+
+/// Runs `infer` with `args` and returns its output.
+pub fn infer(args: &[&str]) -> Output {
+    infer_bin().args(args).output().expect("spawn infer")
+}
+
+/// The model cache the tests use: `$INFER_HOME` (CI points it into the project) or `~/.cache/infer`.
+pub fn infer_home() -> PathBuf {
+    match std::env::var_os("INFER_HOME") {
+        Some(h) => PathBuf::from(h),
+        None => PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/infer"),
+    }
+}
+
+/// A real model from the registry, fetched on first use through `infer pull` (so `cargo test` works on a fresh
+/// machine). Returns `None`, with a note, only when fetching is impossible here and `INFER_REQUIRE_MODELS` is
+/// unset; CI sets it so that a missing model fails loudly instead of skipping.
+pub fn real_model(name: &str) -> Option<PathBuf> {
+    let file = match name {
+        "smollm2" => "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "gemma3" => "gemma-3-270m-q4_k_m.gguf",
+        other => panic!("unknown test model {other}"),
+    };
+    let path = infer_home().join("models").join(file);
+    if path.exists() {
+        return Some(path);
+    }
+    let out = infer(&["pull", name]);
+    if out.status.success() && path.exists() {
+        return Some(path);
+    }
+    let why = String::from_utf8_lossy(&out.stderr);
+    if std::env::var_os("INFER_REQUIRE_MODELS").is_some() {
+        panic!("model {name} is required but could not be fetched: {why}");
+    }
+    eprintln!("note: skipping, model {name} unavailable: {why}");
+    None
+}
+
+/// A fresh temporary directory, removed when dropped.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+/// Path to a file in the shared reference folder (`../shared/reference` beside the project).
+pub fn reference(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/reference").join(name)
+}
+
+/// Asserts a command failed cleanly: non-zero exit, no panic, a one-line message mentioning `needle`.
+pub fn assert_clean_failure(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, got success; stderr: {stderr}");
+    assert_ne!(out.status.code(), Some(101), "exit code 101 means a panic: {stderr}");
+    assert!(!stderr.contains("panicked"), "panicked: {stderr}");
+    assert!(stderr.trim_end().lines().count() == 1, "expected a one-line error, got:\n{stderr}");
+    assert!(stderr.contains(needle), "error should mention {needle:?}: {stderr}");
+}
