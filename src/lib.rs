@@ -8,5 +8,7 @@ pub mod cli;
 pub mod gguf;
 pub mod registry;
 pub mod model;
+pub mod sampling;
+pub mod stop;
 
 pub use infer_kernels as kernels;

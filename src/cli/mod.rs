@@ -5,6 +5,7 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod args;
 pub mod info;
 pub mod list;
 pub mod output;

@@ -1,0 +1,180 @@
+//! Flag groups shared by the commands that generate text (`run`, `chat`, `serve`): flatten them into a command's
+//! `Args` with `#[command(flatten)]`.
+//!
+//! Every numeric flag is checked at parse time, so `--temp nan` or `--top-p 1.5` fails with a message naming the
+//! flag and the allowed range before any model is loaded.
+
+use std::num::NonZeroUsize;
+
+use clap::Args;
+
+use crate::sampling::{SamplingParams, random_seed};
+use crate::stop::{StopError, StopMatcher};
+
+const D: SamplingParams = SamplingParams::DEFAULT;
+
+/// How the next token is chosen.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct SamplingArgs {
+    /// Temperature: higher is more random; 0 = greedy (always the most likely token).
+    #[arg(long = "temp", value_name = "T", default_value_t = D.temperature, value_parser = parse_temperature,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub temperature: f32,
+    /// Sample only among the K most likely tokens; 0 = off.
+    #[arg(long, value_name = "K", default_value_t = D.top_k, value_parser = parse_count,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub top_k: usize,
+    /// Nucleus sampling: only the most likely tokens whose probabilities add up to P, in (0, 1]; 1 = off.
+    #[arg(long, value_name = "P", default_value_t = D.top_p, value_parser = parse_top_p,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub top_p: f32,
+    /// Drop tokens less likely than P times the most likely one, in [0, 1]; 0 = off.
+    #[arg(long, value_name = "P", default_value_t = D.min_p, value_parser = parse_min_p,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub min_p: f32,
+    /// Penalize tokens seen among the last --repeat-last-n: > 0, 1 = off, above 1 discourages repeats.
+    #[arg(long, value_name = "X", default_value_t = D.repeat_penalty, value_parser = parse_repeat_penalty,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub repeat_penalty: f32,
+    /// How many recent tokens the repeat penalty looks at; 0 = off.
+    #[arg(long, value_name = "N", default_value_t = D.repeat_last_n, value_parser = parse_count,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub repeat_last_n: usize,
+    /// Seed of the random number generator, for reproducible output [default: random, from the clock].
+    #[arg(long, value_name = "N", value_parser = parse_seed, allow_negative_numbers = true, help_heading = "Sampling")]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    /// The parameters these flags ask for. Without `--seed` a fresh random seed is picked on every call: call this
+    /// once per request and report the returned `seed`, so the user can reproduce the run.
+    pub fn to_params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed.unwrap_or_else(random_seed),
+        }
+    }
+}
+
+impl Default for SamplingArgs {
+    fn default() -> Self {
+        SamplingArgs {
+            temperature: D.temperature,
+            top_k: D.top_k,
+            top_p: D.top_p,
+            min_p: D.min_p,
+            repeat_penalty: D.repeat_penalty,
+            repeat_last_n: D.repeat_last_n,
+            seed: None,
+        }
+    }
+}
+
+/// When to stop generating.
+#[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
+pub struct StopArgs {
+    /// Stop when the output contains STR (not printed); repeatable.
+    #[arg(long = "stop", value_name = "STR", value_parser = parse_stop, allow_hyphen_values = true,
+          help_heading = "Sampling")]
+    pub stop: Vec<String>,
+}
+
+impl StopArgs {
+    /// A matcher for these stop strings (one per request).
+    pub fn matcher(&self) -> Result<StopMatcher, StopError> {
+        StopMatcher::new(self.stop.iter().cloned())
+    }
+}
+
+/// How many CPU threads the engine uses.
+#[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
+pub struct ThreadArgs {
+    /// Number of threads, at least 1 [default: all available cores].
+    #[arg(short = 't', long, value_name = "N", value_parser = parse_threads, allow_negative_numbers = true)]
+    pub threads: Option<NonZeroUsize>,
+}
+
+impl ThreadArgs {
+    /// The thread count: `--threads` or the available parallelism (1 if that is unknown).
+    pub fn count(&self) -> usize {
+        self.threads.or_else(|| std::thread::available_parallelism().ok()).map_or(1, NonZeroUsize::get)
+    }
+
+    /// A rayon pool with [`count`](Self::count) threads.
+    pub fn build_pool(&self) -> Result<rayon::ThreadPool, rayon::ThreadPoolBuildError> {
+        rayon::ThreadPoolBuilder::new().num_threads(self.count()).thread_name(|i| format!("infer-worker-{i}")).build()
+    }
+
+    /// Runs `f` inside a fresh pool of [`count`](Self::count) threads, so rayon work in it uses that many.
+    /// Fails only if the operating system refuses to start the threads.
+    pub fn install<R, F>(&self, f: F) -> Result<R, rayon::ThreadPoolBuildError>
+    where
+        F: FnOnce() -> R + Send,
+        R: Send,
+    {
+        Ok(self.build_pool()?.install(f))
+    }
+}
+
+fn parse_float(text: &str) -> Result<f32, String> {
+    let value: f32 = text.trim().parse().map_err(|_| format!("'{text}' is not a number"))?;
+    if value.is_finite() { Ok(value) } else { Err(format!("'{text}' is not a finite number")) }
+}
+
+/// `--temp`: a finite number ≥ 0.
+pub fn parse_temperature(text: &str) -> Result<f32, String> {
+    let value = parse_float(text)?;
+    if value >= 0.0 { Ok(value) } else { Err("the temperature must be >= 0 (0 = greedy)".into()) }
+}
+
+/// `--top-p`: a number in (0, 1].
+pub fn parse_top_p(text: &str) -> Result<f32, String> {
+    let value = parse_float(text)?;
+    if value > 0.0 && value <= 1.0 { Ok(value) } else { Err("top-p must be in (0, 1] (1 = off)".into()) }
+}
+
+/// `--min-p`: a number in [0, 1].
+pub fn parse_min_p(text: &str) -> Result<f32, String> {
+    let value = parse_float(text)?;
+    if (0.0..=1.0).contains(&value) { Ok(value) } else { Err("min-p must be in [0, 1] (0 = off)".into()) }
+}
+
+/// `--repeat-penalty`: a finite number > 0.
+pub fn parse_repeat_penalty(text: &str) -> Result<f32, String> {
+    let value = parse_float(text)?;
+    if value > 0.0 { Ok(value) } else { Err("the repeat penalty must be > 0 (1 = off)".into()) }
+}
+
+/// `--top-k`, `--repeat-last-n`: a whole number ≥ 0.
+pub fn parse_count(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    match text.parse::<usize>() {
+        Ok(value) => Ok(value),
+        Err(_) if text.starts_with('-') && text[1..].bytes().all(|b| b.is_ascii_digit()) && text.len() > 1 => {
+            Err("must be >= 0 (0 = off)".into())
+        }
+        Err(_) => Err(format!("'{text}' is not a whole number >= 0")),
+    }
+}
+
+/// `--seed`: a whole number in [0, 2^64).
+pub fn parse_seed(text: &str) -> Result<u64, String> {
+    text.trim().parse::<u64>().map_err(|_| format!("'{text}' is not a seed: expected a whole number in [0, 2^64)"))
+}
+
+/// `--threads`: a whole number ≥ 1.
+pub fn parse_threads(text: &str) -> Result<NonZeroUsize, String> {
+    let count =
+        parse_count(text).map_err(|_| format!("'{text}' is not a thread count: expected a whole number >= 1"))?;
+    NonZeroUsize::new(count).ok_or_else(|| "the thread count must be at least 1".to_string())
+}
+
+/// `--stop`: any non-empty string.
+pub fn parse_stop(text: &str) -> Result<String, String> {
+    if text.is_empty() { Err("a stop string cannot be empty".into()) } else { Ok(text.to_string()) }
+}

@@ -1,0 +1,451 @@
+//! Choosing the next token from the model's logits.
+//!
+//! Everything here is per request: a [`Sampler`] owns its parameters, its seeded RNG and its scratch buffers, so a
+//! server runs one per sequence and nothing is shared between them.
+//!
+//! # The pipeline
+//!
+//! [`Sampler::sample`] applies, in this order (llama.cpp's default order):
+//!
+//! 1. **repeat penalty** over the distinct tokens among the last `repeat_last_n` of the history: a positive logit is
+//!    divided by `repeat_penalty`, a zero or negative one multiplied by it (llama.cpp's convention);
+//! 2. **top-k**: keep the `top_k` highest logits (0 = off);
+//! 3. **top-p** (nucleus): keep the smallest set of highest-probability tokens whose probability mass, measured on
+//!    the distribution left by top-k at temperature 1, reaches `top_p` (1 = off);
+//! 4. **min-p**: drop tokens whose probability is below `min_p` times the most likely token's (0 = off);
+//! 5. **temperature**: divide the surviving logits by `temperature`;
+//! 6. **draw** one token from the softmax of what is left, with the sampler's own ChaCha8 RNG.
+//!
+//! Temperature 0 means greedy: the answer is the argmax of the penalized logits (ties go to the lowest id) and the
+//! RNG is not touched. The filters keep the most likely token, so they never change a greedy answer.
+//!
+//! # Cost
+//!
+//! The vocabulary is 49k–262k tokens and this runs once per generated token, so no step sorts the whole vocabulary:
+//! top-k is a single scan that keeps a small buffer of the best candidates; top-p without top-k selects and sorts
+//! growing chunks of the best candidates only until the mass is reached; min-p is a threshold. All buffers live in
+//! the [`Sampler`] and are reused, so a warm sampler does not allocate.
+//!
+//! # Reproducibility
+//!
+//! The RNG is ChaCha8 seeded from [`SamplingParams::seed`], whose output is specified bit for bit, and candidates are
+//! drawn in a fixed order (highest logit first, ties by id; or plain id order when no filter reordered them), so the
+//! same seed and the same logits give the same tokens on every platform.
+
+use std::cmp::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+/// Why sampling parameters were refused or a token could not be sampled.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplingError {
+    /// A parameter is NaN, infinite, negative or out of its range.
+    #[error("invalid sampling parameter {name} = {value}: expected {expected}")]
+    InvalidParam { name: &'static str, value: f32, expected: &'static str },
+    /// There was nothing to sample from.
+    #[error("the logits are empty: nothing to sample from")]
+    EmptyLogits,
+    /// The model produced NaN or an infinity: generation cannot go on.
+    #[error("logit {index} is not finite (NaN or infinite): the model's output is broken")]
+    NonFiniteLogits { index: usize },
+    /// The history holds a token id that the logits have no entry for.
+    #[error("token {token} in the history is outside the vocabulary of {vocab_size} tokens")]
+    TokenOutOfRange { token: u32, vocab_size: usize },
+    /// More logits than 32-bit token ids can name.
+    #[error("{0} logits: more than 32-bit token ids can name")]
+    VocabTooLarge(usize),
+}
+
+/// The knobs of one request's sampling. See the [module docs](self) for what each does and in which order.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    /// Softmax temperature, ≥ 0; 0 = greedy (argmax).
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; 0 = off.
+    pub top_k: usize,
+    /// Nucleus sampling mass, in (0, 1]; 1 = off.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` × the most likely one's probability, in [0, 1]; 0 = off.
+    pub min_p: f32,
+    /// Repeat penalty, > 0; 1 = off, above 1 discourages repeats.
+    pub repeat_penalty: f32,
+    /// How many of the most recent history tokens the repeat penalty looks at; 0 = off.
+    pub repeat_last_n: usize,
+    /// Seed of the sampler's RNG.
+    pub seed: u64,
+}
+
+impl SamplingParams {
+    /// llama.cpp's defaults, with a fixed seed (callers wanting a fresh one use [`random_seed`]).
+    pub const DEFAULT: SamplingParams = SamplingParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.05,
+        repeat_penalty: 1.0,
+        repeat_last_n: 64,
+        seed: 0,
+    };
+
+    /// Greedy decoding: temperature 0, everything else off.
+    pub const GREEDY: SamplingParams = SamplingParams {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repeat_penalty: 1.0,
+        repeat_last_n: 0,
+        seed: 0,
+    };
+
+    /// Checks every parameter's range; NaN and infinities are refused everywhere.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        fn check(name: &'static str, value: f32, ok: bool, expected: &'static str) -> Result<(), SamplingError> {
+            if value.is_finite() && ok { Ok(()) } else { Err(SamplingError::InvalidParam { name, value, expected }) }
+        }
+        check("temperature", self.temperature, self.temperature >= 0.0, "a number >= 0 (0 = greedy)")?;
+        check("top_p", self.top_p, self.top_p > 0.0 && self.top_p <= 1.0, "a number in (0, 1] (1 = off)")?;
+        check("min_p", self.min_p, (0.0..=1.0).contains(&self.min_p), "a number in [0, 1] (0 = off)")?;
+        check("repeat_penalty", self.repeat_penalty, self.repeat_penalty > 0.0, "a number > 0 (1 = off)")?;
+        Ok(())
+    }
+
+    /// Whether this samples greedily (the RNG is never used).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// A seed from the clock, the process id and a counter: distinct for requests arriving in the same nanosecond.
+pub fn random_seed() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let count = COUNTER.fetch_add(1, AtomicOrdering::Relaxed);
+    splitmix64(nanos ^ splitmix64(count ^ (u64::from(std::process::id()) << 32)))
+}
+
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The id of the largest logit, the lowest id on ties. NaN entries are skipped; an empty slice (or one with no
+/// number above −∞) gives 0.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_value = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_value {
+            best = i;
+            best_value = v;
+        }
+    }
+    best as u32
+}
+
+/// One token of the final distribution: see [`Sampler::distribution`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenProb {
+    pub id: u32,
+    pub prob: f32,
+}
+
+/// A token still in the running, with its (penalized) logit.
+#[derive(Debug, Clone, Copy)]
+struct Cand {
+    id: u32,
+    logit: f32,
+}
+
+/// Highest logit first, then lowest id: a total order on finite logits (−0 and +0 tie, as in [`argmax`]).
+fn by_logit_desc(a: &Cand, b: &Cand) -> Ordering {
+    b.logit.partial_cmp(&a.logit).unwrap_or(Ordering::Equal).then(a.id.cmp(&b.id))
+}
+
+/// What the filters left.
+enum Prepared {
+    /// One token, chosen without the RNG.
+    Greedy(u32),
+    /// `cands` holds the survivors, in draw order; `max` is their largest logit.
+    Candidates { max: f32 },
+}
+
+/// Samples tokens for one sequence: its parameters, its RNG and reusable scratch space.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    ln_min_p: f32,
+    rng: ChaCha8Rng,
+    /// The penalized copy of the logits (only when the repeat penalty is on).
+    penalized: Vec<f32>,
+    /// Distinct recent tokens, for the repeat penalty.
+    recent: Vec<u32>,
+    cands: Vec<Cand>,
+    weights: Vec<f32>,
+    dist: Vec<TokenProb>,
+}
+
+impl Sampler {
+    /// A sampler for `params`, which are validated; the RNG is seeded from `params.seed`.
+    pub fn new(params: SamplingParams) -> Result<Self, SamplingError> {
+        params.validate()?;
+        Ok(Sampler {
+            params,
+            ln_min_p: params.min_p.ln(),
+            rng: ChaCha8Rng::seed_from_u64(params.seed),
+            penalized: Vec::new(),
+            recent: Vec::new(),
+            cands: Vec::new(),
+            weights: Vec::new(),
+            dist: Vec::new(),
+        })
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Restarts the RNG from `seed` (as if the sampler had been built with it).
+    pub fn reseed(&mut self, seed: u64) {
+        self.params.seed = seed;
+        self.rng = ChaCha8Rng::seed_from_u64(seed);
+    }
+
+    /// Picks the next token from `logits` (one per vocabulary entry). `history` is the sequence so far (prompt and
+    /// generated tokens), which the repeat penalty looks at.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32, SamplingError> {
+        match self.prepare(logits, history)? {
+            Prepared::Greedy(id) => Ok(id),
+            Prepared::Candidates { max } => Ok(self.draw(max)),
+        }
+    }
+
+    /// The distribution [`sample`](Self::sample) would draw from, without drawing (the RNG is not touched): the
+    /// surviving tokens with their probabilities after every step including temperature, most likely first (or in
+    /// id order when no filter was on). Greedy gives one token with probability 1.
+    pub fn distribution(&mut self, logits: &[f32], history: &[u32]) -> Result<&[TokenProb], SamplingError> {
+        self.dist.clear();
+        match self.prepare(logits, history)? {
+            Prepared::Greedy(id) => self.dist.push(TokenProb { id, prob: 1.0 }),
+            Prepared::Candidates { max } => {
+                let sum = self.weigh(max);
+                let dist = &mut self.dist;
+                dist.extend(
+                    self.cands
+                        .iter()
+                        .zip(&self.weights)
+                        .map(|(c, &w)| TokenProb { id: c.id, prob: (f64::from(w) / sum) as f32 }),
+                );
+            }
+        }
+        Ok(&self.dist)
+    }
+
+    /// Runs penalties and filters; leaves the survivors in `self.cands` unless the answer is already known.
+    fn prepare(&mut self, logits: &[f32], history: &[u32]) -> Result<Prepared, SamplingError> {
+        if logits.is_empty() {
+            return Err(SamplingError::EmptyLogits);
+        }
+        if u32::try_from(logits.len()).is_err() {
+            return Err(SamplingError::VocabTooLarge(logits.len()));
+        }
+        if let Some(index) = logits.iter().position(|v| !v.is_finite()) {
+            return Err(SamplingError::NonFiniteLogits { index });
+        }
+
+        let Sampler { params, ln_min_p, penalized, recent, cands, .. } = self;
+        let window = &history[history.len().saturating_sub(params.repeat_last_n)..];
+        let scores: &[f32] = if params.repeat_penalty != 1.0 && !window.is_empty() {
+            apply_repeat_penalty(logits, window, params.repeat_penalty, penalized, recent)?;
+            penalized
+        } else {
+            logits
+        };
+
+        let best = argmax(scores);
+        let max = scores[best as usize];
+        if params.is_greedy() {
+            return Ok(Prepared::Greedy(best));
+        }
+
+        let vocab = scores.len();
+        let top_p_on = params.top_p < 1.0;
+        cands.clear();
+        // Total probability mass (unnormalized, relative to the max) of what top-k leaves, for top-p.
+        let mut mass = 0.0f64;
+        let mut sorted = false;
+        if params.top_k > 0 && params.top_k < vocab {
+            top_k_scan(scores, params.top_k, cands);
+            cands.sort_unstable_by(by_logit_desc);
+            sorted = true;
+            if top_p_on {
+                mass = cands.iter().map(|c| f64::from((c.logit - max).exp())).sum();
+            }
+        } else {
+            if top_p_on {
+                mass = scores.iter().map(|&s| f64::from((s - max).exp())).sum();
+            }
+            // Min-p comes after top-p, but both keep a most-likely-first prefix of the candidates, so their result
+            // is the shorter prefix: dropping min-p's rejects first changes nothing and spares top-p the work.
+            let cut = *ln_min_p;
+            cands.extend(
+                scores
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &s)| s - max >= cut)
+                    .map(|(i, &s)| Cand { id: i as u32, logit: s }),
+            );
+        }
+
+        if top_p_on {
+            let target = f64::from(params.top_p) * mass;
+            if sorted {
+                let mut cum = 0.0f64;
+                if let Some(last) = cands.iter().position(|c| {
+                    cum += f64::from((c.logit - max).exp());
+                    cum >= target
+                }) {
+                    cands.truncate(last + 1);
+                }
+            } else {
+                top_p_in_chunks(cands, max, target);
+            }
+        }
+
+        if params.min_p > 0.0 {
+            let cut = *ln_min_p;
+            cands.retain(|c| c.logit - max >= cut);
+        }
+
+        match cands.as_slice() {
+            [] => Ok(Prepared::Greedy(best)), // unreachable in exact arithmetic: the max survives every filter
+            [only] => Ok(Prepared::Greedy(only.id)),
+            _ => Ok(Prepared::Candidates { max }),
+        }
+    }
+
+    /// Fills `weights` with the candidates' unnormalized probabilities at the temperature; returns their sum.
+    fn weigh(&mut self, max: f32) -> f64 {
+        let t = self.params.temperature;
+        self.weights.clear();
+        let mut sum = 0.0f64;
+        for c in &self.cands {
+            // Division, not multiplication by 1/t: a tiny t makes 1/t infinite and 0 × ∞ NaN.
+            let w = ((c.logit - max) / t).exp();
+            sum += f64::from(w);
+            self.weights.push(w);
+        }
+        sum
+    }
+
+    /// Draws one of `cands` in proportion to its weight.
+    fn draw(&mut self, max: f32) -> u32 {
+        let sum = self.weigh(max);
+        let target = self.rng.random::<f64>() * sum;
+        let mut cum = 0.0f64;
+        for (c, &w) in self.cands.iter().zip(&self.weights) {
+            cum += f64::from(w);
+            if cum > target {
+                return c.id;
+            }
+        }
+        // Rounding left the target at the very top: the last token with any weight.
+        self.cands.iter().zip(&self.weights).rev().find(|&(_, &w)| w > 0.0).map_or(self.cands[0].id, |(c, _)| c.id)
+    }
+}
+
+/// Copies `logits` into `out` and penalizes each distinct token of `window` once.
+fn apply_repeat_penalty(
+    logits: &[f32],
+    window: &[u32],
+    penalty: f32,
+    out: &mut Vec<f32>,
+    recent: &mut Vec<u32>,
+) -> Result<(), SamplingError> {
+    out.clear();
+    out.extend_from_slice(logits);
+    recent.clear();
+    recent.extend_from_slice(window);
+    recent.sort_unstable();
+    recent.dedup();
+    for &token in recent.iter() {
+        let Some(v) = out.get_mut(token as usize) else {
+            return Err(SamplingError::TokenOutOfRange { token, vocab_size: logits.len() });
+        };
+        let p = if *v > 0.0 { *v / penalty } else { *v * penalty };
+        // A tiny penalty can overflow a large logit: saturate rather than poison the rest with infinities.
+        *v = p.clamp(f32::MIN, f32::MAX);
+    }
+    Ok(())
+}
+
+/// Leaves the `k` best of `scores` (by [`by_logit_desc`]) in `out`, in no particular order. One pass over the
+/// vocabulary: candidates go into a buffer of at most `2k` (at least `k + 64`) entries, which is cut back to the best
+/// `k` whenever it fills; after a cut only scores strictly above the `k`-th best can enter. Scanning in id order makes
+/// the strict comparison right for ties: a later equal score has a higher id, so it loses.
+fn top_k_scan(scores: &[f32], k: usize, out: &mut Vec<Cand>) {
+    debug_assert!(k >= 1);
+    let limit = k.saturating_add(k.max(64));
+    out.clear();
+    out.reserve(limit.min(scores.len()));
+    let mut threshold = f32::NEG_INFINITY;
+    for (i, &s) in scores.iter().enumerate() {
+        if s > threshold {
+            out.push(Cand { id: i as u32, logit: s });
+            if out.len() >= limit {
+                out.select_nth_unstable_by(k - 1, by_logit_desc);
+                out.truncate(k);
+                threshold = out[k - 1].logit;
+            }
+        }
+    }
+    if out.len() > k {
+        out.select_nth_unstable_by(k - 1, by_logit_desc);
+        out.truncate(k);
+    }
+}
+
+/// Top-p over unsorted candidates: selects and sorts the best 64, then the next 128, and so on, only until the
+/// cumulative mass reaches `target`; truncates there. The kept prefix ends up sorted most likely first.
+fn top_p_in_chunks(cands: &mut Vec<Cand>, max: f32, target: f64) {
+    let n = cands.len();
+    let mut start = 0;
+    let mut chunk = 64usize;
+    let mut cum = 0.0f64;
+    while start < n {
+        let m = chunk.min(n - start);
+        let rest = &mut cands[start..];
+        if m < rest.len() {
+            rest.select_nth_unstable_by(m - 1, by_logit_desc);
+        }
+        let head = &mut rest[..m];
+        head.sort_unstable_by(by_logit_desc);
+        let mut reached = None;
+        for (j, c) in head.iter().enumerate() {
+            cum += f64::from((c.logit - max).exp());
+            if cum >= target {
+                reached = Some(j);
+                break;
+            }
+        }
+        if let Some(j) = reached {
+            cands.truncate(start + j + 1);
+            return;
+        }
+        start += m;
+        chunk = chunk.saturating_mul(2);
+    }
+}

@@ -1,0 +1,642 @@
+//! Sampling, stop strings and the shared sampling/thread flags.
+
+use infer::sampling::{Sampler, SamplingError, SamplingParams, argmax};
+
+/// No filters, temperature 1: plain softmax sampling.
+fn plain(seed: u64) -> SamplingParams {
+    SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, repeat_penalty: 1.0, repeat_last_n: 0, seed }
+}
+
+/// Deterministic pseudo-random logits over a vocabulary of `n`.
+fn logits(n: usize, salt: u64) -> Vec<f32> {
+    let mut x = salt.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 12.0 - 6.0
+        })
+        .collect()
+}
+
+fn counts(sampler: &mut Sampler, logits: &[f32], history: &[u32], draws: usize) -> Vec<usize> {
+    let mut counts = vec![0usize; logits.len()];
+    for _ in 0..draws {
+        counts[sampler.sample(logits, history).unwrap() as usize] += 1;
+    }
+    counts
+}
+
+#[test]
+fn defaults_are_llama_cpp_s() {
+    let p = SamplingParams::default();
+    assert_eq!((p.temperature, p.top_k, p.top_p, p.min_p), (0.8, 40, 0.95, 0.05));
+    assert_eq!((p.repeat_penalty, p.repeat_last_n), (1.0, 64));
+    p.validate().unwrap();
+    SamplingParams::GREEDY.validate().unwrap();
+}
+
+#[test]
+fn validate_rejects_nan_negative_and_out_of_range() {
+    let bad = [
+        SamplingParams { temperature: f32::NAN, ..Default::default() },
+        SamplingParams { temperature: -0.1, ..Default::default() },
+        SamplingParams { temperature: f32::INFINITY, ..Default::default() },
+        SamplingParams { top_p: 0.0, ..Default::default() },
+        SamplingParams { top_p: 1.01, ..Default::default() },
+        SamplingParams { top_p: f32::NAN, ..Default::default() },
+        SamplingParams { min_p: -0.01, ..Default::default() },
+        SamplingParams { min_p: 1.5, ..Default::default() },
+        SamplingParams { min_p: f32::NAN, ..Default::default() },
+        SamplingParams { repeat_penalty: 0.0, ..Default::default() },
+        SamplingParams { repeat_penalty: -1.0, ..Default::default() },
+        SamplingParams { repeat_penalty: f32::NAN, ..Default::default() },
+    ];
+    for params in bad {
+        assert!(matches!(params.validate(), Err(SamplingError::InvalidParam { .. })), "{params:?}");
+        assert!(Sampler::new(params).is_err(), "{params:?}");
+    }
+    let fine = [
+        SamplingParams { temperature: 0.0, ..Default::default() },
+        SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.0, ..Default::default() },
+        SamplingParams { min_p: 1.0, ..Default::default() },
+        SamplingParams { repeat_penalty: 0.5, ..Default::default() },
+    ];
+    for params in fine {
+        params.validate().unwrap();
+    }
+}
+
+#[test]
+fn argmax_ties_go_to_the_lowest_id() {
+    assert_eq!(argmax(&[1.0, 3.0, 2.0, 3.0]), 1);
+    assert_eq!(argmax(&[-5.0, -5.0]), 0);
+    assert_eq!(argmax(&[f32::NAN, 1.0, f32::NAN]), 1);
+    assert_eq!(argmax(&[]), 0);
+}
+
+#[test]
+fn same_seed_same_sequence() {
+    let vocab = logits(50_000, 7);
+    for params in [
+        SamplingParams { seed: 1234, ..Default::default() },
+        plain(99),
+        SamplingParams { top_k: 0, seed: 5, ..Default::default() },
+    ] {
+        let run = || {
+            let mut sampler = Sampler::new(params).unwrap();
+            let mut history = Vec::new();
+            for step in 0..40u64 {
+                let l = logits(50_000, step);
+                let token = sampler.sample(&l, &history).unwrap();
+                history.push(token);
+            }
+            history
+        };
+        let a = run();
+        assert_eq!(a, run());
+        // And a different seed gives a different sequence.
+        let mut other = Sampler::new(SamplingParams { seed: params.seed + 1, ..params }).unwrap();
+        let b: Vec<u32> = (0..40).map(|_| other.sample(&vocab, &[]).unwrap()).collect();
+        let mut same = Sampler::new(params).unwrap();
+        let c: Vec<u32> = (0..40).map(|_| same.sample(&vocab, &[]).unwrap()).collect();
+        assert_ne!(b, c, "{params:?}");
+    }
+}
+
+#[test]
+fn reseed_restarts_the_sequence() {
+    let l = logits(1000, 3);
+    let mut sampler = Sampler::new(plain(42)).unwrap();
+    let first: Vec<u32> = (0..20).map(|_| sampler.sample(&l, &[]).unwrap()).collect();
+    sampler.reseed(42);
+    let again: Vec<u32> = (0..20).map(|_| sampler.sample(&l, &[]).unwrap()).collect();
+    assert_eq!(first, again);
+}
+
+#[test]
+fn greedy_paths_give_the_argmax() {
+    for salt in 0..20 {
+        let l = logits(32_000, salt);
+        let want = argmax(&l);
+        let greedy = [
+            SamplingParams { temperature: 0.0, ..Default::default() },
+            SamplingParams { top_k: 1, ..plain(salt) },
+            SamplingParams { top_p: 1e-9, ..plain(salt) },
+            SamplingParams { top_p: 1e-9, top_k: 100, ..plain(salt) },
+            SamplingParams { min_p: 1.0, ..plain(salt) },
+        ];
+        for params in greedy {
+            let mut sampler = Sampler::new(params).unwrap();
+            for _ in 0..5 {
+                assert_eq!(sampler.sample(&l, &[]).unwrap(), want, "{params:?}");
+            }
+        }
+    }
+    // Ties: the lowest id, even through the filters.
+    let tied = [0.5, 2.0, 1.0, 2.0, 2.0];
+    for params in
+        [SamplingParams::GREEDY, SamplingParams { top_k: 1, ..plain(0) }, SamplingParams { top_p: 1e-6, ..plain(0) }]
+    {
+        assert_eq!(Sampler::new(params).unwrap().sample(&tied, &[]).unwrap(), 1);
+    }
+}
+
+#[test]
+fn top_k_keeps_the_k_best() {
+    let l = logits(10_000, 11);
+    let mut sorted: Vec<(f32, u32)> = l.iter().enumerate().map(|(i, &v)| (v, i as u32)).collect();
+    sorted.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    for k in [2, 40, 64, 65, 200, 9_999] {
+        let mut sampler = Sampler::new(SamplingParams { top_k: k, ..plain(0) }).unwrap();
+        let dist = sampler.distribution(&l, &[]).unwrap();
+        let mut got: Vec<u32> = dist.iter().map(|t| t.id).collect();
+        let mut want: Vec<u32> = sorted[..k].iter().map(|&(_, i)| i).collect();
+        // Most likely first.
+        assert_eq!(got, want, "k = {k}");
+        got.sort_unstable();
+        want.sort_unstable();
+        let total: f32 = dist.iter().map(|t| t.prob).sum();
+        assert!((total - 1.0).abs() < 1e-4);
+    }
+    // Ties at the cut go to the lowest ids.
+    let flat = vec![1.0f32; 300];
+    let mut sampler = Sampler::new(SamplingParams { top_k: 100, ..plain(0) }).unwrap();
+    let ids: Vec<u32> = sampler.distribution(&flat, &[]).unwrap().iter().map(|t| t.id).collect();
+    assert_eq!(ids, (0..100).collect::<Vec<u32>>());
+}
+
+/// The smallest most-likely-first prefix whose softmax mass reaches `p`, computed the slow way.
+fn nucleus(l: &[f32], p: f64) -> Vec<u32> {
+    let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let z: f64 = l.iter().map(|&v| f64::from(v - max).exp()).sum();
+    let mut order: Vec<u32> = (0..l.len() as u32).collect();
+    order.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]).then(a.cmp(&b)));
+    let mut cum = 0.0;
+    let mut out = Vec::new();
+    for id in order {
+        out.push(id);
+        cum += f64::from(l[id as usize] - max).exp() / z;
+        if cum >= p {
+            break;
+        }
+    }
+    out
+}
+
+#[test]
+fn top_p_keeps_the_nucleus() {
+    for (salt, p) in [(1, 0.5f32), (2, 0.9), (3, 0.95), (4, 0.99), (5, 0.2)] {
+        let l = logits(20_000, salt);
+        let want = nucleus(&l, f64::from(p));
+        // Without top-k (chunked selection) and with a top-k that cuts nothing (sorted path).
+        for top_k in [0, 20_000, 19_999] {
+            let mut sampler = Sampler::new(SamplingParams { top_p: p, top_k, ..plain(0) }).unwrap();
+            let got: Vec<u32> = sampler.distribution(&l, &[]).unwrap().iter().map(|t| t.id).collect();
+            // Rounding may move the cut by one token at most.
+            let n = want.len().min(got.len());
+            assert_eq!(got[..n], want[..n], "p = {p}, top_k = {top_k}");
+            assert!(got.len().abs_diff(want.len()) <= 1, "p = {p}: {} vs {}", got.len(), want.len());
+        }
+    }
+    // Exact on a small case: probabilities 0.5, 0.25, 0.125, 0.125.
+    let l = [0.5f32.ln(), 0.25f32.ln(), 0.125f32.ln(), 0.125f32.ln()];
+    let mut sampler = Sampler::new(SamplingParams { top_p: 0.7, ..plain(0) }).unwrap();
+    let dist = sampler.distribution(&l, &[]).unwrap();
+    assert_eq!(dist.iter().map(|t| t.id).collect::<Vec<_>>(), [0, 1]);
+    assert!((dist[0].prob - 2.0 / 3.0).abs() < 1e-5);
+}
+
+#[test]
+fn min_p_filters_unlikely_tokens() {
+    // Probabilities relative to the best: 1, 0.5, 0.1, 0.04, 0.01.
+    let l = [0.0f32, 0.5f32.ln(), 0.1f32.ln(), 0.04f32.ln(), 0.01f32.ln()];
+    for (min_p, want) in
+        [(0.05f32, vec![0u32, 1, 2]), (0.2, vec![0, 1]), (0.0, vec![0, 1, 2, 3, 4]), (0.009, vec![0, 1, 2, 3, 4])]
+    {
+        for top_k in [0, 3, 4] {
+            let mut sampler = Sampler::new(SamplingParams { min_p, top_k, ..plain(0) }).unwrap();
+            let mut got: Vec<u32> = sampler.distribution(&l, &[]).unwrap().iter().map(|t| t.id).collect();
+            got.sort_unstable();
+            let mut want = want.clone();
+            want.truncate(if top_k == 0 { 5 } else { top_k });
+            assert_eq!(got, want, "min_p = {min_p}, top_k = {top_k}");
+        }
+        let mut sampler = Sampler::new(SamplingParams { min_p, ..plain(8) }).unwrap();
+        for _ in 0..500 {
+            assert!(want.contains(&sampler.sample(&l, &[]).unwrap()));
+        }
+    }
+}
+
+#[test]
+fn min_p_after_top_p() {
+    // Top-p's mass is measured before min-p drops anything: probabilities 0.4, 0.3, 0.2, 0.1 with top-p 0.8
+    // keep 0, 1, 2; min-p 0.6 then keeps 0, 1.
+    let l = [0.4f32.ln(), 0.3f32.ln(), 0.2f32.ln(), 0.1f32.ln()];
+    for top_k in [0, 4, 3] {
+        let mut sampler = Sampler::new(SamplingParams { top_p: 0.8, min_p: 0.6, top_k, ..plain(0) }).unwrap();
+        let ids: Vec<u32> = sampler.distribution(&l, &[]).unwrap().iter().map(|t| t.id).collect();
+        assert_eq!(ids, [0, 1], "top_k = {top_k}");
+    }
+    let mut sampler = Sampler::new(SamplingParams { top_p: 0.8, min_p: 0.0, ..plain(0) }).unwrap();
+    let ids: Vec<u32> = sampler.distribution(&l, &[]).unwrap().iter().map(|t| t.id).collect();
+    assert_eq!(ids, [0, 1, 2]);
+}
+
+#[test]
+fn temperature_sharpens_and_flattens() {
+    let l = [1.0f32, 0.0];
+    let p0 = |t: f32| {
+        let mut sampler = Sampler::new(SamplingParams { temperature: t, ..plain(0) }).unwrap();
+        let dist = sampler.distribution(&l, &[]).unwrap();
+        dist.iter().find(|p| p.id == 0).unwrap().prob
+    };
+    let e = std::f32::consts::E;
+    assert!((p0(1.0) - e / (e + 1.0)).abs() < 1e-5);
+    assert!((p0(0.5) - e * e / (e * e + 1.0)).abs() < 1e-5);
+    assert!(p0(100.0) < 0.51);
+    assert!((p0(1e-30) - 1.0).abs() < 1e-6);
+}
+
+#[test]
+fn repeat_penalty_lowers_repeated_tokens() {
+    // Positive logits are divided, negative ones multiplied.
+    let l = [2.0f32, 2.0, -1.0, -1.0, 0.0];
+    let params = SamplingParams { repeat_penalty: 2.0, repeat_last_n: 64, ..plain(3) };
+    let mut sampler = Sampler::new(params).unwrap();
+    let history = [0u32, 2, 0, 0];
+    let dist: Vec<_> = sampler.distribution(&l, &history).unwrap().to_vec();
+    let prob = |id: u32| dist.iter().find(|t| t.id == id).unwrap().prob;
+    let z = 1f32.exp() + 2f32.exp() + (-2f32).exp() + (-1f32).exp() + 1.0;
+    assert!((prob(0) - 1f32.exp() / z).abs() < 1e-5, "each token is penalized once, however often it repeats");
+    assert!((prob(1) - 2f32.exp() / z).abs() < 1e-5);
+    assert!((prob(2) - (-2f32).exp() / z).abs() < 1e-5);
+    assert!((prob(3) - (-1f32).exp() / z).abs() < 1e-5);
+
+    let c = counts(&mut sampler, &l, &history, 20_000);
+    assert!(c[0] * 2 < c[1], "{c:?}");
+    assert!(c[2] * 2 < c[3], "{c:?}");
+    // Greedy sees the penalty too.
+    let mut greedy = Sampler::new(SamplingParams { temperature: 0.0, ..params }).unwrap();
+    assert_eq!(greedy.sample(&l, &[0]).unwrap(), 1);
+    // Only the last `repeat_last_n` tokens count.
+    let mut short = Sampler::new(SamplingParams { temperature: 0.0, repeat_last_n: 1, ..params }).unwrap();
+    assert_eq!(short.sample(&l, &[0, 4]).unwrap(), 0);
+    assert_eq!(short.sample(&l, &[4, 0]).unwrap(), 1);
+    // A token outside the vocabulary is an error, not a panic.
+    assert_eq!(sampler.sample(&l, &[9]), Err(SamplingError::TokenOutOfRange { token: 9, vocab_size: 5 }));
+}
+
+#[test]
+fn non_finite_logits_are_an_error() {
+    for params in [SamplingParams::default(), SamplingParams::GREEDY, plain(0)] {
+        let mut sampler = Sampler::new(params).unwrap();
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let l = [0.0, 1.0, bad, 2.0];
+            assert_eq!(sampler.sample(&l, &[]), Err(SamplingError::NonFiniteLogits { index: 2 }));
+            assert!(sampler.distribution(&l, &[]).is_err());
+        }
+        assert_eq!(sampler.sample(&[], &[]), Err(SamplingError::EmptyLogits));
+    }
+}
+
+#[test]
+fn extreme_logits_do_not_break_sampling() {
+    let l = [f32::MAX, -f32::MAX, f32::MAX, 0.0];
+    let mut sampler = Sampler::new(SamplingParams { repeat_penalty: 1e-30, ..plain(1) }).unwrap();
+    for _ in 0..100 {
+        let t = sampler.sample(&l, &[1, 3]).unwrap();
+        assert!(t < 4);
+    }
+    let mut sampler = Sampler::new(SamplingParams::default()).unwrap();
+    for _ in 0..100 {
+        let t = sampler.sample(&l, &[]).unwrap();
+        assert!(t == 0 || t == 2);
+    }
+}
+
+/// Temperature-1 sampling with no filters follows the softmax: a chi-square goodness-of-fit test with a fixed seed.
+#[test]
+fn unfiltered_sampling_follows_softmax() {
+    let l = [1.0f32, 0.5, 0.0, -0.5, -1.0, 2.0, 0.25, -2.0];
+    let z: f64 = l.iter().map(|&v| f64::from(v).exp()).sum();
+    let draws = 200_000;
+    for seed in [1, 2, 3] {
+        let mut sampler = Sampler::new(plain(seed)).unwrap();
+        let c = counts(&mut sampler, &l, &[], draws);
+        let chi2: f64 = l
+            .iter()
+            .zip(&c)
+            .map(|(&v, &n)| {
+                let expected = f64::from(v).exp() / z * draws as f64;
+                (n as f64 - expected).powi(2) / expected
+            })
+            .sum();
+        // 7 degrees of freedom: P(chi2 > 24.32) = 0.001.
+        assert!(chi2 < 24.32, "seed {seed}: chi2 = {chi2}, counts {c:?}");
+    }
+    // The same through the defaults' filters at a temperature: the kept tokens' ratios still follow softmax(l / t).
+    let t = 0.7f32;
+    let mut sampler =
+        Sampler::new(SamplingParams { temperature: t, top_k: 3, top_p: 1.0, min_p: 0.0, ..plain(9) }).unwrap();
+    let c = counts(&mut sampler, &l, &[], draws);
+    let kept = [5usize, 0, 1];
+    let zk: f64 = kept.iter().map(|&i| f64::from(l[i] / t).exp()).sum();
+    let chi2: f64 = kept
+        .iter()
+        .map(|&i| {
+            let expected = f64::from(l[i] / t).exp() / zk * draws as f64;
+            (c[i] as f64 - expected).powi(2) / expected
+        })
+        .sum();
+    assert!(chi2 < 13.82, "chi2 = {chi2}, counts {c:?}"); // 2 dof, p = 0.001
+    assert_eq!(c.iter().sum::<usize>(), kept.iter().map(|&i| c[i]).sum::<usize>());
+}
+
+#[test]
+fn large_vocab_defaults_stay_in_the_nucleus() {
+    let l = logits(262_144, 17);
+    let mut sampler = Sampler::new(SamplingParams { seed: 3, ..Default::default() }).unwrap();
+    let allowed: Vec<u32> = sampler.distribution(&l, &[]).unwrap().iter().map(|t| t.id).collect();
+    assert!(allowed.len() <= 40);
+    for _ in 0..200 {
+        assert!(allowed.contains(&sampler.sample(&l, &[]).unwrap()));
+    }
+}
+
+mod stop {
+    use infer::stop::{StopError, StopMatcher, StopStep, validate_stops};
+    use proptest::prelude::*;
+
+    /// Feeds `chunks`; returns everything printed and whether (and by which stop) it stopped.
+    fn run(stops: &[&str], chunks: &[&str]) -> (String, Option<usize>) {
+        let mut m = StopMatcher::new(stops.iter().copied()).unwrap();
+        let mut out = String::new();
+        for chunk in chunks {
+            match m.push(chunk) {
+                StopStep::Continue(text) => out.push_str(text),
+                StopStep::Stopped { text, stop } => {
+                    out.push_str(text);
+                    return (out, Some(stop));
+                }
+            }
+        }
+        out.push_str(m.finish());
+        (out, None)
+    }
+
+    #[test]
+    fn no_stops_pass_through() {
+        let mut m = StopMatcher::new(Vec::<String>::new()).unwrap();
+        assert_eq!(m.push("hello"), StopStep::Continue("hello"));
+        assert_eq!(m.finish(), "");
+    }
+
+    #[test]
+    fn stop_split_across_many_chunks() {
+        assert_eq!(
+            run(&["</answer>"], &["The ", "answer", " is 4", "<", "/", "ans", "wer", ">", " junk"]),
+            ("The answer is 4".into(), Some(0))
+        );
+        // Text is held while it could be a stop string, and nothing after the stop is printed.
+        let mut m = StopMatcher::new(["STOP"]).unwrap();
+        assert_eq!(m.push("go S"), StopStep::Continue("go "));
+        assert_eq!(m.held(), "S");
+        assert_eq!(m.push("T"), StopStep::Continue(""));
+        assert_eq!(m.push("O"), StopStep::Continue(""));
+        assert_eq!(m.push("Pped"), StopStep::Stopped { text: "", stop: 0 });
+        assert_eq!(m.push("more"), StopStep::Stopped { text: "", stop: 0 });
+        assert_eq!(m.stopped(), Some(0));
+        assert_eq!(m.finish(), "");
+    }
+
+    #[test]
+    fn a_held_prefix_that_does_not_match_is_released() {
+        let mut m = StopMatcher::new(["\n\nUser:"]).unwrap();
+        assert_eq!(m.push("Hi.\n"), StopStep::Continue("Hi."));
+        assert_eq!(m.push("\nUs"), StopStep::Continue(""));
+        assert_eq!(m.push("ually"), StopStep::Continue("\n\nUsually"));
+        assert_eq!(m.push("\n"), StopStep::Continue(""));
+        assert_eq!(m.finish(), "\n", "finish flushes what is held");
+        // Released in part: the tail may still start a match.
+        let mut m = StopMatcher::new(["abc"]).unwrap();
+        assert_eq!(m.push("ab"), StopStep::Continue(""));
+        assert_eq!(m.push("ab"), StopStep::Continue("ab"));
+        assert_eq!(m.push("c"), StopStep::Stopped { text: "", stop: 0 });
+    }
+
+    #[test]
+    fn overlapping_and_prefix_stops() {
+        // "ab" completes before "abc" could.
+        assert_eq!(run(&["abc", "ab"], &["x", "a", "b", "c"]), ("x".into(), Some(1)));
+        assert_eq!(run(&["abc", "ab"], &["xabc"]), ("x".into(), Some(1)));
+        // The same end: the longer one wins (the earlier start).
+        assert_eq!(run(&["bc", "abc"], &["xab", "c"]), ("x".into(), Some(1)));
+        // Self-overlapping: "aab" fed "aaab".
+        assert_eq!(run(&["aab"], &["a", "a", "a", "b"]), ("a".into(), Some(0)));
+        assert_eq!(run(&["aab"], &["aaab"]), ("a".into(), Some(0)));
+        assert_eq!(run(&["aab"], &["aa", "a", "a"]), ("aaaa".into(), None));
+        // A later-starting stop that completes first wins, whatever the chunking.
+        assert_eq!(run(&["abcd", "bc"], &["abcd"]), ("a".into(), Some(1)));
+        assert_eq!(run(&["abcd", "bc"], &["a", "b", "c", "d"]), ("a".into(), Some(1)));
+    }
+
+    #[test]
+    fn multibyte_text() {
+        assert_eq!(run(&["终了"], &["こんにちは", "终", "了です"]), ("こんにちは".into(), Some(0)));
+        assert_eq!(run(&["éé"], &["café", "!"]), ("café!".into(), None));
+        assert_eq!(run(&["😀x"], &["a😀", "😀", "x"]), ("a😀".into(), Some(0)));
+    }
+
+    #[test]
+    fn empty_stop_is_rejected() {
+        assert_eq!(StopMatcher::new(["ok", ""]).unwrap_err(), StopError::Empty { index: 1 });
+        assert_eq!(validate_stops(&[""]), Err(StopError::Empty { index: 0 }));
+        assert_eq!(validate_stops(&["a", "b"]), Ok(()));
+    }
+
+    #[test]
+    fn reset_and_finish_allow_reuse() {
+        let mut m = StopMatcher::new(["END"]).unwrap();
+        assert!(matches!(m.push("xEND"), StopStep::Stopped { .. }));
+        m.reset();
+        assert_eq!(m.push("yE"), StopStep::Continue("y"));
+        assert_eq!(m.finish(), "E");
+        assert_eq!(m.push("z"), StopStep::Continue("z"));
+    }
+
+    /// The reference: the input cut where the first stop string to complete begins (the longest one if several
+    /// complete at the same place), or the whole input.
+    fn reference(input: &str, stops: &[String]) -> (String, bool) {
+        for (end, _) in input.char_indices().skip(1).chain(std::iter::once((input.len(), ' '))) {
+            if let Some(len) = stops.iter().filter(|s| input[..end].ends_with(s.as_str())).map(String::len).max() {
+                return (input[..end - len].to_string(), true);
+            }
+        }
+        (input.to_string(), false)
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        proptest::collection::vec(prop::sample::select(vec!['a', 'b', 'c', ' ', 'é', '终']), 0..40)
+            .prop_map(|chars| chars.into_iter().collect())
+    }
+
+    proptest! {
+        #[test]
+        fn emitted_text_is_the_input_cut_at_the_first_stop(
+            input in text(),
+            stops in proptest::collection::vec(
+                proptest::collection::vec(prop::sample::select(vec!['a', 'b', 'é']), 1..5)
+                    .prop_map(|c| c.into_iter().collect::<String>()),
+                0..4,
+            ),
+            cuts in proptest::collection::vec(0usize..64, 0..20),
+        ) {
+            // Split the input at char boundaries chosen by `cuts`.
+            let bounds: Vec<usize> = input.char_indices().map(|(i, _)| i).chain(std::iter::once(input.len())).collect();
+            let mut points: Vec<usize> = cuts.iter().map(|&c| bounds[c % bounds.len()]).collect();
+            points.push(0);
+            points.push(input.len());
+            points.sort_unstable();
+            points.dedup();
+            let chunks: Vec<&str> = points.windows(2).map(|w| &input[w[0]..w[1]]).collect();
+
+            let stop_refs: Vec<&str> = stops.iter().map(String::as_str).collect();
+            let (out, stopped) = run(&stop_refs, &chunks);
+            let (want, want_stopped) = reference(&input, &stops);
+            prop_assert_eq!(&out, &want);
+            prop_assert_eq!(stopped.is_some(), want_stopped);
+            // One chunk gives the same answer as many.
+            let (whole, _) = run(&stop_refs, &[&input]);
+            prop_assert_eq!(whole, want);
+        }
+    }
+}
+
+mod args {
+    use clap::Parser;
+    use infer::cli::args::{SamplingArgs, StopArgs, ThreadArgs};
+    use infer::sampling::SamplingParams;
+
+    #[derive(Parser, Debug)]
+    struct Cmd {
+        #[command(flatten)]
+        sampling: SamplingArgs,
+        #[command(flatten)]
+        stop: StopArgs,
+        #[command(flatten)]
+        threads: ThreadArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<Cmd, clap::Error> {
+        Cmd::try_parse_from(std::iter::once("test").chain(args.iter().copied()))
+    }
+
+    fn err(args: &[&str]) -> String {
+        parse(args).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults_match_sampling_params() {
+        let cmd = parse(&[]).unwrap();
+        assert_eq!(cmd.sampling, SamplingArgs::default());
+        let p = cmd.sampling.to_params();
+        assert_eq!(SamplingParams { seed: 0, ..p }, SamplingParams::default());
+        p.validate().unwrap();
+        assert!(cmd.stop.stop.is_empty());
+        assert!(cmd.threads.threads.is_none());
+        assert!(cmd.threads.count() >= 1);
+    }
+
+    #[test]
+    fn values_are_parsed() {
+        let cmd = parse(&[
+            "--temp",
+            "0",
+            "--top-k",
+            "0",
+            "--top-p",
+            "1",
+            "--min-p",
+            "0.1",
+            "--repeat-penalty",
+            "1.1",
+            "--repeat-last-n",
+            "128",
+            "--seed",
+            "18446744073709551615",
+            "-t",
+            "3",
+            "--stop",
+            "\n\n",
+            "--stop",
+            "-x",
+        ])
+        .unwrap();
+        let p = cmd.sampling.to_params();
+        assert_eq!(
+            p,
+            SamplingParams {
+                temperature: 0.0,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.1,
+                repeat_penalty: 1.1,
+                repeat_last_n: 128,
+                seed: u64::MAX
+            }
+        );
+        assert_eq!(cmd.threads.count(), 3);
+        assert_eq!(cmd.stop.stop, ["\n\n", "-x"]);
+        cmd.stop.matcher().unwrap();
+        assert_eq!(parse(&["--threads=2"]).unwrap().threads.count(), 2);
+    }
+
+    #[test]
+    fn explicit_seed_is_kept_and_random_seeds_differ() {
+        let cmd = parse(&["--seed", "7"]).unwrap();
+        assert_eq!(cmd.sampling.to_params().seed, 7);
+        assert_eq!(cmd.sampling.to_params().seed, 7);
+        let cmd = parse(&[]).unwrap();
+        assert_ne!(cmd.sampling.to_params().seed, cmd.sampling.to_params().seed);
+    }
+
+    #[test]
+    fn bad_values_are_rejected_with_a_clear_message() {
+        for (args, needle) in [
+            (&["--temp", "nan"][..], "not a finite number"),
+            (&["--temp", "-1"], "must be >= 0"),
+            (&["--temp=-0.5"], "must be >= 0"),
+            (&["--temp", "inf"], "not a finite number"),
+            (&["--temp", "hot"], "not a number"),
+            (&["--top-p", "0"], "(0, 1]"),
+            (&["--top-p", "1.5"], "(0, 1]"),
+            (&["--top-p", "NaN"], "not a finite number"),
+            (&["--min-p", "-0.1"], "[0, 1]"),
+            (&["--min-p", "2"], "[0, 1]"),
+            (&["--repeat-penalty", "0"], "> 0"),
+            (&["--repeat-penalty", "-1.1"], "> 0"),
+            (&["--top-k", "-1"], ">= 0"),
+            (&["--top-k", "4.5"], "whole number"),
+            (&["--repeat-last-n", "-64"], ">= 0"),
+            (&["--seed", "-1"], "not a seed"),
+            (&["-t", "0"], "at least 1"),
+            (&["--threads", "-2"], "thread count"),
+            (&["--stop", ""], "cannot be empty"),
+        ] {
+            let message = err(args);
+            assert!(message.contains(needle), "{args:?}: {message}");
+        }
+    }
+
+    #[test]
+    fn thread_pool_has_the_requested_size() {
+        let cmd = parse(&["-t", "3"]).unwrap();
+        let pool = cmd.threads.build_pool().unwrap();
+        assert_eq!(pool.current_num_threads(), 3);
+        let n = cmd.threads.install(rayon::current_num_threads).unwrap();
+        assert_eq!(n, 3);
+    }
+}
