@@ -3,3 +3,5 @@
 mod common;
 mod gguf;
 mod sampling;
+mod model;
+mod synthetic;

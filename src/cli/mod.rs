@@ -8,8 +8,10 @@ use clap::{Parser, Subcommand};
 pub mod args;
 pub mod info;
 pub mod list;
+pub mod logits;
 pub mod output;
 pub mod pull;
+// pub mod run; (enabled once Tokenizer::from_gguf lands)
 
 /// Run GGUF language models on ordinary CPUs.
 #[derive(Parser, Debug)]
@@ -27,6 +29,8 @@ pub enum Command {
     Pull(pull::PullArgs),
     /// List the registry's models and which are cached.
     List(list::ListArgs),
+    /// Print the top-K raw logits at every position of token-id sequences read from stdin (fidelity checks).
+    Logits(logits::LogitsArgs),
 }
 
 /// Runs one parsed command line.
@@ -35,6 +39,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Info(args) => info::run(args),
         Command::Pull(args) => pull::run(args),
         Command::List(args) => list::run(args),
+        Command::Logits(args) => logits::run(args),
     }
 }
 
@@ -69,5 +74,33 @@ pub fn cpu_features() -> Vec<&'static str> {
 
 /// The kernel level in use (chosen once at start-up; `INFER_ISA` overrides).
 pub fn isa_in_use() -> String {
-    "scalar".to_string()
+    match infer_kernels::dispatch::try_isa() {
+        Ok(isa) => isa.to_string(),
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+/// Engine settings shared by every command that runs a model.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct EngineArgs {
+    /// Activation precision of the integer dot products: `q8x2` keeps activations to ~16 bits (close to f32),
+    /// `q8` quantizes them to 8 bits like llama.cpp (faster prefill, slightly less accurate).
+    #[arg(long, value_name = "P", value_parser = ["q8x2", "q8"], default_value = "q8x2", help_heading = "Engine")]
+    pub precision: String,
+    /// Element type of the KV cache.
+    #[arg(long = "kv-type", value_name = "T", value_parser = ["f16", "f32"], default_value = "f16", help_heading = "Engine")]
+    pub kv_type: String,
+}
+
+impl EngineArgs {
+    pub fn precision(&self) -> infer_kernels::matmul::ActPrecision {
+        match self.precision.as_str() {
+            "q8" => infer_kernels::matmul::ActPrecision::Q8,
+            _ => infer_kernels::matmul::ActPrecision::Q8x2,
+        }
+    }
+
+    pub fn kv_dtype(&self) -> crate::model::KvDtype {
+        crate::model::KvDtype::parse(&self.kv_type).unwrap_or(crate::model::KvDtype::F16)
+    }
 }

@@ -1,0 +1,176 @@
+//! The decoder: the KV cache adds no error, batching changes nothing, and real models stay close to f32.
+
+use std::sync::Arc;
+
+use infer::gguf::GgufFile;
+use infer::kernels::GgmlType;
+use infer::model::{ForwardScratch, KvDtype, KvPool, Logits, Model, SeqKv, SeqStep};
+
+use crate::common::{reference, real_model};
+use crate::synthetic::{Rng, Spec, build};
+
+fn load_synthetic(spec: Spec) -> Model {
+    let bytes = build(spec, 7).to_bytes().unwrap();
+    Model::from_file(Arc::new(GgufFile::from_bytes(bytes).unwrap())).unwrap()
+}
+
+/// Last-position logits after running `tokens` in chunks of `chunk` (1 = token-by-token decode).
+fn last_logits(model: &Model, tokens: &[u32], chunk: usize, kv_dtype: KvDtype) -> Vec<f32> {
+    let c = &model.config;
+    let mut pool = KvPool::new(c, kv_dtype, tokens.len() + 16, tokens.len() + 16);
+    let mut kv = SeqKv::new();
+    let mut scratch = ForwardScratch::new(model);
+    for part in tokens.chunks(chunk) {
+        let mut items = [SeqStep { tokens: part, kv: &mut kv, logits: Logits::Last }];
+        model.forward(&mut items, &mut pool, &mut scratch).unwrap();
+    }
+    scratch.logits(0, c.n_vocab).to_vec()
+}
+
+fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    let scale = a.iter().map(|v| v.abs()).fold(0f32, f32::max).max(1e-6);
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max) / scale
+}
+
+fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+    let mut rng = Rng::new(seed);
+    (0..n).map(|_| (rng.next_u64() % n_vocab as u64) as u32).collect()
+}
+
+#[test]
+fn prefill_equals_token_by_token_decode_on_synthetic_models() {
+    for spec in [Spec::llama(GgmlType::Q4_1), Spec::llama(GgmlType::Q8_0), Spec::llama(GgmlType::F32), Spec::gemma(GgmlType::Q5_0)] {
+        let model = load_synthetic(spec);
+        // Longer than the gemma spec's sliding window (8) and than a KV block (16), so both are crossed.
+        let tokens = random_tokens(37, spec.n_vocab, 3);
+        for kv in [KvDtype::F32, KvDtype::F16] {
+            let prefill = last_logits(&model, &tokens, tokens.len(), kv);
+            let decode = last_logits(&model, &tokens, 1, kv);
+            let mixed = last_logits(&model, &tokens, 5, kv);
+            assert!(prefill.iter().all(|v| v.is_finite()));
+            let d1 = max_rel_diff(&prefill, &decode);
+            let d2 = max_rel_diff(&prefill, &mixed);
+            assert!(d1 < 1e-4 && d2 < 1e-4, "{:?} {:?}: prefill vs decode {d1}, vs chunks of 5 {d2}", spec.weight_type, kv);
+        }
+    }
+}
+
+#[test]
+fn batching_sequences_changes_nothing() {
+    let spec = Spec::gemma(GgmlType::Q4_1);
+    let model = load_synthetic(spec);
+    let c = &model.config;
+    let a = random_tokens(20, spec.n_vocab, 11);
+    let b = random_tokens(9, spec.n_vocab, 12);
+    let alone_a = last_logits(&model, &a, a.len(), KvDtype::F32);
+    let alone_b = last_logits(&model, &b, b.len(), KvDtype::F32);
+    let mut pool = KvPool::new(c, KvDtype::F32, 64, 64);
+    let (mut kva, mut kvb) = (SeqKv::new(), SeqKv::new());
+    let mut scratch = ForwardScratch::new(&model);
+    // Prefill both in one batch, then decode one more token each, together.
+    let mut items = [
+        SeqStep { tokens: &a[..19], kv: &mut kva, logits: Logits::None },
+        SeqStep { tokens: &b[..8], kv: &mut kvb, logits: Logits::None },
+    ];
+    model.forward(&mut items, &mut pool, &mut scratch).unwrap();
+    let mut items = [
+        SeqStep { tokens: &a[19..], kv: &mut kva, logits: Logits::Last },
+        SeqStep { tokens: &b[8..], kv: &mut kvb, logits: Logits::Last },
+    ];
+    model.forward(&mut items, &mut pool, &mut scratch).unwrap();
+    assert!(max_rel_diff(&alone_a, scratch.logits(0, c.n_vocab)) < 1e-4);
+    assert!(max_rel_diff(&alone_b, scratch.logits(1, c.n_vocab)) < 1e-4);
+}
+
+#[test]
+fn invalid_tokens_and_full_cache_are_errors() {
+    let model = load_synthetic(Spec::llama(GgmlType::Q8_0));
+    let c = &model.config;
+    let mut pool = KvPool::new(c, KvDtype::F16, 16, 16);
+    let mut kv = SeqKv::new();
+    let mut scratch = ForwardScratch::new(&model);
+    let bad = [c.n_vocab as u32];
+    let mut items = [SeqStep { tokens: &bad, kv: &mut kv, logits: Logits::Last }];
+    let e = model.forward(&mut items, &mut pool, &mut scratch).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+    let many = vec![5u32; 17];
+    let mut items = [SeqStep { tokens: &many, kv: &mut kv, logits: Logits::Last }];
+    let e = model.forward(&mut items, &mut pool, &mut scratch).unwrap_err();
+    assert!(e.to_string().contains("KV cache is full"), "{e}");
+}
+
+#[test]
+fn real_model_prefill_equals_decode() {
+    let Some(path) = real_model("smollm2") else { return };
+    let model = Model::load(path).unwrap();
+    let tokens: Vec<u32> = vec![504, 28899, 3102, 40652, 6351, 30, 42136, 13768, 2422, 281, 351, 260, 17662, 28, 284];
+    let prefill = last_logits(&model, &tokens, tokens.len(), KvDtype::F32);
+    let decode = last_logits(&model, &tokens, 1, KvDtype::F32);
+    let d = max_rel_diff(&prefill, &decode);
+    assert!(d < 1e-4, "prefill vs decode on SmolLM2: {d}");
+}
+
+/// Runs `infer logits` on a reference file's sequences and scores the result the way `score_logits.py` does:
+/// top-1 agreement with f32, and mean |Δlogit| over the reference's top-10 ids.
+fn score_against_f32(model: &str, fixture: &str) -> Option<(f64, f64)> {
+    let path = real_model(model)?;
+    let fixture = std::fs::read_to_string(reference(fixture)).ok()?;
+    let lines: Vec<serde_json::Value> = fixture.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let mut input = String::new();
+    for l in &lines {
+        let mut ids: Vec<u64> = l["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        ids.extend(l["continuation_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()));
+        input.push_str(&serde_json::to_string(&ids).unwrap());
+        input.push('\n');
+    }
+    let mut child = crate::common::infer_bin()
+        .args(["logits", path.to_str().unwrap(), "--top-k", "40"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(got.len(), lines.len(), "one output line per sequence");
+    let (mut agree, mut total, mut delta_sum, mut n_delta) = (0usize, 0usize, 0f64, 0usize);
+    for (f, c) in lines.iter().zip(&got) {
+        let refs = f["top10"].as_array().unwrap();
+        let tops = c["top"].as_array().unwrap();
+        assert_eq!(refs.len(), tops.len(), "one entry per position");
+        for (r, t) in refs.iter().zip(tops) {
+            let t = t.as_array().unwrap();
+            total += 1;
+            if r[0][0] == t[0][0] {
+                agree += 1;
+            }
+            for pair in r.as_array().unwrap() {
+                let id = pair[0].as_u64().unwrap();
+                if let Some(hit) = t.iter().find(|p| p[0].as_u64() == Some(id)) {
+                    delta_sum += (hit[1].as_f64().unwrap() - pair[1].as_f64().unwrap()).abs();
+                    n_delta += 1;
+                }
+            }
+        }
+    }
+    Some((agree as f64 / total as f64, delta_sum / n_delta as f64))
+}
+
+#[test]
+fn smollm2_logits_stay_close_to_f32() {
+    let Some((top1, mean)) = score_against_f32("smollm2", "smollm2-logits-f32.jsonl") else { return };
+    eprintln!("SmolLM2 vs f32: top-1 {top1:.4}, mean |Δ| {mean:.4} (llama.cpp: 0.973, 0.169)");
+    // The issue asks for ≥ 0.97 and ≤ 0.20; we hold ourselves to far tighter bounds than llama.cpp reaches.
+    assert!(top1 >= 0.99 && mean <= 0.02, "top-1 {top1}, mean |Δ| {mean}");
+}
+
+#[test]
+fn gemma3_logits_stay_close_to_f32() {
+    let Some((top1, mean)) = score_against_f32("gemma3", "gemma3-logits-f32.jsonl") else { return };
+    eprintln!("Gemma 3 vs f32: top-1 {top1:.4}, mean |Δ| {mean:.4} (llama.cpp: 0.957, 0.199)");
+    assert!(top1 >= 0.99 && mean <= 0.02, "top-1 {top1}, mean |Δ| {mean}");
+}
