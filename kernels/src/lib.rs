@@ -8,5 +8,10 @@ pub mod dequant;
 pub mod ggml_type;
 pub mod quant;
 
+mod arch;
+pub mod dispatch;
+pub mod matmul;
+pub mod vec_f32;
+
 pub use dequant::{DequantError, dequantize};
 pub use ggml_type::{GgmlType, TypeIdError};

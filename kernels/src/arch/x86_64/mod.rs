@@ -1,0 +1,857 @@
+//! The x86-64 kernels, written once and instantiated per instruction-set level.
+//!
+//! [`x86_kernels!`] expands to a whole set of kernels compiled with one `#[target_feature]` string; the module that
+//! invokes it supplies the few primitives that differ between levels (the 8-bit dot product, the 16-bit
+//! multiply-accumulate, the Q8_0 weight trick). All loops work on 256-bit vectors: one 32-weight block, or one
+//! 32-weight group of a K-quant super-block, per register.
+//!
+//! The primitives each level must define (all `#[target_feature]` safe fns over `__m256i`):
+//! - `dot_u8i8(acc, u, q)`: each i32 lane of `acc` plus the four products `u·q` of its bytes (u unsigned, q signed,
+//!   |u| ≤ 31 on the AVX2 path so the 16-bit pair sums cannot saturate);
+//! - `dot_q8_0(acc, w, q)` and `Q8_0_OFF`: the same for signed Q8_0 weights `w`; the kernel subtracts
+//!   `Q8_0_OFF · Σq` (128 when `w` is biased to unsigned, 0 when the sign is moved onto `q`);
+//! - `madd16_acc(acc, p, s)`: `acc` plus the pairwise products of the i16 lanes of `p` and `s`.
+
+macro_rules! x86_kernels {
+    (features = $feat:literal, isa = $isa:expr, tile32 = $R32:literal x $C32:literal, tilek = $RK:literal x $CK:literal) => {
+        use std::ops::Range;
+
+        use half::f16;
+
+        use crate::dispatch::{Act32, Kernels, OutSink};
+        use crate::quant::{BlockQ2K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, BlockQ8K};
+
+        /// This level's table. Only [`crate::dispatch`] hands it out, after checking the CPU has every feature in
+        /// the target-feature string: that check is the safety argument of every wrapper below.
+        pub(crate) static KERNELS: Kernels = Kernels {
+            isa: $isa,
+            dot_f32: |a, b| {
+                // SAFETY: see KERNELS.
+                unsafe { dot_f32(a, b) }
+            },
+            axpy_f32: |alpha, x, y| {
+                // SAFETY: see KERNELS.
+                unsafe { axpy_f32(alpha, x, y) }
+            },
+            scale_f32: |alpha, y| {
+                // SAFETY: see KERNELS.
+                unsafe { scale_f32(alpha, y) }
+            },
+            dot_f16: |a, b| {
+                // SAFETY: see KERNELS.
+                unsafe { dot_f16(a, b) }
+            },
+            axpy_f16: |alpha, x, y| {
+                // SAFETY: see KERNELS.
+                unsafe { axpy_f16(alpha, x, y) }
+            },
+            f32: |w, cols, rows, x, n, out| {
+                // SAFETY: see KERNELS.
+                unsafe { panel_f::<f32>(w, cols, rows, x, n, out) }
+            },
+            f16: |w, cols, rows, x, n, out| {
+                // SAFETY: see KERNELS.
+                unsafe { panel_f::<f16>(w, cols, rows, x, n, out) }
+            },
+            q8_0: |w, nb, rows, act, n, g, out| {
+                // SAFETY: see KERNELS.
+                unsafe { panel32::<BlockQ8_0>(w, nb, rows, act, n, g, out) }
+            },
+            q4_0: |w, nb, rows, act, n, g, out| {
+                // SAFETY: see KERNELS.
+                unsafe { panel32::<BlockQ4_0>(w, nb, rows, act, n, g, out) }
+            },
+            q4_1: |w, nb, rows, act, n, g, out| {
+                // SAFETY: see KERNELS.
+                unsafe { panel32::<BlockQ4_1>(w, nb, rows, act, n, g, out) }
+            },
+            q5_0: |w, nb, rows, act, n, g, out| {
+                // SAFETY: see KERNELS.
+                unsafe { panel32::<BlockQ5_0>(w, nb, rows, act, n, g, out) }
+            },
+            q2_k: |w, nb, rows, act, n, g, out| {
+                // SAFETY: see KERNELS.
+                unsafe { panelk::<BlockQ2K>(w, nb, rows, act, n, g, out) }
+            },
+            q4_k: |w, nb, rows, act, n, g, out| {
+                // SAFETY: see KERNELS.
+                unsafe { panelk::<BlockQ4K>(w, nb, rows, act, n, g, out) }
+            },
+            q6_k: |w, nb, rows, act, n, g, out| {
+                // SAFETY: see KERNELS.
+                unsafe { panelk::<BlockQ6K>(w, nb, rows, act, n, g, out) }
+            },
+        };
+
+        // ---------------------------------------------------------------------------------------------------
+        // Small helpers.
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn h2f(h: f16) -> f32 {
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn hsum(v: __m256) -> f32 {
+            // 8 lanes → 4 → 2 → 1, always in the same order.
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn ld32<T: Copy>(b: &[T; 32]) -> __m256i {
+            const { assert!(std::mem::size_of::<T>() == 1) };
+            // SAFETY: 32 one-byte elements are 32 readable bytes; loadu has no alignment requirement.
+            unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn ld16b(b: &[u8; 16]) -> __m128i {
+            // SAFETY: 16 readable bytes; no alignment requirement.
+            unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+        }
+
+        /// Eight f32 from `s[i..i + 8]` (panics if out of bounds).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn ld8f(s: &[f32], i: usize) -> __m256 {
+            let s = &s[i..i + 8];
+            // SAFETY: the slice above has 8 elements.
+            unsafe { _mm256_loadu_ps(s.as_ptr()) }
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn st8f(s: &mut [f32], i: usize, v: __m256) {
+            let s = &mut s[i..i + 8];
+            // SAFETY: the slice above has 8 elements.
+            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), v) }
+        }
+
+        /// Eight f16 from `s[i..i + 8]`, widened to f32.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn ld8h(s: &[f16], i: usize) -> __m256 {
+            let s = &s[i..i + 8];
+            // SAFETY: the slice above has 8 two-byte elements = 16 readable bytes.
+            _mm256_cvtph_ps(unsafe { _mm_loadu_si128(s.as_ptr().cast()) })
+        }
+
+        // ---------------------------------------------------------------------------------------------------
+        // f32 helpers (attention). Four accumulators over 32-element steps, then 8-element steps, then a scalar
+        // tail; the order is fixed, so results are deterministic.
+
+        #[target_feature(enable = $feat)]
+        fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+            assert_eq!(a.len(), b.len());
+            let n = a.len();
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 32 <= n {
+                for k in 0..4 {
+                    acc[k] = _mm256_fmadd_ps(ld8f(a, i + 8 * k), ld8f(b, i + 8 * k), acc[k]);
+                }
+                i += 32;
+            }
+            while i + 8 <= n {
+                acc[0] = _mm256_fmadd_ps(ld8f(a, i), ld8f(b, i), acc[0]);
+                i += 8;
+            }
+            let mut s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+            while i < n {
+                s += a[i] * b[i];
+                i += 1;
+            }
+            s
+        }
+
+        #[target_feature(enable = $feat)]
+        fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+            assert_eq!(a.len(), b.len());
+            let n = a.len();
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 32 <= n {
+                for k in 0..4 {
+                    acc[k] = _mm256_fmadd_ps(ld8f(a, i + 8 * k), ld8h(b, i + 8 * k), acc[k]);
+                }
+                i += 32;
+            }
+            while i + 8 <= n {
+                acc[0] = _mm256_fmadd_ps(ld8f(a, i), ld8h(b, i), acc[0]);
+                i += 8;
+            }
+            let mut s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+            while i < n {
+                s += a[i] * h2f(b[i]);
+                i += 1;
+            }
+            s
+        }
+
+        #[target_feature(enable = $feat)]
+        fn axpy_f32(alpha: f32, x: &[f32], y: &mut [f32]) {
+            assert_eq!(x.len(), y.len());
+            let n = x.len();
+            let av = _mm256_set1_ps(alpha);
+            let mut i = 0;
+            while i + 8 <= n {
+                st8f(y, i, _mm256_fmadd_ps(av, ld8f(x, i), ld8f(y, i)));
+                i += 8;
+            }
+            while i < n {
+                y[i] = alpha.mul_add(x[i], y[i]);
+                i += 1;
+            }
+        }
+
+        #[target_feature(enable = $feat)]
+        fn axpy_f16(alpha: f32, x: &[f16], y: &mut [f32]) {
+            assert_eq!(x.len(), y.len());
+            let n = x.len();
+            let av = _mm256_set1_ps(alpha);
+            let mut i = 0;
+            while i + 8 <= n {
+                st8f(y, i, _mm256_fmadd_ps(av, ld8h(x, i), ld8f(y, i)));
+                i += 8;
+            }
+            while i < n {
+                y[i] = alpha.mul_add(h2f(x[i]), y[i]);
+                i += 1;
+            }
+        }
+
+        #[target_feature(enable = $feat)]
+        fn scale_f32(alpha: f32, y: &mut [f32]) {
+            let n = y.len();
+            let av = _mm256_set1_ps(alpha);
+            let mut i = 0;
+            while i + 8 <= n {
+                st8f(y, i, _mm256_mul_ps(av, ld8f(y, i)));
+                i += 8;
+            }
+            while i < n {
+                y[i] *= alpha;
+                i += 1;
+            }
+        }
+
+        // ---------------------------------------------------------------------------------------------------
+        // F32 / F16 weights against f32 activations: R weight rows × C activation rows per tile.
+
+        trait WF: Copy {
+            /// Eight weights from `s[i..i + 8]` as f32.
+            ///
+            /// # Safety
+            /// The CPU must have this level's features.
+            unsafe fn ld(s: &[Self], i: usize) -> __m256;
+            /// # Safety
+            /// As `ld`.
+            unsafe fn get(s: &[Self], i: usize) -> f32;
+        }
+        impl WF for f32 {
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn ld(s: &[f32], i: usize) -> __m256 {
+                ld8f(s, i)
+            }
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn get(s: &[f32], i: usize) -> f32 {
+                s[i]
+            }
+        }
+        impl WF for f16 {
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn ld(s: &[f16], i: usize) -> __m256 {
+                ld8h(s, i)
+            }
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn get(s: &[f16], i: usize) -> f32 {
+                h2f(s[i])
+            }
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn tile_f<W: WF, const R: usize, const C: usize>(w: [&[W]; R], x: [&[f32]; C]) -> [[f32; C]; R] {
+            let n = x[0].len();
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
+            let mut k = 0;
+            while k + 8 <= n {
+                let mut wv = [_mm256_setzero_ps(); R];
+                for r in 0..R {
+                    // SAFETY: the caller has this level's features.
+                    wv[r] = unsafe { W::ld(w[r], k) };
+                }
+                for c in 0..C {
+                    let xv = ld8f(x[c], k);
+                    for r in 0..R {
+                        acc[r][c] = _mm256_fmadd_ps(wv[r], xv, acc[r][c]);
+                    }
+                }
+                k += 8;
+            }
+            let mut res = [[0f32; C]; R];
+            for r in 0..R {
+                for c in 0..C {
+                    let mut s = hsum(acc[r][c]);
+                    for t in k..n {
+                        // SAFETY: the caller has this level's features.
+                        s += unsafe { W::get(w[r], t) } * x[c][t];
+                    }
+                    res[r][c] = s;
+                }
+            }
+            res
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn rows_f<W: WF, const R: usize>(
+            w: &[W],
+            cols: usize,
+            r0: usize,
+            x: &[f32],
+            a: Range<usize>,
+            out: &OutSink<'_>,
+        ) {
+            let wr: [&[W]; R] = std::array::from_fn(|i| &w[(r0 + i) * cols..(r0 + i + 1) * cols]);
+            let mut i = a.start;
+            macro_rules! go {
+                ($c:expr) => {{
+                    let xs: [&[f32]; $c] = std::array::from_fn(|c| &x[(i + c) * cols..(i + c + 1) * cols]);
+                    // SAFETY: the caller has this level's features.
+                    let res = unsafe { tile_f::<W, R, $c>(wr, xs) };
+                    for r in 0..R {
+                        for c in 0..$c {
+                            out.put(i + c, r0 + r, res[r][c]);
+                        }
+                    }
+                    i += $c;
+                }};
+            }
+            while i < a.end {
+                match a.end - i {
+                    1 => go!(1),
+                    2 => go!(2),
+                    _ => go!(3),
+                }
+            }
+        }
+
+        /// # Safety
+        /// The CPU must have this level's features.
+        #[target_feature(enable = $feat)]
+        unsafe fn panel_f<W: WF>(w: &[W], cols: usize, rows: Range<usize>, x: &[f32], n_act: usize, out: &OutSink<'_>) {
+            const ACH: usize = 48;
+            let mut a0 = 0;
+            while a0 < n_act {
+                let a1 = (a0 + ACH).min(n_act);
+                let mut r = rows.start;
+                while r < rows.end {
+                    // SAFETY (both): the caller has this level's features.
+                    if rows.end - r >= 4 {
+                        unsafe { rows_f::<W, 4>(w, cols, r, x, a0..a1, out) };
+                        r += 4;
+                    } else {
+                        unsafe { rows_f::<W, 1>(w, cols, r, x, a0..a1, out) };
+                        r += 1;
+                    }
+                }
+                a0 = a1;
+            }
+        }
+
+        // ---------------------------------------------------------------------------------------------------
+        // 32-weight blocks (Q8_0, Q4_0, Q4_1, Q5_0) against Act32. Each weight block is unpacked to 32 unsigned
+        // bytes `u` with `w = d·(u − OFF)` (+ m for Q4_1); per (row, activation) and block the kernel forms
+        // Σ u·q − OFF·Σq exactly in i32 lanes (the −OFF·Σq seeded into lane 0), converts once and scales by d·d_a.
+
+        trait W32: Copy {
+            const OFF: i32;
+            const HAS_MIN: bool;
+            /// # Safety
+            /// The CPU must have this level's features.
+            unsafe fn unpack(&self) -> __m256i;
+            /// `acc` + Σ u·q per i32 lane.
+            ///
+            /// # Safety
+            /// As `unpack`.
+            unsafe fn dot(acc: __m256i, u: __m256i, q: __m256i) -> __m256i;
+            fn d(&self) -> f16;
+            fn m(&self) -> f16 {
+                f16::ZERO
+            }
+        }
+
+        /// The 16 packed bytes of a 4-bit block as 32 nibbles in weight order: low nibbles are weights 0..16,
+        /// high nibbles weights 16..32.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn nibbles(qs: &[u8; 16]) -> __m256i {
+            let v = ld16b(qs);
+            let lo = _mm_and_si128(v, _mm_set1_epi8(0x0F));
+            let hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
+            _mm256_set_m128i(hi, lo)
+        }
+
+        impl W32 for BlockQ4_0 {
+            const OFF: i32 = 8;
+            const HAS_MIN: bool = false;
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn unpack(&self) -> __m256i {
+                nibbles(&self.qs)
+            }
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn dot(acc: __m256i, u: __m256i, q: __m256i) -> __m256i {
+                dot_u8i8(acc, u, q)
+            }
+            fn d(&self) -> f16 {
+                self.d
+            }
+        }
+
+        impl W32 for BlockQ4_1 {
+            const OFF: i32 = 0;
+            const HAS_MIN: bool = true;
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn unpack(&self) -> __m256i {
+                nibbles(&self.qs)
+            }
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn dot(acc: __m256i, u: __m256i, q: __m256i) -> __m256i {
+                dot_u8i8(acc, u, q)
+            }
+            fn d(&self) -> f16 {
+                self.d
+            }
+            fn m(&self) -> f16 {
+                self.m
+            }
+        }
+
+        impl W32 for BlockQ5_0 {
+            const OFF: i32 = 16;
+            const HAS_MIN: bool = false;
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn unpack(&self) -> __m256i {
+                // Bit i of qh → 0x10 in byte i: byte i takes qh byte i/8, tests bit i%8, and the all-ones
+                // compare result is masked down to 0x10.
+                let qh = _mm256_set1_epi32(u32::from_le_bytes(self.qh) as i32);
+                let spread = _mm256_shuffle_epi8(
+                    qh,
+                    _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
+                );
+                let bits = _mm256_set1_epi64x(0x8040201008040201u64 as i64);
+                let hit = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits);
+                _mm256_or_si256(nibbles(&self.qs), _mm256_and_si256(hit, _mm256_set1_epi8(0x10)))
+            }
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn dot(acc: __m256i, u: __m256i, q: __m256i) -> __m256i {
+                dot_u8i8(acc, u, q)
+            }
+            fn d(&self) -> f16 {
+                self.d
+            }
+        }
+
+        impl W32 for BlockQ8_0 {
+            const OFF: i32 = Q8_0_OFF;
+            const HAS_MIN: bool = false;
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn unpack(&self) -> __m256i {
+                ld32(&self.qs)
+            }
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn dot(acc: __m256i, w: __m256i, q: __m256i) -> __m256i {
+                dot_q8_0(acc, w, q)
+            }
+            fn d(&self) -> f16 {
+                self.d
+            }
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn tile32<B: W32, const R: usize, const C: usize>(
+            w: [&[B]; R],
+            act: Act32<'_>,
+            a0: usize,
+            nb: usize,
+        ) -> [[f32; C]; R] {
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
+            let mut macc = [[0f32; C]; R];
+            for b in 0..nb {
+                let mut u = [_mm256_setzero_si256(); R];
+                let mut wd = [0f32; R];
+                let mut wm = [0f32; R];
+                for r in 0..R {
+                    let blk = &w[r][b];
+                    // SAFETY: the caller has this level's features.
+                    u[r] = unsafe { blk.unpack() };
+                    wd[r] = h2f(blk.d());
+                    if B::HAS_MIN {
+                        wm[r] = h2f(blk.m());
+                    }
+                }
+                for c in 0..C {
+                    let (q, ad, s, isum) = act.block(a0 + c, nb, b);
+                    let qv = ld32(q);
+                    // −OFF·Σq in lane 0, zeros elsewhere: the lanes then sum to Σ (u − OFF)·q exactly.
+                    let seed = _mm256_castsi128_si256(_mm_cvtsi32_si128(-B::OFF * isum));
+                    for r in 0..R {
+                        // SAFETY: the caller has this level's features.
+                        let iv = unsafe { B::dot(seed, u[r], qv) };
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), _mm256_set1_ps(wd[r] * ad), acc[r][c]);
+                        if B::HAS_MIN {
+                            macc[r][c] += wm[r] * s;
+                        }
+                    }
+                }
+            }
+            let mut res = [[0f32; C]; R];
+            for r in 0..R {
+                for c in 0..C {
+                    res[r][c] = hsum(acc[r][c]) + macc[r][c];
+                }
+            }
+            res
+        }
+
+        /// Writes a tile's results, summing each group of `group` activation rows into one output row.
+        #[inline]
+        fn emit<const R: usize, const C: usize>(
+            res: &[[f32; C]; R],
+            r0: usize,
+            a0: usize,
+            group: usize,
+            out: &OutSink<'_>,
+        ) {
+            for r in 0..R {
+                let mut c = 0;
+                while c < C {
+                    let mut v = res[r][c];
+                    for g in 1..group {
+                        v += res[r][c + g];
+                    }
+                    out.put((a0 + c) / group, r0 + r, v);
+                    c += group;
+                }
+            }
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn rows32<B: W32, const R: usize>(
+            w: &[B],
+            nb: usize,
+            r0: usize,
+            act: Act32<'_>,
+            a: Range<usize>,
+            group: usize,
+            out: &OutSink<'_>,
+        ) {
+            let wr: [&[B]; R] = std::array::from_fn(|i| &w[(r0 + i) * nb..(r0 + i + 1) * nb]);
+            let mut i = a.start;
+            macro_rules! go {
+                ($c:expr) => {{
+                    // SAFETY: the caller has this level's features.
+                    let res = unsafe { tile32::<B, R, { $c }>(wr, act, i, nb) };
+                    emit(&res, r0, i, group, out);
+                    i += $c;
+                }};
+            }
+            while i < a.end {
+                let left = a.end - i;
+                if left >= $C32 {
+                    go!($C32)
+                } else if left >= 2 {
+                    go!(2)
+                } else {
+                    go!(1)
+                }
+            }
+        }
+
+        /// # Safety
+        /// The CPU must have this level's features.
+        #[target_feature(enable = $feat)]
+        unsafe fn panel32<B: W32>(
+            w: &[B],
+            nb: usize,
+            rows: Range<usize>,
+            act: Act32<'_>,
+            n_act: usize,
+            group: usize,
+            out: &OutSink<'_>,
+        ) {
+            assert!(group == 1 || group == 2);
+            assert!(n_act % group == 0 && rows.end * nb <= w.len() && act.qs.len() >= n_act * nb * 32);
+            // Activation rows in chunks that stay in L1/L2 while every weight row of the panel passes over them.
+            const ACH: usize = 64;
+            let mut a0 = 0;
+            while a0 < n_act {
+                let a1 = (a0 + ACH).min(n_act);
+                let mut r = rows.start;
+                while r < rows.end {
+                    // SAFETY (both): the caller has this level's features.
+                    if rows.end - r >= $R32 {
+                        unsafe { rows32::<B, $R32>(w, nb, r, act, a0..a1, group, out) };
+                        r += $R32;
+                    } else {
+                        unsafe { rows32::<B, 1>(w, nb, r, act, a0..a1, group, out) };
+                        r += 1;
+                    }
+                }
+                a0 = a1;
+            }
+        }
+
+        // ---------------------------------------------------------------------------------------------------
+        // K-quant super-blocks against Q8_K. `prep` unpacks a super-block into eight 32-weight groups of unsigned
+        // bytes `u[g]` plus, for each group, i16 scales aligned with the 16 pair-sums of `maddubs(u, q)`
+        // (lanes 0..8 = first 16 weights, 8..16 = last 16). `mv` holds one i16 coefficient per 16-weight
+        // sub-block for the bsums term: Q4_K/Q2_K's mins (scaled by dmin, in float), or Q6_K's 32·sc which is
+        // subtracted in the integers (the −32 offset).
+
+        trait WK: Copy {
+            const INT_OFFSET: bool;
+            /// Returns (mv, d, dmin).
+            ///
+            /// # Safety
+            /// The CPU must have this level's features.
+            unsafe fn prep(&self, u: &mut [__m256i; 8], sc: &mut [__m256i; 8]) -> (__m256i, f32, f32);
+        }
+
+        impl WK for BlockQ4K {
+            const INT_OFFSET: bool = false;
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn prep(&self, u: &mut [__m256i; 8], sc: &mut [__m256i; 8]) -> (__m256i, f32, f32) {
+                let (s, m) = crate::arch::q4k_scales_mins(&self.scales);
+                let qs: &[[u8; 32]; 4] = self.qs.as_chunks::<32>().0.try_into().unwrap();
+                for c in 0..4 {
+                    // Chunk c: low nibbles = sub-block 2c, high nibbles = sub-block 2c + 1.
+                    let v = ld32(&qs[c]);
+                    u[2 * c] = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+                    u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
+                }
+                let mut m16 = [0i16; 16];
+                for j in 0..8 {
+                    sc[j] = _mm256_set1_epi16(s[j] as i16);
+                    m16[2 * j] = m[j] as i16;
+                    m16[2 * j + 1] = m[j] as i16;
+                }
+                // SAFETY: 16 i16 = 32 readable bytes.
+                let mv = unsafe { _mm256_loadu_si256(m16.as_ptr().cast()) };
+                (mv, h2f(self.d), h2f(self.dmin))
+            }
+        }
+
+        /// i16 scales for a 32-weight group made of the 16-weight sub-blocks with scales `lo` and `hi`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn pair_scale(lo: i16, hi: i16) -> __m256i {
+            _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
+        }
+
+        impl WK for BlockQ6K {
+            const INT_OFFSET: bool = true;
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn prep(&self, u: &mut [__m256i; 8], sc: &mut [__m256i; 8]) -> (__m256i, f32, f32) {
+                let ql: &[[u8; 32]; 4] = self.ql.as_chunks::<32>().0.try_into().unwrap();
+                let qh: &[[u8; 32]; 2] = self.qh.as_chunks::<32>().0.try_into().unwrap();
+                let m4 = _mm256_set1_epi8(0x0F);
+                let m2 = _mm256_set1_epi8(0x30);
+                for n in 0..2 {
+                    let l0 = ld32(&ql[2 * n]);
+                    let l1 = ld32(&ql[2 * n + 1]);
+                    let h = ld32(&qh[n]);
+                    // Group 4n + k: low four bits from l0/l1 (low or high nibble), bits 4..5 from bit pair k of h,
+                    // moved to 0x30.
+                    u[4 * n] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m2));
+                    u[4 * n + 1] =
+                        _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m2));
+                    u[4 * n + 2] =
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m2));
+                    u[4 * n + 3] = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                        _mm256_and_si256(_mm256_srli_epi16(h, 2), m2),
+                    );
+                }
+                let s = self.scales;
+                for g in 0..8 {
+                    sc[g] = pair_scale(s[2 * g] as i16, s[2 * g + 1] as i16);
+                }
+                // 32·sc per 16-weight sub-block, for Σ sc·(q − 32)·a = Σ sc·q·a − Σ 32·sc·bsum.
+                let s16: [i16; 16] = s.map(|x| 32 * x as i16);
+                // SAFETY: 16 i16 = 32 readable bytes.
+                let mv = unsafe { _mm256_loadu_si256(s16.as_ptr().cast()) };
+                (mv, h2f(self.d), 0.0)
+            }
+        }
+
+        impl WK for BlockQ2K {
+            const INT_OFFSET: bool = false;
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn prep(&self, u: &mut [__m256i; 8], sc: &mut [__m256i; 8]) -> (__m256i, f32, f32) {
+                let qs: &[[u8; 32]; 2] = self.qs.as_chunks::<32>().0.try_into().unwrap();
+                let m3 = _mm256_set1_epi8(3);
+                for n in 0..2 {
+                    let v = ld32(&qs[n]);
+                    // Group 4n + s is bit pair 2s of every byte.
+                    u[4 * n] = _mm256_and_si256(v, m3);
+                    u[4 * n + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 2), m3);
+                    u[4 * n + 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m3);
+                    u[4 * n + 3] = _mm256_and_si256(_mm256_srli_epi16(v, 6), m3);
+                }
+                let s = self.scales;
+                for g in 0..8 {
+                    sc[g] = pair_scale((s[2 * g] & 0x0F) as i16, (s[2 * g + 1] & 0x0F) as i16);
+                }
+                let m16: [i16; 16] = s.map(|x| (x >> 4) as i16);
+                // SAFETY: 16 i16 = 32 readable bytes.
+                let mv = unsafe { _mm256_loadu_si256(m16.as_ptr().cast()) };
+                (mv, h2f(self.d), h2f(self.dmin))
+            }
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn tilek<B: WK, const R: usize, const C: usize>(
+            w: [&[B]; R],
+            act: &[BlockQ8K],
+            a0: usize,
+            nb: usize,
+        ) -> [[f32; C]; R] {
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
+            for b in 0..nb {
+                let mut u = [[_mm256_setzero_si256(); 8]; R];
+                let mut sc = [[_mm256_setzero_si256(); 8]; R];
+                let mut mv = [_mm256_setzero_si256(); R];
+                let mut d = [0f32; R];
+                let mut dmin = [0f32; R];
+                for r in 0..R {
+                    // SAFETY: the caller has this level's features.
+                    (mv[r], d[r], dmin[r]) = unsafe { w[r][b].prep(&mut u[r], &mut sc[r]) };
+                }
+                for c in 0..C {
+                    let ab = &act[(a0 + c) * nb + b];
+                    let qs: &[[i8; 32]; 8] = ab.qs.as_chunks::<32>().0.try_into().unwrap();
+                    // SAFETY: 16 i16 = 32 readable bytes.
+                    let bs = unsafe { _mm256_loadu_si256(ab.bsums.as_ptr().cast()) };
+                    let mut iv = [_mm256_setzero_si256(); R];
+                    for g in 0..8 {
+                        let q = ld32(&qs[g]);
+                        for r in 0..R {
+                            iv[r] = madd16_acc(iv[r], _mm256_maddubs_epi16(u[r][g], q), sc[r][g]);
+                        }
+                    }
+                    for r in 0..R {
+                        let mt = _mm256_madd_epi16(bs, mv[r]);
+                        if B::INT_OFFSET {
+                            let t = _mm256_sub_epi32(iv[r], mt);
+                            acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(d[r] * ab.d), acc[r][c]);
+                        } else {
+                            acc[r][c] =
+                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv[r]), _mm256_set1_ps(d[r] * ab.d), acc[r][c]);
+                            acc[r][c] =
+                                _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mt), _mm256_set1_ps(dmin[r] * ab.d), acc[r][c]);
+                        }
+                    }
+                }
+            }
+            let mut res = [[0f32; C]; R];
+            for r in 0..R {
+                for c in 0..C {
+                    res[r][c] = hsum(acc[r][c]);
+                }
+            }
+            res
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn rowsk<B: WK, const R: usize>(
+            w: &[B],
+            nb: usize,
+            r0: usize,
+            act: &[BlockQ8K],
+            a: Range<usize>,
+            group: usize,
+            out: &OutSink<'_>,
+        ) {
+            let wr: [&[B]; R] = std::array::from_fn(|i| &w[(r0 + i) * nb..(r0 + i + 1) * nb]);
+            let mut i = a.start;
+            macro_rules! go {
+                ($c:expr) => {{
+                    // SAFETY: the caller has this level's features.
+                    let res = unsafe { tilek::<B, R, { $c }>(wr, act, i, nb) };
+                    emit(&res, r0, i, group, out);
+                    i += $c;
+                }};
+            }
+            while i < a.end {
+                let left = a.end - i;
+                if left >= $CK {
+                    go!($CK)
+                } else if left >= 2 {
+                    go!(2)
+                } else {
+                    go!(1)
+                }
+            }
+        }
+
+        /// # Safety
+        /// The CPU must have this level's features.
+        #[target_feature(enable = $feat)]
+        unsafe fn panelk<B: WK>(
+            w: &[B],
+            nb: usize,
+            rows: Range<usize>,
+            act: &[BlockQ8K],
+            n_act: usize,
+            group: usize,
+            out: &OutSink<'_>,
+        ) {
+            assert!(group == 1 || group == 2);
+            assert!(n_act % group == 0 && rows.end * nb <= w.len() && act.len() >= n_act * nb);
+            const ACH: usize = 32;
+            let mut a0 = 0;
+            while a0 < n_act {
+                let a1 = (a0 + ACH).min(n_act);
+                let mut r = rows.start;
+                while r < rows.end {
+                    // SAFETY (both): the caller has this level's features.
+                    if rows.end - r >= $RK {
+                        unsafe { rowsk::<B, $RK>(w, nb, r, act, a0..a1, group, out) };
+                        r += $RK;
+                    } else {
+                        unsafe { rowsk::<B, 1>(w, nb, r, act, a0..a1, group, out) };
+                        r += 1;
+                    }
+                }
+                a0 = a1;
+            }
+        }
+    };
+}

@@ -1,0 +1,310 @@
+//! Run-time choice of the instruction-set level, and the table of kernels for it.
+//!
+//! The level is detected once (`is_x86_feature_detected!`), or forced with `INFER_ISA=scalar|avx2|avx512`. Each
+//! level has a `&'static` [`Kernels`] table of plain safe `fn` pointers. The SIMD entries are safe wrappers around
+//! `#[target_feature]` functions, so a table is only ever handed out (by [`Isa::kernels`] / [`kernels`]) after the
+//! CPU was checked to have every feature its level needs: that check is what makes calling through it sound.
+//!
+//! The kernels themselves work on *panels*: a range of weight rows against a set of quantized activation rows,
+//! writing one output per (activation group, weight row). A plain vector dot product is the 1×1 panel
+//! ([`Kernels::vec_dot_q4_1`] and friends).
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use half::f16;
+
+use crate::quant::{BlockQ2K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, BlockQ8K};
+
+/// An instruction-set level the kernels are written for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Isa {
+    /// Portable Rust, any CPU.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX2 level plus AVX-512 F, BW, VL and VNNI (8-bit dot products in one instruction).
+    Avx512,
+}
+
+impl Isa {
+    /// Every level, slowest first.
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+
+    /// `scalar`, `avx2` or `avx512` (the spelling `INFER_ISA` accepts).
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// Parses `scalar`, `avx2` or `avx512` (case-insensitive).
+    pub fn from_name(s: &str) -> Option<Isa> {
+        Self::ALL.into_iter().find(|i| i.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// Whether this CPU can run this level.
+    pub fn is_supported(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                Isa::Avx2.is_supported()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// Every level this CPU can run, slowest first (for tests that compare all of them).
+    pub fn available() -> Vec<Isa> {
+        Self::ALL.into_iter().filter(|i| i.is_supported()).collect()
+    }
+
+    /// The fastest level this CPU can run.
+    pub fn best() -> Isa {
+        Self::ALL.into_iter().rev().find(|i| i.is_supported()).unwrap_or(Isa::Scalar)
+    }
+
+    /// This level's kernel table, or an error if the CPU lacks a feature it needs.
+    pub fn kernels(self) -> Result<&'static Kernels, IsaError> {
+        if !self.is_supported() {
+            return Err(IsaError::Unsupported(self));
+        }
+        Ok(match self {
+            Isa::Scalar => &crate::arch::scalar::KERNELS,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => &crate::arch::avx2::KERNELS,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => &crate::arch::avx512::KERNELS,
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("is_supported() is false off x86-64"),
+        })
+    }
+}
+
+impl fmt::Display for Isa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why the requested instruction-set level cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IsaError {
+    /// `INFER_ISA` holds something other than `scalar`, `avx2` or `avx512`.
+    Unknown(String),
+    /// The level exists but this CPU lacks one of its features.
+    Unsupported(Isa),
+}
+
+impl fmt::Display for IsaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IsaError::Unknown(s) => write!(f, "INFER_ISA={s:?} is not a known level (expected scalar, avx2 or avx512)"),
+            IsaError::Unsupported(isa) => write!(
+                f,
+                "INFER_ISA={isa}: this CPU lacks a feature that level needs (it supports: {})",
+                Isa::available().iter().map(|i| i.name()).collect::<Vec<_>>().join(", ")
+            ),
+        }
+    }
+}
+
+impl std::error::Error for IsaError {}
+
+static CHOSEN: OnceLock<Result<Isa, IsaError>> = OnceLock::new();
+
+fn choose() -> Result<Isa, IsaError> {
+    match std::env::var("INFER_ISA") {
+        Ok(s) if !s.trim().is_empty() => {
+            let isa = Isa::from_name(&s).ok_or(IsaError::Unknown(s))?;
+            if isa.is_supported() { Ok(isa) } else { Err(IsaError::Unsupported(isa)) }
+        }
+        _ => Ok(Isa::best()),
+    }
+}
+
+/// The level in use: `INFER_ISA` if set (and valid), else the fastest this CPU has. Decided once.
+pub fn try_isa() -> Result<Isa, IsaError> {
+    CHOSEN.get_or_init(choose).clone()
+}
+
+/// [`try_isa`], panicking with its message on a bad `INFER_ISA` (call `try_isa` first to report it nicely).
+pub fn isa() -> Isa {
+    match try_isa() {
+        Ok(isa) => isa,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The kernel table of [`isa()`].
+pub fn kernels() -> &'static Kernels {
+    static TABLE: OnceLock<&'static Kernels> = OnceLock::new();
+    TABLE.get_or_init(|| isa().kernels().expect("isa() only returns supported levels"))
+}
+
+/// Int8 activations in 32-value blocks, for the Q8_0/Q4_0/Q4_1/Q5_0 weight kernels: `x ≈ d · q` per block.
+///
+/// Row `a` of `n` rows with `nb` blocks each: `qs[a*nb*32..][..nb*32]`, `d/s/isum[a*nb..][..nb]`. The quants are
+/// contiguous (unlike `BlockQ8_0`) so a SIMD load takes a whole block. `isum` is the block's Σq and `s = d · Σq`:
+/// they carry the offset terms (`-8`, `-16`, Q4_1's `+m`) so weights stay unsigned in the inner loop.
+#[derive(Clone, Copy, Debug)]
+pub struct Act32<'a> {
+    pub qs: &'a [i8],
+    pub d: &'a [f32],
+    pub s: &'a [f32],
+    pub isum: &'a [i32],
+}
+
+impl<'a> Act32<'a> {
+    /// Block `b` of row `a` when rows have `nb` blocks: (quants, d, s, isum).
+    #[inline]
+    pub fn block(&self, a: usize, nb: usize, b: usize) -> (&'a [i8; 32], f32, f32, i32) {
+        let i = a * nb + b;
+        let q: &[i8; 32] = self.qs[i * 32..i * 32 + 32].try_into().unwrap();
+        (q, self.d[i], self.s[i], self.isum[i])
+    }
+}
+
+/// Converts ggml `BlockQ8_0` activations (one row) to the [`Act32`] layout, into the given buffers.
+pub fn act32_from_q8_0(
+    blocks: &[BlockQ8_0],
+    qs: &mut Vec<i8>,
+    d: &mut Vec<f32>,
+    s: &mut Vec<f32>,
+    isum: &mut Vec<i32>,
+) {
+    qs.clear();
+    d.clear();
+    s.clear();
+    isum.clear();
+    for b in blocks {
+        qs.extend_from_slice(&b.qs);
+        let sum: i32 = b.qs.iter().map(|&q| q as i32).sum();
+        let dd = b.d.to_f32();
+        d.push(dd);
+        isum.push(sum);
+        s.push(dd * sum as f32);
+    }
+}
+
+/// Where a kernel writes its results: `out[i * stride + j]` for output row `i` (activation group) and weight row
+/// `j`, restricted to the weight rows `cols` this sink was made for.
+pub struct OutSink<'a> {
+    ptr: *mut f32,
+    len: usize,
+    stride: usize,
+    cols: Range<usize>,
+    _life: PhantomData<&'a mut [f32]>,
+}
+
+impl<'a> OutSink<'a> {
+    /// A sink over a whole output matrix with `stride` columns.
+    pub fn new(out: &'a mut [f32], stride: usize) -> Self {
+        OutSink { ptr: out.as_mut_ptr(), len: out.len(), stride, cols: 0..stride, _life: PhantomData }
+    }
+
+    /// A sink writing columns `cols` of a shared output matrix.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for writes of `len` `f32`s for `'a`, and while the sink lives nothing else may read or
+    /// write the elements `i * stride + j` with `j` in `cols` (other threads may use other columns).
+    pub unsafe fn from_raw(ptr: *mut f32, len: usize, stride: usize, cols: Range<usize>) -> Self {
+        OutSink { ptr, len, stride, cols, _life: PhantomData }
+    }
+
+    /// Writes `out[i][j] = v`.
+    #[inline]
+    pub fn put(&self, i: usize, j: usize, v: f32) {
+        let idx = i * self.stride + j;
+        assert!(self.cols.contains(&j) && idx < self.len, "output index out of the sink's range");
+        // SAFETY: idx < len and j is one of this sink's columns, which `new`/`from_raw` made exclusive to it.
+        unsafe { self.ptr.add(idx).write(v) }
+    }
+}
+
+/// Weight rows `rows` (of rows with `nb` blocks each, in `w`) against `n_act` activation rows; activation rows come
+/// in groups of `group` (1, or 2 for the high+residual pairs of [`crate::matmul::ActPrecision::Q8x2`]) whose dot
+/// products are summed into output row `a / group`.
+pub type Panel32<B> =
+    fn(w: &[B], nb: usize, rows: Range<usize>, act: Act32<'_>, n_act: usize, group: usize, out: &OutSink<'_>);
+/// As [`Panel32`], for K-quant weights against Q8_K activations (`act[a*nb..][..nb]` is row `a`).
+pub type PanelK<B> =
+    fn(w: &[B], nb: usize, rows: Range<usize>, act: &[BlockQ8K], n_act: usize, group: usize, out: &OutSink<'_>);
+/// F32/F16 weights (`cols` per row) against f32 activation rows (`x[a*cols..][..cols]`).
+pub type PanelF<T> = fn(w: &[T], cols: usize, rows: Range<usize>, x: &[f32], n_act: usize, out: &OutSink<'_>);
+
+/// Every kernel of one instruction-set level.
+pub struct Kernels {
+    pub isa: Isa,
+    /// Σ a·b (lengths must match).
+    pub dot_f32: fn(&[f32], &[f32]) -> f32,
+    /// y += alpha·x.
+    pub axpy_f32: fn(f32, &[f32], &mut [f32]),
+    /// y *= alpha.
+    pub scale_f32: fn(f32, &mut [f32]),
+    /// Σ a·b with b in f16.
+    pub dot_f16: fn(&[f32], &[f16]) -> f32,
+    /// y += alpha·x with x in f16.
+    pub axpy_f16: fn(f32, &[f16], &mut [f32]),
+    pub f32: PanelF<f32>,
+    pub f16: PanelF<f16>,
+    pub q8_0: Panel32<BlockQ8_0>,
+    pub q4_0: Panel32<BlockQ4_0>,
+    pub q4_1: Panel32<BlockQ4_1>,
+    pub q5_0: Panel32<BlockQ5_0>,
+    pub q2_k: PanelK<BlockQ2K>,
+    pub q4_k: PanelK<BlockQ4K>,
+    pub q6_k: PanelK<BlockQ6K>,
+}
+
+fn one32<B>(p: Panel32<B>, w: &[B], act: Act32<'_>) -> f32 {
+    let mut o = [0f32];
+    p(w, w.len(), 0..1, act, 1, 1, &OutSink::new(&mut o, 1));
+    o[0]
+}
+
+fn onek<B>(p: PanelK<B>, w: &[B], act: &[BlockQ8K]) -> f32 {
+    assert_eq!(w.len(), act.len());
+    let mut o = [0f32];
+    p(w, w.len(), 0..1, act, 1, 1, &OutSink::new(&mut o, 1));
+    o[0]
+}
+
+/// Vector dot products: one weight row against one activation row (the 1×1 panel).
+impl Kernels {
+    pub fn vec_dot_q8_0(&self, w: &[BlockQ8_0], a: Act32<'_>) -> f32 {
+        one32(self.q8_0, w, a)
+    }
+    pub fn vec_dot_q4_0(&self, w: &[BlockQ4_0], a: Act32<'_>) -> f32 {
+        one32(self.q4_0, w, a)
+    }
+    pub fn vec_dot_q4_1(&self, w: &[BlockQ4_1], a: Act32<'_>) -> f32 {
+        one32(self.q4_1, w, a)
+    }
+    pub fn vec_dot_q5_0(&self, w: &[BlockQ5_0], a: Act32<'_>) -> f32 {
+        one32(self.q5_0, w, a)
+    }
+    pub fn vec_dot_q2_k(&self, w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
+        onek(self.q2_k, w, a)
+    }
+    pub fn vec_dot_q4_k(&self, w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+        onek(self.q4_k, w, a)
+    }
+    pub fn vec_dot_q6_k(&self, w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+        onek(self.q6_k, w, a)
+    }
+}

@@ -1,0 +1,433 @@
+//! The matrix drivers the model calls: `out = x · Wᵀ` for a GGUF weight matrix `W` (rows = output features,
+//! cols = input features) and `m` activation rows.
+//!
+//! Activations are quantized once per call (to int8 32-blocks with per-block sums, or Q8_K super-blocks, as the
+//! weight formats need), then the weight rows are split into one contiguous range per rayon thread, and each range
+//! is run through the level's panel kernel, which tiles weight rows × activation rows so every unpacked weight block
+//! serves several activation rows. Each output element is computed by exactly one kernel call with a fixed order of
+//! operations, so results do not depend on the number of threads, and a row of an `m > 1` product equals the
+//! `m = 1` product of that row.
+
+use std::fmt;
+
+use half::f16;
+use rayon::prelude::*;
+
+use crate::GgmlType;
+use crate::dispatch::{Act32, Kernels, OutSink, kernels};
+use crate::quant::{
+    Block, BlockQ2K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, BlockQ8K, QK_K, cast_blocks,
+};
+
+/// Why a [`WeightMatrix`] could not be made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MatmulError {
+    /// The weight type has no matmul kernel.
+    Unsupported(GgmlType),
+    /// `cols` is not a whole number of the type's blocks.
+    PartialBlock { ty: GgmlType, cols: usize },
+    /// `data` has the wrong number of bytes for `rows × cols`.
+    Size { ty: GgmlType, rows: usize, cols: usize, expected: usize, got: usize },
+    /// `data` is not aligned for the block type (mmapped GGUF data is; copy it otherwise).
+    Misaligned { ty: GgmlType },
+}
+
+impl fmt::Display for MatmulError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MatmulError::Unsupported(ty) => write!(f, "matmul with {ty} weights is not supported"),
+            MatmulError::PartialBlock { ty, cols } => {
+                write!(f, "{ty} rows of {cols} values are not a whole number of {}-value blocks", ty.block_size())
+            }
+            MatmulError::Size { ty, rows, cols, expected, got } => {
+                write!(f, "{ty} matrix {rows}×{cols} needs {expected} bytes, got {got}")
+            }
+            MatmulError::Misaligned { ty } => write!(f, "{ty} weight data is not aligned for its block type"),
+        }
+    }
+}
+
+impl std::error::Error for MatmulError {}
+
+#[derive(Clone, Copy, Debug)]
+enum WData<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    Q8_0(&'a [BlockQ8_0]),
+    Q4_0(&'a [BlockQ4_0]),
+    Q4_1(&'a [BlockQ4_1]),
+    Q5_0(&'a [BlockQ5_0]),
+    Q2K(&'a [BlockQ2K]),
+    Q4K(&'a [BlockQ4K]),
+    Q6K(&'a [BlockQ6K]),
+}
+
+/// Which activation format a weight type is dotted with.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ActKind {
+    F32,
+    B32,
+    K,
+}
+
+impl WData<'_> {
+    fn act_kind(&self) -> ActKind {
+        match self {
+            WData::F32(_) | WData::F16(_) => ActKind::F32,
+            WData::Q8_0(_) | WData::Q4_0(_) | WData::Q4_1(_) | WData::Q5_0(_) => ActKind::B32,
+            WData::Q2K(_) | WData::Q4K(_) | WData::Q6K(_) => ActKind::K,
+        }
+    }
+}
+
+/// A weight matrix in its GGUF encoding: `rows` output features, each a row of `cols` input weights.
+#[derive(Clone, Copy, Debug)]
+pub struct WeightMatrix<'a> {
+    ty: GgmlType,
+    data: WData<'a>,
+    rows: usize,
+    cols: usize,
+}
+
+fn cast<'a, T: Block>(ty: GgmlType, data: &'a [u8]) -> Result<&'a [T], MatmulError> {
+    cast_blocks::<T>(data).ok_or(MatmulError::Misaligned { ty })
+}
+
+impl<'a> WeightMatrix<'a> {
+    /// Checks type, shape, size and alignment of `data` (`rows` rows of `cols` values of type `ty`).
+    pub fn new(ty: GgmlType, data: &'a [u8], rows: usize, cols: usize) -> Result<Self, MatmulError> {
+        if cols % ty.block_size() != 0 {
+            return Err(MatmulError::PartialBlock { ty, cols });
+        }
+        let expected = (cols / ty.block_size()).checked_mul(ty.type_size()).and_then(|r| r.checked_mul(rows));
+        if expected != Some(data.len()) {
+            return Err(MatmulError::Size {
+                ty,
+                rows,
+                cols,
+                expected: expected.unwrap_or(usize::MAX),
+                got: data.len(),
+            });
+        }
+        let data = match ty {
+            GgmlType::F32 => WData::F32(cast(ty, data)?),
+            GgmlType::F16 => WData::F16(cast(ty, data)?),
+            GgmlType::Q8_0 => WData::Q8_0(cast(ty, data)?),
+            GgmlType::Q4_0 => WData::Q4_0(cast(ty, data)?),
+            GgmlType::Q4_1 => WData::Q4_1(cast(ty, data)?),
+            GgmlType::Q5_0 => WData::Q5_0(cast(ty, data)?),
+            GgmlType::Q2_K => WData::Q2K(cast(ty, data)?),
+            GgmlType::Q4_K => WData::Q4K(cast(ty, data)?),
+            GgmlType::Q6_K => WData::Q6K(cast(ty, data)?),
+            _ => return Err(MatmulError::Unsupported(ty)),
+        };
+        Ok(WeightMatrix { ty, data, rows, cols })
+    }
+
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Bytes of weight data.
+    pub fn bytes(&self) -> usize {
+        self.rows * self.cols / self.ty.block_size() * self.ty.type_size()
+    }
+}
+
+/// How activations are quantized for the integer kernels (F32/F16 weights always use the f32 activations).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActPrecision {
+    /// One int8 quantization per block (llama.cpp's accuracy).
+    Q8,
+    /// Int8 high part plus an int8 quantization of the residual, `x ≈ d1·q1 + d2·q2` (about 15 bits), both dotted
+    /// with the same unpacked weights: near-f32 accuracy.
+    Q8x2,
+}
+
+impl ActPrecision {
+    fn group(self) -> usize {
+        match self {
+            ActPrecision::Q8 => 1,
+            ActPrecision::Q8x2 => 2,
+        }
+    }
+}
+
+/// Reusable buffers for [`matmul`]: the quantized activations. Grown on demand, never shrunk, so a warm scratch
+/// makes calls allocation-free.
+pub struct MatmulScratch {
+    precision: ActPrecision,
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+    isum: Vec<i32>,
+    k: Vec<BlockQ8K>,
+    outs: Vec<(usize, usize)>,
+}
+
+impl MatmulScratch {
+    pub fn new(precision: ActPrecision) -> Self {
+        MatmulScratch {
+            precision,
+            qs: Vec::new(),
+            d: Vec::new(),
+            s: Vec::new(),
+            isum: Vec::new(),
+            k: Vec::new(),
+            outs: Vec::new(),
+        }
+    }
+
+    pub fn precision(&self) -> ActPrecision {
+        self.precision
+    }
+}
+
+/// Rounds to nearest (ties to even) for |y| < 2²²: adding 1.5·2²³ pushes the fraction bits out of the mantissa.
+#[inline(always)]
+fn round_magic(y: f32) -> f32 {
+    const MAGIC: f32 = 12582912.0;
+    (y + MAGIC) - MAGIC
+}
+
+/// Quantizes `x` (a multiple of `n` values) to symmetric int8 blocks of `n`: `d = max|x| / 127`, `q = round(x/d)`.
+/// Returns the scales through `put(block, d, Σq)`. With `res`, also writes the residual `x − d·q` there.
+#[inline]
+fn quantize_blocks(
+    x: &[f32],
+    q: &mut [i8],
+    n: usize,
+    mut res: Option<&mut [f32]>,
+    mut put: impl FnMut(usize, f32, i32),
+) {
+    for (b, (xb, qb)) in x.chunks_exact(n).zip(q.chunks_exact_mut(n)).enumerate() {
+        let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let mut sum = 0i32;
+        for (qv, &v) in qb.iter_mut().zip(xb) {
+            // |v·id| ≤ 127 (up to rounding); the clamp guards against that last ulp.
+            let r = round_magic(v * id).clamp(-127.0, 127.0);
+            *qv = r as i8;
+            sum += r as i32;
+        }
+        if let Some(res) = res.as_deref_mut() {
+            for ((rv, &v), &qv) in res[b * n..(b + 1) * n].iter_mut().zip(xb).zip(qb.iter()) {
+                *rv = v - d * qv as f32;
+            }
+        }
+        put(b, d, sum);
+    }
+}
+
+/// One activation row to Act32 layout; with `group == 2` two rows (high part, then residual).
+fn quantize_row32(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: &mut [f32], isum: &mut [i32]) {
+    let cols = x.len();
+    let nb = cols / 32;
+    let mut res_buf = [0f32; 32];
+    for b in 0..nb {
+        let xb = &x[b * 32..b * 32 + 32];
+        let (qa, qrest) = qs[b * 32..].split_at_mut(32);
+        let res = if group == 2 { Some(&mut res_buf[..]) } else { None };
+        quantize_blocks(xb, qa, 32, res, |_, dd, sum| {
+            d[b] = dd;
+            s[b] = dd * sum as f32;
+            isum[b] = sum;
+        });
+        if group == 2 {
+            let q2 = &mut qrest[(nb - 1) * 32..nb * 32];
+            quantize_blocks(&res_buf, q2, 32, None, |_, dd, sum| {
+                d[nb + b] = dd;
+                s[nb + b] = dd * sum as f32;
+                isum[nb + b] = sum;
+            });
+        }
+    }
+}
+
+/// One activation row to Q8_K; with `group == 2` two rows (high part, then residual).
+fn quantize_row_k(x: &[f32], group: usize, out: &mut [BlockQ8K]) {
+    let nb = x.len() / QK_K;
+    let mut res_buf = [0f32; QK_K];
+    for b in 0..nb {
+        let xb = &x[b * QK_K..(b + 1) * QK_K];
+        let (lo, hi) = out.split_at_mut(nb);
+        let blk = &mut lo[b];
+        let res = if group == 2 { Some(&mut res_buf[..]) } else { None };
+        let mut dd = 0.0;
+        quantize_blocks(xb, &mut blk.qs, QK_K, res, |_, d, _| dd = d);
+        blk.d = dd;
+        for (s, q) in blk.bsums.iter_mut().zip(blk.qs.chunks_exact(16)) {
+            *s = q.iter().map(|&v| v as i16).sum();
+        }
+        if group == 2 {
+            let blk = &mut hi[b];
+            quantize_blocks(&res_buf, &mut blk.qs, QK_K, None, |_, d, _| dd = d);
+            blk.d = dd;
+            for (s, q) in blk.bsums.iter_mut().zip(blk.qs.chunks_exact(16)) {
+                *s = q.iter().map(|&v| v as i16).sum();
+            }
+        }
+    }
+}
+
+/// Activation rows at or above this count are quantized in parallel.
+const PAR_QUANT_ROWS: usize = 8;
+
+impl MatmulScratch {
+    fn quantize32(&mut self, x: &[f32], m: usize, cols: usize) {
+        let g = self.precision.group();
+        let nb = cols / 32;
+        let n_act = m * g;
+        self.qs.resize(n_act * cols, 0);
+        self.d.resize(n_act * nb, 0.0);
+        self.s.resize(n_act * nb, 0.0);
+        self.isum.resize(n_act * nb, 0);
+        let (qs, d, s, isum) = (
+            &mut self.qs[..n_act * cols],
+            &mut self.d[..n_act * nb],
+            &mut self.s[..n_act * nb],
+            &mut self.isum[..n_act * nb],
+        );
+        if m >= PAR_QUANT_ROWS {
+            x.par_chunks_exact(cols)
+                .zip(qs.par_chunks_exact_mut(g * cols))
+                .zip(d.par_chunks_exact_mut(g * nb))
+                .zip(s.par_chunks_exact_mut(g * nb))
+                .zip(isum.par_chunks_exact_mut(g * nb))
+                .for_each(|((((x, q), d), s), i)| quantize_row32(x, g, q, d, s, i));
+        } else {
+            for (i, x) in x.chunks_exact(cols).enumerate() {
+                let (a, b) = (i * g * cols, i * g * nb);
+                quantize_row32(
+                    x,
+                    g,
+                    &mut qs[a..a + g * cols],
+                    &mut d[b..b + g * nb],
+                    &mut s[b..b + g * nb],
+                    &mut isum[b..b + g * nb],
+                );
+            }
+        }
+    }
+
+    fn quantize_k(&mut self, x: &[f32], m: usize, cols: usize) {
+        let g = self.precision.group();
+        let nb = cols / QK_K;
+        let n = m * g * nb;
+        if self.k.len() < n {
+            self.k.resize(n, BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] });
+        }
+        let k = &mut self.k[..n];
+        if m >= PAR_QUANT_ROWS {
+            x.par_chunks_exact(cols).zip(k.par_chunks_exact_mut(g * nb)).for_each(|(x, o)| quantize_row_k(x, g, o));
+        } else {
+            for (x, o) in x.chunks_exact(cols).zip(k.chunks_exact_mut(g * nb)) {
+                quantize_row_k(x, g, o);
+            }
+        }
+    }
+}
+
+/// `out[i*rows + j] = Σ_k x[i*cols + k] · W[j][k]` for `i` in `0..m` (`x`: m×cols row-major, `out`: m×rows).
+pub fn matmul(w: &WeightMatrix, x: &[f32], m: usize, out: &mut [f32], scratch: &mut MatmulScratch) {
+    matmul_multi(&[w], x, m, &mut [out], scratch);
+}
+
+/// Below this many weight bytes × activation rows a call runs on the calling thread: forking would cost more.
+const PAR_MIN_WORK: usize = 64 * 1024;
+
+/// Several matrices (same `cols`) applied to the same input: activations quantized once, one parallel region.
+pub fn matmul_multi(ws: &[&WeightMatrix], x: &[f32], m: usize, outs: &mut [&mut [f32]], scratch: &mut MatmulScratch) {
+    assert_eq!(ws.len(), outs.len(), "matmul_multi: {} matrices, {} outputs", ws.len(), outs.len());
+    if ws.is_empty() || m == 0 {
+        return;
+    }
+    let cols = ws[0].cols;
+    assert_eq!(x.len(), m * cols, "matmul: x has {} values, expected m·cols = {}·{}", x.len(), m, cols);
+    for (w, o) in ws.iter().zip(outs.iter()) {
+        assert_eq!(w.cols, cols, "matmul_multi: matrices differ in cols");
+        assert_eq!(o.len(), m * w.rows, "matmul: out has {} values, expected m·rows = {}·{}", o.len(), m, w.rows);
+    }
+    let kern = kernels();
+    if ws.iter().any(|w| w.data.act_kind() == ActKind::B32) {
+        scratch.quantize32(x, m, cols);
+    }
+    if ws.iter().any(|w| w.data.act_kind() == ActKind::K) {
+        scratch.quantize_k(x, m, cols);
+    }
+    let group = scratch.precision.group();
+    scratch.outs.clear();
+    scratch.outs.extend(outs.iter_mut().map(|o| (o.as_mut_ptr() as usize, o.len())));
+
+    let total_rows: usize = ws.iter().map(|w| w.rows).sum();
+    let work: usize = ws.iter().map(|w| w.bytes()).sum::<usize>() * m;
+    let n_tasks = if work < PAR_MIN_WORK { 1 } else { rayon::current_num_threads().min(total_rows.div_ceil(4)).max(1) };
+
+    let act32 = Act32 { qs: &scratch.qs, d: &scratch.d, s: &scratch.s, isum: &scratch.isum };
+    let actk: &[BlockQ8K] = &scratch.k;
+    let outs_raw: &[(usize, usize)] = &scratch.outs;
+
+    let task = |t: usize| {
+        // Rows [lo, hi) of the concatenation of all matrices, cut at multiples of 4 so tiles stay whole.
+        let cut = |t: usize| if t == n_tasks { total_rows } else { (total_rows * t / n_tasks) / 4 * 4 };
+        let (lo, hi) = (cut(t), cut(t + 1));
+        let mut base = 0;
+        for (i, w) in ws.iter().enumerate() {
+            let (a, b) = (lo.max(base), hi.min(base + w.rows));
+            if a < b {
+                let rows = a - base..b - base;
+                let (ptr, len) = outs_raw[i];
+                // SAFETY: `ptr/len` come from `outs[i]`, a live `&mut [f32]` borrowed for this whole call; tasks get
+                // disjoint row ranges of the concatenated matrices, so within `outs[i]` each task writes only the
+                // columns `rows` of its own, and nothing else touches `outs` until every task has finished.
+                let sink = unsafe { OutSink::from_raw(ptr as *mut f32, len, w.rows, rows.clone()) };
+                run_panel(kern, w, rows, x, m, act32, actk, group, &sink);
+            }
+            base += w.rows;
+        }
+    };
+    if n_tasks == 1 {
+        task(0);
+    } else {
+        (0..n_tasks).into_par_iter().with_max_len(1).for_each(task);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_panel(
+    k: &Kernels,
+    w: &WeightMatrix,
+    rows: std::ops::Range<usize>,
+    x: &[f32],
+    m: usize,
+    act32: Act32<'_>,
+    actk: &[BlockQ8K],
+    group: usize,
+    out: &OutSink<'_>,
+) {
+    let n_act = m * group;
+    let nb32 = w.cols / 32;
+    let nbk = w.cols / QK_K;
+    match w.data {
+        WData::F32(d) => (k.f32)(d, w.cols, rows, x, m, out),
+        WData::F16(d) => (k.f16)(d, w.cols, rows, x, m, out),
+        WData::Q8_0(d) => (k.q8_0)(d, nb32, rows, act32, n_act, group, out),
+        WData::Q4_0(d) => (k.q4_0)(d, nb32, rows, act32, n_act, group, out),
+        WData::Q4_1(d) => (k.q4_1)(d, nb32, rows, act32, n_act, group, out),
+        WData::Q5_0(d) => (k.q5_0)(d, nb32, rows, act32, n_act, group, out),
+        WData::Q2K(d) => (k.q2_k)(d, nbk, rows, actk, n_act, group, out),
+        WData::Q4K(d) => (k.q4_k)(d, nbk, rows, actk, n_act, group, out),
+        WData::Q6K(d) => (k.q6_k)(d, nbk, rows, actk, n_act, group, out),
+    }
+}
