@@ -1,0 +1,417 @@
+//! Every kernel of every level this CPU has (`Isa::available()`) against K1's scalar `_ref` definitions, on random
+//! data at awkward sizes; and every panel (tile) against the 1×1 vector dot of the same level, exactly.
+
+use half::f16;
+use infer_kernels::dispatch::{Act32, Isa, Kernels, OutSink, act32_from_q8_0};
+use infer_kernels::quant::{self, BlockQ8_0, BlockQ8K, QK_K};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn levels() -> Vec<&'static Kernels> {
+    Isa::available().into_iter().map(|i| i.kernels().unwrap()).collect()
+}
+
+fn randv(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0) * scale).collect()
+}
+
+/// Owned Act32 buffers for one or more rows.
+#[derive(Default)]
+struct A32 {
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+    isum: Vec<i32>,
+}
+impl A32 {
+    fn push(&mut self, blocks: &[BlockQ8_0]) {
+        let (mut q, mut d, mut s, mut i) = (vec![], vec![], vec![], vec![]);
+        act32_from_q8_0(blocks, &mut q, &mut d, &mut s, &mut i);
+        self.qs.extend(q);
+        self.d.extend(d);
+        self.s.extend(s);
+        self.isum.extend(i);
+    }
+    fn view(&self) -> Act32<'_> {
+        Act32 { qs: &self.qs, d: &self.d, s: &self.s, isum: &self.isum }
+    }
+}
+
+fn q8_0_row(rng: &mut ChaCha8Rng, nb: usize) -> Vec<BlockQ8_0> {
+    let x = randv(rng, nb * 32, 3.0);
+    let mut b = vec![BlockQ8_0::default(); nb];
+    quant::q8_0::quantize_row_ref(&x, &mut b);
+    b
+}
+
+fn q8_k_row(rng: &mut ChaCha8Rng, nb: usize) -> Vec<BlockQ8K> {
+    let x = randv(rng, nb * QK_K, 3.0);
+    let mut b = vec![BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; 16] }; nb];
+    quant::q8_k::quantize_row_ref(&x, &mut b);
+    b
+}
+
+/// Σ|w·a| of the dequantized values: the natural scale for rounding-order differences.
+fn abs_dot(w: &[f32], a: &[f32]) -> f64 {
+    w.iter().zip(a).map(|(x, y)| (x * y).abs() as f64).sum()
+}
+
+fn check(name: &str, isa: Isa, nb: usize, got: f32, want: f32, scale: f64) {
+    let tol = 1e-5 * (1.0 + scale);
+    assert!(
+        ((got - want) as f64).abs() <= tol,
+        "{name} {isa} nb={nb}: got {got}, ref {want}, diff {} > tol {tol}",
+        (got - want).abs()
+    );
+}
+
+macro_rules! test32 {
+    ($test:ident, $block:ty, $module:ident, $refdot:ident, $vdot:ident, $panel:ident) => {
+        #[test]
+        fn $test() {
+            let mut rng = ChaCha8Rng::seed_from_u64(0x5eed ^ stringify!($test).len() as u64);
+            for nb in 1..=9 {
+                for _trial in 0..4 {
+                    let x = randv(&mut rng, nb * 32, 2.0);
+                    let mut w = vec![<$block>::default(); nb];
+                    quant::$module::quantize_row_ref(&x, &mut w);
+                    let a = q8_0_row(&mut rng, nb);
+                    let want = quant::$module::$refdot(&w, &a);
+                    let (mut wf, mut af) = (vec![0f32; nb * 32], vec![0f32; nb * 32]);
+                    quant::$module::dequantize_row_ref(&w, &mut wf);
+                    quant::q8_0::dequantize_row_ref(&a, &mut af);
+                    let mut act = A32::default();
+                    act.push(&a);
+                    for k in levels() {
+                        let got = k.$vdot(&w, act.view());
+                        check(stringify!($test), k.isa, nb, got, want, abs_dot(&wf, &af));
+                    }
+                }
+            }
+            // Panels: rows not divisible by the tile, activation counts around the tile width, both groupings.
+            for nb in [1, 3, 9] {
+                let rows = 11;
+                let mut w = vec![<$block>::default(); nb * rows];
+                quant::$module::quantize_row_ref(&randv(&mut rng, nb * 32 * rows, 2.0), &mut w);
+                for n_act in [1, 2, 3, 4, 5, 7, 8, 17] {
+                    let mut act = A32::default();
+                    let rows_a: Vec<Vec<BlockQ8_0>> = (0..n_act).map(|_| q8_0_row(&mut rng, nb)).collect();
+                    for r in &rows_a {
+                        act.push(r);
+                    }
+                    for k in levels() {
+                        for group in [1, 2] {
+                            if n_act % group != 0 {
+                                continue;
+                            }
+                            let mut out = vec![f32::NAN; n_act / group * rows];
+                            (k.$panel)(&w, nb, 0..rows, act.view(), n_act, group, &OutSink::new(&mut out, rows));
+                            for i in 0..n_act / group {
+                                for r in 0..rows {
+                                    let wr = &w[r * nb..(r + 1) * nb];
+                                    let mut want = 0.0f32;
+                                    for g in 0..group {
+                                        let mut one = A32::default();
+                                        one.push(&rows_a[i * group + g]);
+                                        let v = k.$vdot(wr, one.view());
+                                        want = if g == 0 { v } else { want + v };
+                                    }
+                                    assert_eq!(
+                                        out[i * rows + r].to_bits(),
+                                        want.to_bits(),
+                                        "{} {} panel nb={nb} n_act={n_act} group={group} i={i} r={r}",
+                                        stringify!($test),
+                                        k.isa
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+
+test32!(q8_0_matches_ref, quant::BlockQ8_0, q8_0, vec_dot_q8_0_q8_0_ref, vec_dot_q8_0, q8_0);
+test32!(q4_0_matches_ref, quant::BlockQ4_0, q4_0, vec_dot_q4_0_q8_0_ref, vec_dot_q4_0, q4_0);
+test32!(q4_1_matches_ref, quant::BlockQ4_1, q4_1, vec_dot_q4_1_q8_0_ref, vec_dot_q4_1, q4_1);
+test32!(q5_0_matches_ref, quant::BlockQ5_0, q5_0, vec_dot_q5_0_q8_0_ref, vec_dot_q5_0, q5_0);
+
+macro_rules! testk {
+    ($test:ident, $block:ty, $module:ident, $refdot:ident, $vdot:ident, $panel:ident) => {
+        #[test]
+        fn $test() {
+            let mut rng = ChaCha8Rng::seed_from_u64(0x6eed ^ stringify!($test).len() as u64);
+            let zero = <$block as KZero>::zero();
+            for nb in 1..=4 {
+                for _trial in 0..3 {
+                    let x = randv(&mut rng, nb * QK_K, 2.0);
+                    let mut w = vec![zero; nb];
+                    quant::$module::quantize_row_ref(&x, &mut w);
+                    let a = q8_k_row(&mut rng, nb);
+                    let want = quant::$module::$refdot(&w, &a);
+                    let (mut wf, mut af) = (vec![0f32; nb * QK_K], vec![0f32; nb * QK_K]);
+                    quant::$module::dequantize_row_ref(&w, &mut wf);
+                    quant::q8_k::dequantize_row_ref(&a, &mut af);
+                    for k in levels() {
+                        let got = k.$vdot(&w, &a);
+                        check(stringify!($test), k.isa, nb, got, want, abs_dot(&wf, &af));
+                    }
+                }
+            }
+            for nb in [1, 2] {
+                let rows = 7;
+                let mut w = vec![zero; nb * rows];
+                quant::$module::quantize_row_ref(&randv(&mut rng, nb * QK_K * rows, 2.0), &mut w);
+                for n_act in [1, 2, 3, 4, 5, 6, 9] {
+                    let act: Vec<BlockQ8K> = (0..n_act).flat_map(|_| q8_k_row(&mut rng, nb)).collect();
+                    for k in levels() {
+                        for group in [1, 2] {
+                            if n_act % group != 0 {
+                                continue;
+                            }
+                            let mut out = vec![f32::NAN; n_act / group * rows];
+                            (k.$panel)(&w, nb, 0..rows, &act, n_act, group, &OutSink::new(&mut out, rows));
+                            for i in 0..n_act / group {
+                                for r in 0..rows {
+                                    let wr = &w[r * nb..(r + 1) * nb];
+                                    let mut want = 0.0f32;
+                                    for g in 0..group {
+                                        let a = i * group + g;
+                                        let v = k.$vdot(wr, &act[a * nb..(a + 1) * nb]);
+                                        want = if g == 0 { v } else { want + v };
+                                    }
+                                    assert_eq!(
+                                        out[i * rows + r].to_bits(),
+                                        want.to_bits(),
+                                        "{} {} panel nb={nb} n_act={n_act} group={group} i={i} r={r}",
+                                        stringify!($test),
+                                        k.isa
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+
+/// An all-zero block to overwrite (the K-quant structs have no Default).
+trait KZero {
+    fn zero() -> Self;
+}
+impl KZero for quant::BlockQ2K {
+    fn zero() -> Self {
+        quant::BlockQ2K { scales: [0; 16], qs: [0; 64], d: f16::ZERO, dmin: f16::ZERO }
+    }
+}
+impl KZero for quant::BlockQ4K {
+    fn zero() -> Self {
+        quant::BlockQ4K { d: f16::ZERO, dmin: f16::ZERO, scales: [0; 12], qs: [0; 128] }
+    }
+}
+impl KZero for quant::BlockQ6K {
+    fn zero() -> Self {
+        quant::BlockQ6K { ql: [0; 128], qh: [0; 64], scales: [0; 16], d: f16::ZERO }
+    }
+}
+
+testk!(q4_k_matches_ref, quant::BlockQ4K, q4_k, vec_dot_q4_k_q8_k_ref, vec_dot_q4_k, q4_k);
+testk!(q6_k_matches_ref, quant::BlockQ6K, q6_k, vec_dot_q6_k_q8_k_ref, vec_dot_q6_k, q6_k);
+testk!(q2_k_matches_ref, quant::BlockQ2K, q2_k, vec_dot_q2_k_q8_k_ref, vec_dot_q2_k, q2_k);
+
+/// Random K-quant bytes (not produced by the quantizer) reach every bit of the scales, including Q6_K's negative
+/// scales and Q4_K's high scale bits.
+#[test]
+fn k_quants_random_bytes_match_ref() {
+    let mut rng = ChaCha8Rng::seed_from_u64(77);
+    let h = |rng: &mut ChaCha8Rng| f16::from_f32(rng.random_range(-0.02f32..0.02));
+    for nb in 1..=3 {
+        let a = q8_k_row(&mut rng, nb);
+        let w4: Vec<quant::BlockQ4K> = (0..nb)
+            .map(|_| quant::BlockQ4K {
+                d: h(&mut rng),
+                dmin: h(&mut rng),
+                scales: rng.random(),
+                qs: std::array::from_fn(|_| rng.random()),
+            })
+            .collect();
+        let w6: Vec<quant::BlockQ6K> = (0..nb)
+            .map(|_| quant::BlockQ6K {
+                ql: std::array::from_fn(|_| rng.random()),
+                qh: std::array::from_fn(|_| rng.random()),
+                scales: rng.random(),
+                d: h(&mut rng),
+            })
+            .collect();
+        let w2: Vec<quant::BlockQ2K> = (0..nb)
+            .map(|_| quant::BlockQ2K {
+                scales: rng.random(),
+                qs: std::array::from_fn(|_| rng.random()),
+                d: h(&mut rng),
+                dmin: h(&mut rng),
+            })
+            .collect();
+        for k in levels() {
+            let scale = 50.0;
+            check(
+                "q4_k random",
+                k.isa,
+                nb,
+                k.vec_dot_q4_k(&w4, &a),
+                quant::q4_k::vec_dot_q4_k_q8_k_ref(&w4, &a),
+                scale,
+            );
+            check(
+                "q6_k random",
+                k.isa,
+                nb,
+                k.vec_dot_q6_k(&w6, &a),
+                quant::q6_k::vec_dot_q6_k_q8_k_ref(&w6, &a),
+                scale,
+            );
+            check(
+                "q2_k random",
+                k.isa,
+                nb,
+                k.vec_dot_q2_k(&w2, &a),
+                quant::q2_k::vec_dot_q2_k_q8_k_ref(&w2, &a),
+                scale,
+            );
+        }
+    }
+}
+
+/// Random Q8_0/Q5_0 bytes: every weight value including −128 (Q8_0) and all 32 fifth bits (Q5_0).
+#[test]
+fn q8_0_q5_0_random_bytes_match_ref() {
+    let mut rng = ChaCha8Rng::seed_from_u64(78);
+    for nb in 1..=9 {
+        let a = q8_0_row(&mut rng, nb);
+        let mut act = A32::default();
+        act.push(&a);
+        let w8: Vec<BlockQ8_0> = (0..nb)
+            .map(|_| BlockQ8_0 {
+                d: f16::from_f32(rng.random_range(-0.05..0.05)),
+                qs: std::array::from_fn(|_| rng.random()),
+            })
+            .collect();
+        let w5: Vec<quant::BlockQ5_0> = (0..nb)
+            .map(|_| quant::BlockQ5_0 {
+                d: f16::from_f32(rng.random_range(-0.05..0.05)),
+                qh: rng.random(),
+                qs: rng.random(),
+            })
+            .collect();
+        for k in levels() {
+            check(
+                "q8_0 random",
+                k.isa,
+                nb,
+                k.vec_dot_q8_0(&w8, act.view()),
+                quant::q8_0::vec_dot_q8_0_q8_0_ref(&w8, &a),
+                200.0,
+            );
+            check(
+                "q5_0 random",
+                k.isa,
+                nb,
+                k.vec_dot_q5_0(&w5, act.view()),
+                quant::q5_0::vec_dot_q5_0_q8_0_ref(&w5, &a),
+                200.0,
+            );
+        }
+    }
+}
+
+const LENGTHS: [usize; 22] = [0, 1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129, 255, 257, 1023];
+
+#[test]
+fn f32_helpers_match_scalar_at_any_length() {
+    let mut rng = ChaCha8Rng::seed_from_u64(79);
+    for n in LENGTHS {
+        let a = randv(&mut rng, n, 1.0);
+        let b = randv(&mut rng, n, 1.0);
+        let bh: Vec<f16> = b.iter().map(|&v| f16::from_f32(v)).collect();
+        let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        let want_h: f64 = a.iter().zip(&bh).map(|(x, y)| *x as f64 * y.to_f64()).sum();
+        let scale: f64 = a.iter().zip(&b).map(|(x, y)| (x * y).abs() as f64).sum();
+        for k in levels() {
+            let tol = 1e-6 * (1.0 + scale);
+            let got = (k.dot_f32)(&a, &b) as f64;
+            assert!((got - want).abs() <= tol, "dot {} n={n}: {got} vs {want}", k.isa);
+            let got = (k.dot_f16)(&a, &bh) as f64;
+            assert!((got - want_h).abs() <= tol, "dot_f16 {} n={n}: {got} vs {want_h}", k.isa);
+
+            let mut y = b.clone();
+            (k.axpy_f32)(0.75, &a, &mut y);
+            for i in 0..n {
+                assert!((y[i] - (b[i] + 0.75 * a[i])).abs() <= 1e-6, "axpy {} n={n} i={i}", k.isa);
+            }
+            let mut y = a.clone();
+            (k.axpy_f16)(-1.5, &bh, &mut y);
+            for i in 0..n {
+                assert!((y[i] - (a[i] - 1.5 * bh[i].to_f32())).abs() <= 1e-6, "axpy_f16 {} n={n} i={i}", k.isa);
+            }
+            let mut y = a.clone();
+            (k.scale_f32)(0.3, &mut y);
+            for i in 0..n {
+                assert_eq!(y[i], a[i] * 0.3, "scale {} n={n} i={i}", k.isa);
+            }
+        }
+    }
+}
+
+#[test]
+fn f32_f16_panels_match_dot() {
+    let mut rng = ChaCha8Rng::seed_from_u64(80);
+    for cols in [1, 7, 8, 17, 64, 100] {
+        let rows = 9;
+        let w = randv(&mut rng, rows * cols, 1.0);
+        let wh: Vec<f16> = w.iter().map(|&v| f16::from_f32(v)).collect();
+        for n_act in [1, 2, 3, 4, 7] {
+            let x = randv(&mut rng, n_act * cols, 1.0);
+            for k in levels() {
+                let mut o32 = vec![f32::NAN; n_act * rows];
+                let mut o16 = vec![f32::NAN; n_act * rows];
+                (k.f32)(&w, cols, 0..rows, &x, n_act, &OutSink::new(&mut o32, rows));
+                (k.f16)(&wh, cols, 0..rows, &x, n_act, &OutSink::new(&mut o16, rows));
+                for i in 0..n_act {
+                    for r in 0..rows {
+                        let xr = &x[i * cols..(i + 1) * cols];
+                        let want: f64 =
+                            w[r * cols..(r + 1) * cols].iter().zip(xr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        let want_h: f64 =
+                            wh[r * cols..(r + 1) * cols].iter().zip(xr).map(|(a, b)| a.to_f64() * *b as f64).sum();
+                        let tol = 1e-5 * (1.0 + cols as f64);
+                        assert!((o32[i * rows + r] as f64 - want).abs() <= tol, "f32 panel {} cols={cols}", k.isa);
+                        assert!((o16[i * rows + r] as f64 - want_h).abs() <= tol, "f16 panel {} cols={cols}", k.isa);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn isa_names_and_env() {
+    for i in Isa::ALL {
+        assert_eq!(Isa::from_name(i.name()), Some(i));
+        assert_eq!(i.to_string(), i.name());
+    }
+    assert_eq!(Isa::from_name("sse9"), None);
+    assert!(Isa::available().contains(&Isa::Scalar));
+    assert!(Isa::available().contains(&Isa::best()));
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+        assert_eq!(Isa::best(), Isa::Avx512, "a plain build must get the AVX-512 path on this CPU");
+    }
+    // Whatever INFER_ISA says for this run, the chosen level is one this CPU has (or an error naming the value).
+    match infer_kernels::dispatch::try_isa() {
+        Ok(isa) => assert!(isa.is_supported()),
+        Err(e) => assert!(e.to_string().contains("INFER_ISA")),
+    }
+}
