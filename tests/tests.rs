@@ -5,3 +5,5 @@ mod gguf;
 mod sampling;
 mod model;
 mod synthetic;
+mod reference_dequant;
+mod reference_quantize;

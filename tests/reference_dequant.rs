@@ -1,0 +1,57 @@
+//! Dequantization of the real models' tensors against gguf-py's: `tensor-golden.json` holds, for five tensors per
+//! file, the first 64 dequantized values and the sum and sum of squares of all of them. Between the two files this
+//! covers Q8_0, Q4_1, Q5_0 and Q6_K block layouts on real data. (The tensor bytes' sha256 is checked first, so a
+//! different download fails clearly rather than as a numeric mismatch.)
+
+use infer::gguf::GgufFile;
+use infer::kernels::dequantize;
+use sha2::{Digest, Sha256};
+
+use crate::common::{real_model, reference};
+
+#[test]
+fn real_tensors_dequantize_like_gguf_py() {
+    let golden_path = reference("tensor-golden.json");
+    let Ok(golden) = std::fs::read_to_string(&golden_path) else {
+        eprintln!("note: skipping, {} not found", golden_path.display());
+        return;
+    };
+    let golden: serde_json::Value = serde_json::from_str(&golden).expect("tensor-golden.json parses");
+    for (model, file_name) in [("smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"), ("gemma3", "gemma-3-270m-q4_k_m.gguf")] {
+        let Some(path) = real_model(model) else { continue };
+        let file = GgufFile::open(&path).expect("open model");
+        let tensors = golden["files"][file_name]["tensors"].as_object().expect("golden tensors");
+        let mut checked = 0;
+        for (name, g) in tensors {
+            let Some(head) = g.get("dequant_head").and_then(|h| h.as_array()) else { continue };
+            let info = file.tensor(name).expect("tensor present");
+            let data = file.tensor_data(info);
+            let sha: String = Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(
+                Some(sha.as_str()),
+                g["sha256"].as_str(),
+                "{file_name}: {name} bytes differ from the golden file"
+            );
+            let mut x = vec![0.0f32; info.n_elements as usize];
+            dequantize(info.ty, data, &mut x).expect("dequantize");
+            for (i, (want, &got)) in head.iter().zip(&x).enumerate() {
+                let want = want.as_f64().expect("number");
+                // gguf-py computes in f32 too, possibly in another order: allow an ulp or two.
+                assert!(
+                    (got as f64 - want).abs() <= 1e-6 * want.abs().max(1e-3),
+                    "{name}[{i}] ({}): {got} vs {want}",
+                    info.ty
+                );
+            }
+            let sum: f64 = x.iter().map(|&v| v as f64).sum();
+            let sumsq: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+            let (want_sum, want_sumsq) = (g["dequant_sum"].as_f64().unwrap(), g["dequant_sumsq"].as_f64().unwrap());
+            // Sums of ~10^5..10^7 terms in a different order: relative 1e-8 of the sum of magnitudes is plenty.
+            let scale: f64 = x.iter().map(|&v| (v as f64).abs()).sum();
+            assert!((sum - want_sum).abs() <= 1e-8 * scale, "{name} ({}): sum {sum} vs {want_sum}", info.ty);
+            assert!((sumsq - want_sumsq).abs() <= 1e-8 * sumsq, "{name} ({}): sumsq {sumsq} vs {want_sumsq}", info.ty);
+            checked += 1;
+        }
+        assert_eq!(checked, 5, "{file_name}: expected five tensors with dequant_head");
+    }
+}
