@@ -142,3 +142,24 @@ pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ2K]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn four_levels_round_trip() {
+        // Sub-block j holds the four values 0, s, 2s, 3s in a position-dependent order, with s = k/10 for an
+        // integer k in 5..=15: the largest scale (1.5) over 15 gives d = 0.1, so every s is an exact 4-bit multiple
+        // of d and Q2_K represents the data up to the f16 rounding of d. Positions must survive the 2-bit packing.
+        let x: Vec<f32> =
+            (0..QK_K).map(|i| ((i * 7 + i / 16) % 4) as f32 * (5 + (i / 16) % 11) as f32 / 10.0).collect();
+        let mut b = [BlockQ2K { scales: [0; 16], qs: [0; 64], d: f16::ZERO, dmin: f16::ZERO }];
+        quantize_row_ref(&x, &mut b);
+        let mut y = vec![0.0f32; QK_K];
+        dequantize_row_ref(&b, &mut y);
+        for (i, (a, b)) in x.iter().zip(&y).enumerate() {
+            assert!((a - b).abs() <= 1e-3 * a.abs().max(1.0), "weight {i}: {a} vs {b}");
+        }
+    }
+}

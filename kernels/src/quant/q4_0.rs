@@ -82,3 +82,25 @@ pub fn vec_dot_q4_0_q8_0_ref(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
     }
     sum
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_block() {
+        // x = j - 16: the largest magnitude is x0 = -16, so d = -16 / -8 = 2 and x0 maps to level 0;
+        // x = 15 would be level 16, clamped to 15 (the range is asymmetric: -8..=7 times d).
+        let x: Vec<f32> = (0..32).map(|j| j as f32 - 16.0).collect();
+        let mut b = [BlockQ4_0::default()];
+        quantize_row_ref(&x, &mut b);
+        assert_eq!(b[0].d.to_f32(), 2.0);
+        // Byte 0: weight 0 (level 0) low, weight 16 (x = 0, level 8) high.
+        assert_eq!(b[0].qs[0], 0x80);
+        // Byte 15: weight 15 (x = -1, trunc(-0.5 + 8.5) = 8) low, weight 31 (x = 15, clamped 15) high.
+        assert_eq!(b[0].qs[15], 0xF8);
+        let mut y = [0.0f32; 32];
+        dequantize_row_ref(&b, &mut y);
+        assert_eq!((y[0], y[16], y[15], y[31]), (-16.0, 0.0, 0.0, 14.0));
+    }
+}

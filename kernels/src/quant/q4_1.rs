@@ -92,3 +92,27 @@ pub fn vec_dot_q4_1_q8_0_ref(w: &[BlockQ4_1], a: &[BlockQ8_0]) -> f32 {
     }
     sum
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_block() {
+        // x = j / 2 - 1 spans [-1, 14.5]: m = -1, d = 15.5 / 15, and every x lands near level j / 2.
+        let x: Vec<f32> = (0..32).map(|j| j as f32 / 2.0 - 1.0).collect();
+        let mut b = [BlockQ4_1::default()];
+        quantize_row_ref(&x, &mut b);
+        assert_eq!(b[0].m.to_f32(), -1.0);
+        assert_eq!(b[0].qs[0] & 0xF, 0);
+        assert_eq!(b[0].qs[15] >> 4, 15, "weight 31 is the maximum, level 15, in the high nibble of byte 15");
+        let mut y = [0.0f32; 32];
+        dequantize_row_ref(&b, &mut y);
+        assert_eq!(y[0], -1.0);
+        assert!((y[31] - 14.5).abs() < 0.01, "{}", y[31]);
+        // The dot with all-ones activations (d = 1) is Σ dequantized values: checks the `m * Σ qa` term.
+        let a = [BlockQ8_0 { d: f16::ONE, qs: [1; 32] }];
+        let want: f32 = y.iter().sum();
+        assert!((vec_dot_q4_1_q8_0_ref(&b, &a) - want).abs() < 1e-3);
+    }
+}

@@ -141,3 +141,44 @@ pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ4K]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_packing_round_trips() {
+        // Eight distinct 6-bit scales and mins, packed as the quantizer packs them, read back by get_scale_min_k4.
+        let sc: [u8; 8] = [0, 1, 17, 63, 32, 47, 5, 60];
+        let m: [u8; 8] = [63, 62, 16, 15, 48, 3, 33, 0];
+        let mut packed = [0u8; K_SCALE_SIZE];
+        for j in 0..8 {
+            if j < 4 {
+                packed[j] = sc[j];
+                packed[j + 4] = m[j];
+            } else {
+                packed[j + 4] = (sc[j] & 0xF) | ((m[j] & 0xF) << 4);
+                packed[j - 4] |= (sc[j] >> 4) << 6;
+                packed[j] |= (m[j] >> 4) << 6;
+            }
+        }
+        for j in 0..8 {
+            assert_eq!(get_scale_min_k4(j, &packed), (sc[j], m[j]), "sub-block {j}");
+        }
+    }
+
+    #[test]
+    fn quantize_stores_levels_in_chunk_order() {
+        // Sub-block j holds a ramp over [-(j+1)/2, (j+1)/2], so every sub-block needs its own scale and min and
+        // every weight its own level; a misplaced nibble or scale would move values by far more than half a step.
+        let x: Vec<f32> = (0..QK_K).map(|i| ((i % 32) as f32 / 31.0 - 0.5) * (i / 32 + 1) as f32).collect();
+        let mut b = [BlockQ4K { d: f16::ZERO, dmin: f16::ZERO, scales: [0; 12], qs: [0; 128] }];
+        quantize_row_ref(&x, &mut b);
+        let mut y = vec![0.0f32; QK_K];
+        dequantize_row_ref(&b, &mut y);
+        for (i, (a, b)) in x.iter().zip(&y).enumerate() {
+            let step = (i / 32 + 1) as f32 / 15.0;
+            assert!((a - b).abs() <= 0.6 * step, "weight {i}: {a} vs {b}");
+        }
+    }
+}

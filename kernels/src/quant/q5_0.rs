@@ -95,3 +95,23 @@ pub fn vec_dot_q5_0_q8_0_ref(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
     }
     sum
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_block() {
+        // x = j - 16, largest magnitude x0 = -16: d = 1, level = x + 16, so level j for weight j (31 -> 31).
+        let x: Vec<f32> = (0..32).map(|j| j as f32 - 16.0).collect();
+        let mut b = [BlockQ5_0::default()];
+        quantize_row_ref(&x, &mut b);
+        assert_eq!(b[0].d.to_f32(), 1.0);
+        // Weights 16..32 have level >= 16, so exactly bits 16..32 of qh are set.
+        assert_eq!(u32::from_le_bytes(b[0].qh), 0xFFFF_0000);
+        assert_eq!(b[0].qs[1], 0x01 | (17 & 0xF) << 4);
+        let mut y = [0.0f32; 32];
+        dequantize_row_ref(&b, &mut y);
+        assert_eq!(y.to_vec(), x);
+    }
+}

@@ -133,3 +133,23 @@ pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ6K]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_round_trip_through_packing() {
+        // Give sub-block j of 16 weights the value (j + 1) * (level - 32) / 64 for level = i % 64, so each
+        // sub-block has its own scale and each weight its own level; the dequantized values must come back in
+        // the same positions (a misplaced nibble or bit pair would move them).
+        let x: Vec<f32> = (0..QK_K).map(|i| ((i / 16 + 1) as f32) * ((i % 64) as f32 - 32.0) / 64.0).collect();
+        let mut b = [BlockQ6K { ql: [0; 128], qh: [0; 64], scales: [0; 16], d: f16::ZERO }];
+        quantize_row_ref(&x, &mut b);
+        let mut y = vec![0.0f32; QK_K];
+        dequantize_row_ref(&b, &mut y);
+        for (i, (a, b)) in x.iter().zip(&y).enumerate() {
+            assert!((a - b).abs() <= 0.02 * (i / 16 + 1) as f32, "weight {i}: {a} vs {b}");
+        }
+    }
+}

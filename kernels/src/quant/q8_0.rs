@@ -67,3 +67,23 @@ pub fn vec_dot_q8_0_q8_0_ref(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
     }
     sum
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_block() {
+        // amax = 127 gives d = 1; 2.5 rounds away from zero to 3 (C roundf), -0.5 to -1.
+        let mut x = [0.0f32; 32];
+        x[0] = 127.0;
+        x[1] = 2.5;
+        x[2] = -0.5;
+        x[3] = -127.0;
+        let mut b = [BlockQ8_0::default()];
+        quantize_row_ref(&x, &mut b);
+        assert_eq!(b[0].d.to_f32(), 1.0);
+        assert_eq!(&b[0].qs[..5], &[127, 3, -1, -127, 0]);
+        assert_eq!(vec_dot_q8_0_q8_0_ref(&b, &b), (127 * 127 * 2 + 9 + 1) as f32);
+    }
+}

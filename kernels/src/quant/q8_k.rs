@@ -66,3 +66,25 @@ pub fn dequantize_row_ref(x: &[BlockQ8K], y: &mut [f32]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_block() {
+        // max = -2 (largest magnitude, negative): iscale = -127 / -2 = 63.5, d = 1 / 63.5. Then 1/127 * 63.5 = 0.5
+        // rounds to even 0, 3/127 * 63.5 = 1.5 rounds to even 2, and 1.0 * 63.5 to even 64.
+        let mut x = [0.0f32; QK_K];
+        x[0] = -2.0;
+        x[1] = 1.0 / 127.0;
+        x[2] = 3.0 / 127.0;
+        x[17] = 1.0;
+        let mut b = [BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] }];
+        quantize_row_ref(&x, &mut b);
+        assert_eq!(b[0].d, 1.0 / 63.5);
+        assert_eq!(&b[0].qs[..3], &[-127, 0, 2]);
+        assert_eq!(b[0].qs[17], 64);
+        assert_eq!(&b[0].bsums[..3], &[-125, 64, 0]);
+    }
+}
