@@ -7,3 +7,4 @@ mod model;
 mod synthetic;
 mod reference_dequant;
 mod reference_quantize;
+mod registry;

