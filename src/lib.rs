@@ -10,5 +10,6 @@ pub mod registry;
 pub mod model;
 pub mod sampling;
 pub mod stop;
+pub mod tokenizer;
 
 pub use infer_kernels as kernels;

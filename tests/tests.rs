@@ -8,3 +8,4 @@ mod synthetic;
 mod reference_dequant;
 mod reference_quantize;
 mod registry;
+mod tokenizer;

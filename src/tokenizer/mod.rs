@@ -1,0 +1,649 @@
+//! Tokenizers built from a GGUF file's `tokenizer.ggml.*` metadata, decoding (whole and streaming), the tokens that
+//! end generation, and chat templates.
+//!
+//! Two vocabulary kinds are supported, as named by `tokenizer.ggml.model`:
+//! - `gpt2`: byte-level BPE with a merge list and a pre-tokenizer named by `tokenizer.ggml.pre` ([`bpe`],
+//!   [`pretokenize`]);
+//! - `llama`: SentencePiece-style BPE with scores and byte fallback ([`spm`]).
+//!
+//! Encoding first finds special-token text ([`special`]), then tokenizes the text between. The behaviour follows
+//! llama.cpp's (`llama_tokenize`), which agrees with Hugging Face `tokenizers` on the models we ship tests for.
+//!
+//! Round trip: `decode(encode(x, add_special = false, _)) == x` for every string `x`, for vocabularies without
+//! `add_space_prefix`. With `add_space_prefix` (SentencePiece models that set it), encoding puts a space before the
+//! text and after every special token, and decoding removes only the one at the very start, so the round trip holds
+//! for text without special-token text in it.
+
+pub mod bpe;
+pub mod chat;
+mod hash;
+pub mod pretokenize;
+pub mod special;
+pub mod spm;
+pub mod stream;
+pub mod unicode;
+
+use thiserror::Error;
+
+pub use chat::{ChatMessage, ChatTemplate, TemplateError};
+pub use pretokenize::PreTokenizer;
+pub use stream::StreamDecoder;
+
+use crate::gguf::{GgufFile, Metadata};
+use bpe::{BpeModel, BpeScratch};
+use special::{Fragment, SpecialMatcher};
+use spm::{SpmModel, SpmScratch};
+
+/// What went wrong building a tokenizer from metadata.
+#[derive(Debug, Error)]
+pub enum TokenizerError {
+    #[error("missing metadata key `{0}`")]
+    MissingKey(&'static str),
+    #[error("metadata key `{key}` has the wrong type (expected {expected})")]
+    WrongType { key: &'static str, expected: &'static str },
+    #[error("`tokenizer.ggml.model` = `{0}` is not supported (supported: `gpt2`, `llama`)")]
+    UnsupportedModel(String),
+    #[error(
+        "`tokenizer.ggml.pre` = `{0}` is not a known pre-tokenizer (known: default, gpt2, smollm, llama3, llama-bpe, \
+         qwen2 and their aliases)"
+    )]
+    UnknownPreTokenizer(String),
+    #[error("`tokenizer.ggml.tokens` is empty")]
+    EmptyVocab,
+    #[error("`tokenizer.ggml.tokens` has {0} entries, more than token ids can number")]
+    VocabTooLarge(usize),
+    #[error("`{key}` has {got} entries but `tokenizer.ggml.tokens` has {expected}")]
+    LengthMismatch { key: &'static str, got: usize, expected: usize },
+    #[error("`{key}` = {id} is not a token id (the vocabulary has {n_vocab} tokens)")]
+    BadTokenId { key: &'static str, id: u64, n_vocab: usize },
+    #[error("merge #{index} in `tokenizer.ggml.merges` is malformed: {text:?}")]
+    BadMerge { index: usize, text: String },
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
+}
+
+/// A token's type, from `tokenizer.ggml.token_type` (values as llama.cpp's `llama_token_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenType {
+    Undefined,
+    Normal,
+    Unknown,
+    Control,
+    UserDefined,
+    Unused,
+    Byte,
+}
+
+impl TokenType {
+    pub fn from_i32(v: i32) -> TokenType {
+        match v {
+            1 => TokenType::Normal,
+            2 => TokenType::Unknown,
+            3 => TokenType::Control,
+            4 => TokenType::UserDefined,
+            5 => TokenType::Unused,
+            6 => TokenType::Byte,
+            _ => TokenType::Undefined,
+        }
+    }
+}
+
+/// The vocabulary kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VocabKind {
+    /// `gpt2`: byte-level BPE.
+    Bpe,
+    /// `llama`: SentencePiece BPE with scores.
+    Spm,
+}
+
+/// Everything the tokenizer is built from, as plain data (what `tokenizer.ggml.*` holds).
+#[derive(Clone, Debug, Default)]
+pub struct VocabSpec {
+    /// `tokenizer.ggml.model`.
+    pub model: String,
+    /// `tokenizer.ggml.pre`.
+    pub pre: Option<String>,
+    pub tokens: Vec<String>,
+    pub scores: Option<Vec<f32>>,
+    pub token_types: Option<Vec<i32>>,
+    pub merges: Option<Vec<String>>,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub eot: Option<u32>,
+    pub eom: Option<u32>,
+    pub unk: Option<u32>,
+    pub pad: Option<u32>,
+    pub sep: Option<u32>,
+    pub add_bos: Option<bool>,
+    pub add_eos: Option<bool>,
+    pub add_space_prefix: Option<bool>,
+}
+
+enum Model {
+    Bpe { model: BpeModel, pre: PreTokenizer },
+    Spm(SpmModel),
+}
+
+/// Token texts that end generation (llama.cpp's list in `llama_vocab::impl::load`).
+const EOG_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+];
+
+/// Token texts that are taken as the end-of-turn token when `tokenizer.ggml.eot_token_id` is absent.
+const EOT_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "<end_of_utterance>",
+];
+
+/// A tokenizer: text ↔ token ids.
+pub struct Tokenizer {
+    kind: VocabKind,
+    model: Model,
+    tokens: Vec<String>,
+    types: Vec<TokenType>,
+    /// What each token decodes to with special tokens rendered.
+    pieces: Vec<Box<[u8]>>,
+    specials: SpecialMatcher,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    eot: Option<u32>,
+    eom: Option<u32>,
+    unk: Option<u32>,
+    pad: Option<u32>,
+    sep: Option<u32>,
+    add_bos: bool,
+    add_eos: bool,
+    add_space_prefix: bool,
+    eog: Vec<u32>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("kind", &self.kind)
+            .field("n_vocab", &self.tokens.len())
+            .field("pre", &self.pre_name())
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .field("add_bos", &self.add_bos)
+            .finish_non_exhaustive()
+    }
+}
+
+fn check_id(key: &'static str, id: Option<u32>, n: usize) -> Result<Option<u32>, TokenizerError> {
+    match id {
+        Some(i) if i as usize >= n => Err(TokenizerError::BadTokenId { key, id: u64::from(i), n_vocab: n }),
+        other => Ok(other),
+    }
+}
+
+/// The byte a `<0xXX>` token text stands for.
+fn parse_byte_token(text: &str) -> Option<u8> {
+    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(hex, 16).ok()
+}
+
+impl VocabSpec {
+    /// Reads the `tokenizer.ggml.*` keys.
+    pub fn from_metadata(md: &Metadata) -> Result<VocabSpec, TokenizerError> {
+        let tokens = md.get_string_array(keys::TOKENS)?.to_vec();
+        let scores = if md.contains(keys::SCORES) { Some(md.get_f32_array(keys::SCORES)?.to_vec()) } else { None };
+        let token_types = match md.opt_array(keys::TOKEN_TYPE)? {
+            None => None,
+            Some(arr) => {
+                let mut v = Vec::with_capacity(arr.len());
+                for i in 0..arr.len() {
+                    let x = arr
+                        .get_i64(i)
+                        .ok_or(TokenizerError::WrongType { key: keys::TOKEN_TYPE, expected: "array of integers" })?;
+                    v.push(i32::try_from(x).unwrap_or(0));
+                }
+                Some(v)
+            }
+        };
+        let merges = if md.contains(keys::MERGES) { Some(md.get_string_array(keys::MERGES)?.to_vec()) } else { None };
+        Ok(VocabSpec {
+            model: md.get_str(keys::MODEL)?.to_string(),
+            pre: md.opt_str(keys::PRE)?.map(str::to_string),
+            tokens,
+            scores,
+            token_types,
+            merges,
+            bos: md.opt_u32(keys::BOS)?,
+            eos: md.opt_u32(keys::EOS)?,
+            eot: md.opt_u32(keys::EOT)?,
+            eom: md.opt_u32(keys::EOM)?,
+            unk: md.opt_u32(keys::UNK)?,
+            pad: md.opt_u32(keys::PAD)?,
+            sep: md.opt_u32(keys::SEP)?,
+            add_bos: md.opt_bool(keys::ADD_BOS)?,
+            add_eos: md.opt_bool(keys::ADD_EOS)?,
+            add_space_prefix: md.opt_bool(keys::ADD_SPACE_PREFIX)?,
+        })
+    }
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer a GGUF file describes.
+    pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer, TokenizerError> {
+        Tokenizer::from_metadata(file.metadata())
+    }
+
+    /// Builds the tokenizer from GGUF metadata.
+    pub fn from_metadata(md: &Metadata) -> Result<Tokenizer, TokenizerError> {
+        Tokenizer::from_spec(VocabSpec::from_metadata(md)?)
+    }
+
+    /// Builds a tokenizer from plain vocabulary data.
+    pub fn from_spec(spec: VocabSpec) -> Result<Tokenizer, TokenizerError> {
+        let n = spec.tokens.len();
+        if n == 0 {
+            return Err(TokenizerError::EmptyVocab);
+        }
+        if n >= u32::MAX as usize {
+            return Err(TokenizerError::VocabTooLarge(n));
+        }
+        let kind = match spec.model.as_str() {
+            "gpt2" => VocabKind::Bpe,
+            "llama" => VocabKind::Spm,
+            other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
+        };
+        let mut types: Vec<TokenType> = match &spec.token_types {
+            Some(t) if t.len() != n => {
+                return Err(TokenizerError::LengthMismatch {
+                    key: "tokenizer.ggml.token_type",
+                    got: t.len(),
+                    expected: n,
+                });
+            }
+            Some(t) => t.iter().map(|&v| TokenType::from_i32(v)).collect(),
+            None => vec![TokenType::Normal; n],
+        };
+        if let Some(s) = &spec.scores
+            && s.len() != n
+        {
+            return Err(TokenizerError::LengthMismatch { key: "tokenizer.ggml.scores", got: s.len(), expected: n });
+        }
+        let bos = check_id("tokenizer.ggml.bos_token_id", spec.bos, n)?;
+        let eos = check_id("tokenizer.ggml.eos_token_id", spec.eos, n)?;
+        let eot_meta = check_id("tokenizer.ggml.eot_token_id", spec.eot, n)?;
+        let eom_meta = check_id("tokenizer.ggml.eom_token_id", spec.eom, n)?;
+        let unk = check_id("tokenizer.ggml.unknown_token_id", spec.unk, n)?;
+        let pad = check_id("tokenizer.ggml.padding_token_id", spec.pad, n)?;
+        let sep = check_id("tokenizer.ggml.seperator_token_id", spec.sep, n)?;
+        let tokens = spec.tokens;
+
+        // Tokens that end generation by their text; like llama.cpp, they are treated as control tokens.
+        let mut eog: Vec<u32> = Vec::new();
+        let mut eot = eot_meta;
+        let mut eom = eom_meta;
+        for (id, text) in tokens.iter().enumerate() {
+            if EOG_TEXTS.contains(&text.as_str()) {
+                eog.push(id as u32);
+                types[id] = TokenType::Control;
+            }
+            if eom.is_none() && text == "<|eom_id|>" {
+                eom = Some(id as u32);
+            }
+        }
+        if eot.is_none() {
+            eot = EOT_TEXTS.iter().find_map(|t| tokens.iter().position(|x| x == t)).map(|i| i as u32);
+        }
+        // gpt-oss ("harmony"): `<|end|>` ends a message, not generation, when `<|return|>` and `<|call|>` exist.
+        let has = |t: &str| eog.iter().any(|&i| tokens[i as usize] == t);
+        if has("<|return|>") && has("<|call|>") {
+            eog.retain(|&i| tokens[i as usize] != "<|end|>");
+        }
+        eog.extend([eos, eot, eom].into_iter().flatten());
+        eog.sort_unstable();
+        eog.dedup();
+
+        let mergeable: Vec<bool> =
+            types.iter().map(|t| !matches!(t, TokenType::Control | TokenType::Unknown | TokenType::Byte)).collect();
+
+        let model = match kind {
+            VocabKind::Bpe => {
+                let pre_name = spec.pre.clone().unwrap_or_else(|| "default".to_string());
+                let pre = PreTokenizer::from_name(&pre_name)
+                    .ok_or_else(|| TokenizerError::UnknownPreTokenizer(pre_name.clone()))?;
+                let merges = spec.merges.as_deref().ok_or(TokenizerError::MissingKey("tokenizer.ggml.merges"))?;
+                Model::Bpe { model: BpeModel::new(&tokens, &mergeable, merges)?, pre }
+            }
+            VocabKind::Spm => {
+                let mut byte_ids = [u32::MAX; 256];
+                // `<0xXX>` tokens, those typed as bytes first.
+                for want_byte_type in [true, false] {
+                    for (id, text) in tokens.iter().enumerate() {
+                        if (types[id] == TokenType::Byte) != want_byte_type {
+                            continue;
+                        }
+                        if let Some(b) = parse_byte_token(text)
+                            && byte_ids[b as usize] == u32::MAX
+                        {
+                            byte_ids[b as usize] = id as u32;
+                        }
+                    }
+                }
+                let scores = spec.scores.unwrap_or_else(|| vec![0.0; n]);
+                Model::Spm(SpmModel::new(&tokens, scores, &mergeable, byte_ids))
+            }
+        };
+
+        // Decoded form of every token (special tokens rendered as their text).
+        let byte_table = match &model {
+            Model::Spm(m) => Some(m.byte_ids()),
+            Model::Bpe { .. } => None,
+        };
+        let pieces: Vec<Box<[u8]>> = tokens
+            .iter()
+            .enumerate()
+            .map(|(id, text)| {
+                let t = types[id];
+                let bytes: Vec<u8> = match (kind, t) {
+                    (_, TokenType::Control | TokenType::Unknown | TokenType::UserDefined) => text.as_bytes().to_vec(),
+                    (VocabKind::Bpe, TokenType::Normal) => {
+                        let mut v = Vec::with_capacity(text.len());
+                        for c in text.chars() {
+                            match unicode::char_to_byte(c) {
+                                Some(b) => v.push(b),
+                                None => v.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+                            }
+                        }
+                        v
+                    }
+                    (VocabKind::Spm, _) => {
+                        let table = byte_table.as_ref();
+                        match (t, parse_byte_token(text)) {
+                            (_, Some(b)) if table.is_some_and(|tb| tb[b as usize] == id as u32) => vec![b],
+                            (TokenType::Normal, _) => text.replace('\u{2581}', " ").into_bytes(),
+                            _ => Vec::new(),
+                        }
+                    }
+                    (VocabKind::Bpe, _) => Vec::new(),
+                };
+                bytes.into_boxed_slice()
+            })
+            .collect();
+
+        let specials = SpecialMatcher::new(
+            tokens
+                .iter()
+                .enumerate()
+                .filter(|(id, text)| {
+                    !text.is_empty()
+                        && matches!(types[*id], TokenType::Control | TokenType::Unknown | TokenType::UserDefined)
+                })
+                .map(|(id, text)| (id as u32, text.as_str(), types[id] == TokenType::UserDefined))
+                .collect(),
+        );
+
+        let (add_bos_default, add_space_default) = match (&model, kind) {
+            (Model::Bpe { pre, .. }, _) => (pre.ignore_merges, false),
+            (_, VocabKind::Spm) => (true, true),
+            _ => (false, false),
+        };
+        Ok(Tokenizer {
+            kind,
+            model,
+            tokens,
+            types,
+            pieces,
+            specials,
+            bos,
+            eos,
+            eot,
+            eom,
+            unk,
+            pad,
+            sep,
+            add_bos: spec.add_bos.unwrap_or(add_bos_default),
+            add_eos: spec.add_eos.unwrap_or(false),
+            add_space_prefix: spec.add_space_prefix.unwrap_or(add_space_default),
+            eog,
+        })
+    }
+
+    /// Tokenizes `text`. `add_special` adds BOS (and EOS) as the model's metadata asks; `parse_special` turns
+    /// control-token text such as `<|im_start|>` into its token (user-defined tokens are always recognised).
+    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        if add_special
+            && self.add_bos
+            && let Some(b) = self.bos
+        {
+            out.push(b);
+        }
+        let mut frags = Vec::new();
+        self.specials.partition(text, parse_special, &mut frags);
+        match &self.model {
+            Model::Bpe { model, pre } => {
+                let mut split = pretokenize::SplitScratch::default();
+                let mut scratch = BpeScratch::default();
+                let mut words = Vec::new();
+                for f in &frags {
+                    match *f {
+                        Fragment::Token(id) => out.push(id),
+                        Fragment::Text(a, b) => {
+                            let t = &text[a..b];
+                            words.clear();
+                            pre.split(t, &mut split, &mut words);
+                            for &(wa, wb) in &words {
+                                model.encode_word(
+                                    &t.as_bytes()[wa..wb],
+                                    pre.ignore_merges,
+                                    self.unk,
+                                    &mut scratch,
+                                    &mut out,
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            Model::Spm(model) => {
+                let mut scratch = SpmScratch::default();
+                let mut buf = String::new();
+                let mut prev_special = true;
+                for f in &frags {
+                    match *f {
+                        Fragment::Token(id) => {
+                            out.push(id);
+                            prev_special = true;
+                        }
+                        Fragment::Text(a, b) => {
+                            buf.clear();
+                            if self.add_space_prefix && prev_special {
+                                buf.push('\u{2581}');
+                            }
+                            for c in text[a..b].chars() {
+                                buf.push(if c == ' ' { '\u{2581}' } else { c });
+                            }
+                            // Symbol offsets are 32-bit: a fragment past 1 GiB is tokenized in pieces cut at
+                            // character boundaries.
+                            let mut rest = buf.as_str();
+                            while !rest.is_empty() {
+                                let mut cut = rest.len().min(1 << 30);
+                                while !rest.is_char_boundary(cut) {
+                                    cut -= 1;
+                                }
+                                model.encode(&rest[..cut], self.unk, &mut scratch, &mut out);
+                                rest = &rest[cut..];
+                            }
+                            prev_special = false;
+                        }
+                    }
+                }
+            }
+        }
+        if add_special
+            && self.add_eos
+            && let Some(e) = self.eos
+        {
+            out.push(e);
+        }
+        out
+    }
+
+    /// The bytes one token decodes to. Out-of-range ids decode to nothing.
+    pub fn token_bytes(&self, id: u32, skip_special: bool) -> &[u8] {
+        let Some(p) = self.pieces.get(id as usize) else { return &[] };
+        if skip_special && matches!(self.types[id as usize], TokenType::Control | TokenType::Unknown) {
+            return &[];
+        }
+        p
+    }
+
+    /// The bytes a token contributes at a position in a decoded sequence (the first token loses the space prefix).
+    pub(crate) fn piece_for_decode(&self, id: u32, skip_special: bool, first: bool) -> &[u8] {
+        let p = self.token_bytes(id, skip_special);
+        if first && self.add_space_prefix && p.first() == Some(&b' ') { &p[1..] } else { p }
+    }
+
+    /// Decodes ids to bytes (which may not be valid UTF-8 when the ids split a character).
+    pub fn decode_bytes(&self, ids: &[u32], skip_special: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (i, &id) in ids.iter().enumerate() {
+            out.extend_from_slice(self.piece_for_decode(id, skip_special, i == 0));
+        }
+        out
+    }
+
+    /// Decodes ids to text; bytes that do not form UTF-8 become U+FFFD (as `String::from_utf8_lossy`).
+    pub fn decode_with(&self, ids: &[u32], skip_special: bool) -> String {
+        String::from_utf8_lossy(&self.decode_bytes(ids, skip_special)).into_owned()
+    }
+
+    /// Decodes ids to text, special tokens rendered as their text.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.decode_with(ids, false)
+    }
+
+    /// A decoder to feed one token at a time.
+    pub fn stream_decoder(&self, skip_special: bool) -> StreamDecoder<'_> {
+        StreamDecoder::new(self, skip_special)
+    }
+
+    /// Whether `id` ends generation.
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog.binary_search(&id).is_ok()
+    }
+
+    /// Every token that ends generation (EOS, EOT, EOM and tokens such as `<|im_end|>`, `<end_of_turn>`), sorted.
+    pub fn eog_ids(&self) -> &[u32] {
+        &self.eog
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn kind(&self) -> VocabKind {
+        self.kind
+    }
+
+    /// The pre-tokenizer's name (byte-level BPE only).
+    pub fn pre_name(&self) -> Option<&str> {
+        match &self.model {
+            Model::Bpe { pre, .. } => Some(&pre.name),
+            Model::Spm(_) => None,
+        }
+    }
+
+    /// A token's text as stored in the vocabulary.
+    pub fn token_text(&self, id: u32) -> Option<&str> {
+        self.tokens.get(id as usize).map(String::as_str)
+    }
+
+    pub fn token_type(&self, id: u32) -> Option<TokenType> {
+        self.types.get(id as usize).copied()
+    }
+
+    /// The id of a token by its exact vocabulary text.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.tokens.iter().position(|t| t == text).map(|i| i as u32)
+    }
+
+    pub fn bos(&self) -> Option<u32> {
+        self.bos
+    }
+    pub fn eos(&self) -> Option<u32> {
+        self.eos
+    }
+    pub fn eot(&self) -> Option<u32> {
+        self.eot
+    }
+    pub fn eom(&self) -> Option<u32> {
+        self.eom
+    }
+    pub fn unk(&self) -> Option<u32> {
+        self.unk
+    }
+    pub fn pad(&self) -> Option<u32> {
+        self.pad
+    }
+    pub fn sep(&self) -> Option<u32> {
+        self.sep
+    }
+    /// Whether encoding with `add_special` puts BOS first.
+    pub fn add_bos(&self) -> bool {
+        self.add_bos && self.bos.is_some()
+    }
+    pub fn add_eos(&self) -> bool {
+        self.add_eos && self.eos.is_some()
+    }
+    pub fn add_space_prefix(&self) -> bool {
+        self.add_space_prefix
+    }
+
+    /// The id → bytes table for the vocabulary's merges (for tests and tools): the BPE token for some raw bytes.
+    pub fn bpe_id_of_bytes(&self, bytes: &[u8]) -> Option<u32> {
+        match &self.model {
+            Model::Bpe { model, .. } => model.id_of_bytes(bytes),
+            Model::Spm(_) => None,
+        }
+    }
+}
+
+/// Keys read from the file.
+pub mod keys {
+    pub const MODEL: &str = "tokenizer.ggml.model";
+    pub const PRE: &str = "tokenizer.ggml.pre";
+    pub const TOKENS: &str = "tokenizer.ggml.tokens";
+    pub const SCORES: &str = "tokenizer.ggml.scores";
+    pub const TOKEN_TYPE: &str = "tokenizer.ggml.token_type";
+    pub const MERGES: &str = "tokenizer.ggml.merges";
+    pub const BOS: &str = "tokenizer.ggml.bos_token_id";
+    pub const EOS: &str = "tokenizer.ggml.eos_token_id";
+    pub const EOT: &str = "tokenizer.ggml.eot_token_id";
+    pub const EOM: &str = "tokenizer.ggml.eom_token_id";
+    pub const UNK: &str = "tokenizer.ggml.unknown_token_id";
+    pub const PAD: &str = "tokenizer.ggml.padding_token_id";
+    pub const SEP: &str = "tokenizer.ggml.seperator_token_id";
+    pub const ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
+    pub const ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
+    pub const ADD_SPACE_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
+    pub const CHAT_TEMPLATE: &str = "tokenizer.chat_template";
+    pub const ARCHITECTURE: &str = "general.architecture";
+}

@@ -1,0 +1,175 @@
+//! SentencePiece-style BPE with scores (`tokenizer.ggml.model = llama`), with byte fallback.
+//!
+//! The algorithm (SentencePiece's `bpe_model.cc`, Kudo & Richardson 2018): spaces become `▁` (U+2581), the text
+//! starts as its characters, and repeatedly the adjacent pair whose concatenation is a vocabulary piece with the
+//! highest score is merged (the leftmost on ties), until no adjacent pair forms a piece. A final symbol that is not a
+//! piece (only single characters can be) is written as its UTF-8 bytes with the `<0xXX>` byte tokens, or `unk`.
+//! There is no pre-tokenization: a whole text fragment is one sequence. Candidates wait in a binary heap and are
+//! checked when popped (a candidate is stale once either side has grown or been absorbed).
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use super::hash::FxMap;
+
+const NONE: u32 = u32::MAX;
+
+pub struct SpmModel {
+    /// Piece text → id, for the tokens merging may produce (normal, user-defined, unused, undefined).
+    pieces: FxMap<Box<str>, u32>,
+    scores: Vec<f32>,
+    /// The `<0xXX>` token of each byte.
+    byte_ids: [u32; 256],
+}
+
+impl SpmModel {
+    /// `byte_ids`: the `<0xXX>` token of each byte (`u32::MAX` where there is none); an ASCII byte without one falls
+    /// back to the token that is that single character, if any.
+    pub fn new(tokens: &[String], scores: Vec<f32>, mergeable: &[bool], mut byte_ids: [u32; 256]) -> SpmModel {
+        let mut pieces: FxMap<Box<str>, u32> = FxMap::default();
+        pieces.reserve(tokens.len());
+        for (id, text) in tokens.iter().enumerate() {
+            if mergeable[id] && !text.is_empty() {
+                pieces.insert(text.as_str().into(), id as u32);
+            }
+        }
+        for b in 0..128u8 {
+            if byte_ids[b as usize] == NONE
+                && let Some(&id) = pieces.get(char::from(b).encode_utf8(&mut [0; 4]) as &str)
+            {
+                byte_ids[b as usize] = id;
+            }
+        }
+        SpmModel { pieces, scores, byte_ids }
+    }
+
+    /// The token each byte falls back to (`u32::MAX` for none).
+    pub fn byte_ids(&self) -> [u32; 256] {
+        self.byte_ids
+    }
+
+    /// The id of a piece (in `▁` spelling).
+    pub fn piece_id(&self, text: &str) -> Option<u32> {
+        self.pieces.get(text).copied()
+    }
+
+    /// Appends the tokens of `text`, whose spaces have already been replaced by `▁`.
+    pub fn encode(&self, text: &str, unk: Option<u32>, scratch: &mut SpmScratch, out: &mut Vec<u32>) {
+        if text.is_empty() {
+            return;
+        }
+        let syms = &mut scratch.syms;
+        let heap = &mut scratch.heap;
+        syms.clear();
+        heap.clear();
+        for (start, c) in text.char_indices() {
+            let i = syms.len() as u32;
+            syms.push(Sym { start: start as u32, len: c.len_utf8() as u32, prev: i.wrapping_sub(1), next: i + 1 });
+        }
+        if let Some(last) = syms.last_mut() {
+            last.next = NONE;
+        }
+        if let Some(first) = syms.first_mut() {
+            first.prev = NONE;
+        }
+        for i in 1..syms.len() as u32 {
+            self.push_pair(text, syms, heap, i - 1, i);
+        }
+        while let Some(c) = heap.pop() {
+            let (l, r) = (c.left as usize, c.right as usize);
+            if syms[l].len == 0 || syms[r].len == 0 || syms[l].len + syms[r].len != c.len || syms[l].next != c.right {
+                continue;
+            }
+            syms[l].len += syms[r].len;
+            let rn = syms[r].next;
+            syms[l].next = rn;
+            syms[r].len = 0;
+            if rn != NONE {
+                syms[rn as usize].prev = c.left;
+            }
+            let lp = syms[l].prev;
+            if lp != NONE {
+                self.push_pair(text, syms, heap, lp, c.left);
+            }
+            if rn != NONE {
+                self.push_pair(text, syms, heap, c.left, rn);
+            }
+        }
+        let mut i = 0u32;
+        while i != NONE {
+            let s = syms[i as usize];
+            let piece = &text[s.start as usize..(s.start + s.len) as usize];
+            match self.pieces.get(piece) {
+                Some(&id) => out.push(id),
+                None => {
+                    for &b in piece.as_bytes() {
+                        let id = self.byte_ids[b as usize];
+                        if id != NONE {
+                            out.push(id);
+                        } else if let Some(u) = unk {
+                            out.push(u);
+                        }
+                    }
+                }
+            }
+            i = s.next;
+        }
+    }
+
+    #[inline]
+    fn push_pair(&self, text: &str, syms: &[Sym], heap: &mut BinaryHeap<Candidate>, left: u32, right: u32) {
+        let (ls, rs) = (syms[left as usize], syms[right as usize]);
+        let joined = &text[ls.start as usize..(rs.start + rs.len) as usize];
+        if let Some(&id) = self.pieces.get(joined) {
+            let score = self.scores.get(id as usize).copied().unwrap_or(0.0);
+            heap.push(Candidate { score, left, right, len: ls.len + rs.len });
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Sym {
+    start: u32,
+    len: u32,
+    prev: u32,
+    next: u32,
+}
+
+/// A merge waiting in the heap: the highest score pops first, then the leftmost.
+#[derive(Clone, Copy)]
+struct Candidate {
+    score: f32,
+    left: u32,
+    right: u32,
+    len: u32,
+}
+
+impl Ord for Candidate {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.score
+            .total_cmp(&other.score)
+            .then_with(|| other.left.cmp(&self.left))
+            .then_with(|| other.right.cmp(&self.right))
+            .then_with(|| other.len.cmp(&self.len))
+    }
+}
+
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Candidate {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Candidate {}
+
+#[derive(Default)]
+pub struct SpmScratch {
+    syms: Vec<Sym>,
+    heap: BinaryHeap<Candidate>,
+}
