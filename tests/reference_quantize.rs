@@ -9,7 +9,7 @@
 //! and our Q8_0/Q4_0/Q4_1/Q2_K reference quantizers produce llama.cpp's exact bytes.
 
 use infer::gguf::GgufFile;
-use infer::kernels::quant::{self, BlockQ2K, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK_K, blocks_as_bytes};
+use infer::kernels::quant::{blocks_as_bytes, quantize};
 use infer::kernels::{GgmlType, dequantize};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
@@ -20,24 +20,11 @@ fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// `x` quantized to `ty` with our reference quantizer, as raw GGUF bytes.
+/// `x` quantized to `ty` with our byte-level entry point (the `quantize_row_ref`s underneath).
 fn quantize_bytes(ty: GgmlType, x: &[f32]) -> Vec<u8> {
-    fn run<B: quant::Block>(x: &[f32], qk: usize, zero: B, q: fn(&[f32], &mut [B])) -> Vec<u8> {
-        let mut blocks = vec![zero; x.len() / qk];
-        q(x, &mut blocks);
-        blocks_as_bytes(&blocks).to_vec()
-    }
-    match ty {
-        GgmlType::F32 => blocks_as_bytes(x).to_vec(),
-        GgmlType::Q8_0 => run(x, 32, BlockQ8_0::default(), quant::q8_0::quantize_row_ref),
-        GgmlType::Q4_0 => run(x, 32, BlockQ4_0::default(), quant::q4_0::quantize_row_ref),
-        GgmlType::Q4_1 => run(x, 32, BlockQ4_1::default(), quant::q4_1::quantize_row_ref),
-        GgmlType::Q2_K => {
-            let zero = BlockQ2K { scales: [0; 16], qs: [0; QK_K / 4], d: half::f16::ZERO, dmin: half::f16::ZERO };
-            run(x, QK_K, zero, quant::q2_k::quantize_row_ref)
-        }
-        other => panic!("the golden files hold no {other} tensors"),
-    }
+    let mut out = vec![0u8; ty.row_bytes(x.len() as u64).expect("whole blocks") as usize];
+    quantize(ty, x, &mut out).expect("quantize");
+    out
 }
 
 #[test]

@@ -517,3 +517,31 @@ fn f16_and_bf16_round_trip() {
     // The bytes are ggml's: bf16 is the top half of the f32 (1.0 = 0x3F80), stored little-endian.
     assert_eq!(&blocks_as_bytes(&b[2..3]), &[0x80, 0x3F]);
 }
+
+#[test]
+fn quantize_bytes_match_ref_at_any_alignment_and_check_lengths() {
+    use infer_kernels::quant::{QuantizeError, can_quantize, quantize};
+    let x = test_data(0.7, 2 * QK_K);
+    for ty in supported() {
+        assert!(can_quantize(ty), "{ty}");
+        let want = encode(ty, &x);
+        for shift in 0..8 {
+            let mut buf = vec![0xA5u8; want.len() + shift];
+            quantize(ty, &x, &mut buf[shift..]).unwrap();
+            assert_eq!(&buf[shift..], &want[..], "{ty} shifted by {shift}");
+        }
+        let n = want.len();
+        let mut buf = vec![0u8; n + 1];
+        assert_eq!(
+            quantize(ty, &x, &mut buf),
+            Err(QuantizeError::LengthMismatch { ty, values: x.len(), bytes: n, out_len: n + 1 })
+        );
+        if ty.block_size() > 1 {
+            let err = quantize(ty, &x[..x.len() - 1], &mut buf[..n]).unwrap_err();
+            assert_eq!(err, QuantizeError::PartialBlock { ty, values: x.len() - 1, block_values: ty.block_size() });
+            assert!(err.to_string().contains(ty.name()), "{err}");
+        }
+    }
+    let err = quantize(GgmlType::Q3_K, &x, &mut [0u8; 220]).unwrap_err();
+    assert_eq!(err, QuantizeError::Unsupported(GgmlType::Q3_K));
+}

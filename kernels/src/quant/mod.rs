@@ -7,6 +7,7 @@
 //! all bounded by the sealed [`Block`] trait.
 
 pub mod bf16;
+pub mod convert;
 pub mod f16;
 pub mod k_quants;
 pub mod q2_k;
@@ -18,6 +19,7 @@ pub mod q6_k;
 pub mod q8_0;
 pub mod q8_k;
 
+pub use convert::{QuantizeError, can_quantize, quantize};
 pub use k_quants::QK_K;
 pub use q2_k::BlockQ2K;
 pub use q4_0::BlockQ4_0;
