@@ -43,7 +43,7 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(), Dequ
         return Err(DequantError::Unsupported(ty));
     }
     let (block_bytes, block_values) = (ty.type_size(), ty.block_size());
-    if data.len() % block_bytes != 0 {
+    if !data.len().is_multiple_of(block_bytes) {
         return Err(DequantError::PartialBlock { ty, bytes: data.len(), block_bytes });
     }
     // Values can outnumber bytes (Q2_K: 84 bytes hold 256), so the product is checked.

@@ -313,7 +313,8 @@ fn awkward_sizes_round_trip() {
 #[test]
 fn degenerate_blocks_stay_finite() {
     // All zero, constant, a single spike, tiny (subnormal-scale) values, mixed huge and tiny, all negative.
-    let cases: Vec<(&str, Box<dyn Fn(usize) -> f32>)> = vec![
+    type Generator = Box<dyn Fn(usize) -> f32>;
+    let cases: Vec<(&str, Generator)> = vec![
         ("zeros", Box::new(|_| 0.0)),
         ("constant", Box::new(|_| 0.75)),
         ("negative constant", Box::new(|_| -3.0)),
@@ -358,8 +359,11 @@ fn quant<B: Copy>(x: &[f32], qk: usize, zero: B, q: fn(&[f32], &mut [B])) -> Vec
     w
 }
 
-/// `(name, bound, |w_f32, a_f32| quantized dot)` for every weight format.
-fn dot_formats() -> Vec<(&'static str, f64, fn(&[f32], &[f32]) -> f32)> {
+/// Quantizes both f32 vectors (weights to the format, activations to its 8-bit partner) and dots them.
+type QuantizedDot = fn(&[f32], &[f32]) -> f32;
+
+/// `(name, bound, quantized dot)` for every weight format.
+fn dot_formats() -> Vec<(&'static str, f64, QuantizedDot)> {
     vec![
         ("Q8_0", 0.02, |w, a| {
             q8_0::vec_dot_q8_0_q8_0_ref(&quant(w, 32, zero_q8_0(), q8_0::quantize_row_ref), &q8_0_act(a))

@@ -47,7 +47,7 @@ pub fn quantize(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), QuantizeE
         return Err(QuantizeError::Unsupported(ty));
     }
     let block_values = ty.block_size();
-    if x.len() % block_values != 0 {
+    if !x.len().is_multiple_of(block_values) {
         return Err(QuantizeError::PartialBlock { ty, values: x.len(), block_values });
     }
     let bytes = (x.len() / block_values).checked_mul(ty.type_size());

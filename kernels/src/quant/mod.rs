@@ -74,7 +74,7 @@ impl_block!(
 /// Views `bytes` as a slice of blocks without copying, or `None` if its length is not a whole number of blocks or
 /// its address is not aligned for `T` (see [`copy_blocks`] for the fallback).
 pub fn cast_blocks<T: Block>(bytes: &[u8]) -> Option<&[T]> {
-    if bytes.len() % size_of::<T>() != 0 || (bytes.as_ptr() as usize) % align_of::<T>() != 0 {
+    if !bytes.len().is_multiple_of(size_of::<T>()) || !(bytes.as_ptr() as usize).is_multiple_of(align_of::<T>()) {
         return None;
     }
     // SAFETY: the pointer is non-null and aligned for T (checked above); the slice covers exactly
@@ -87,7 +87,7 @@ pub fn cast_blocks<T: Block>(bytes: &[u8]) -> Option<&[T]> {
 /// Views `bytes` as a mutable slice of blocks without copying (for quantizing straight into an output buffer), or
 /// `None` on a partial block or misaligned address.
 pub fn cast_blocks_mut<T: Block>(bytes: &mut [u8]) -> Option<&mut [T]> {
-    if bytes.len() % size_of::<T>() != 0 || (bytes.as_ptr() as usize) % align_of::<T>() != 0 {
+    if !bytes.len().is_multiple_of(size_of::<T>()) || !(bytes.as_ptr() as usize).is_multiple_of(align_of::<T>()) {
         return None;
     }
     // SAFETY: as in `cast_blocks` for size, alignment and validity. In addition, T has no padding (`Block`), so
@@ -99,7 +99,7 @@ pub fn cast_blocks_mut<T: Block>(bytes: &mut [u8]) -> Option<&mut [T]> {
 /// Copies `bytes` into a freshly allocated (so aligned) vector of blocks: the fallback when [`cast_blocks`]
 /// refuses a misaligned buffer. `None` if the length is not a whole number of blocks.
 pub fn copy_blocks<T: Block>(bytes: &[u8]) -> Option<Vec<T>> {
-    if bytes.len() % size_of::<T>() != 0 {
+    if !bytes.len().is_multiple_of(size_of::<T>()) {
         return None;
     }
     let n = bytes.len() / size_of::<T>();

@@ -105,9 +105,9 @@ pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ2K]) {
         }
         if max_scale > 0.0 {
             let iscale = Q4SCALE / max_scale;
-            for j in 0..QK_K / 16 {
-                // At most 15 (scales[j] <= max_scale); `as u8` keeps the low byte as ggml's uint8_t store does.
-                yb.scales[j] = nearest_int(iscale * scales[j]) as u8;
+            for (packed, &scale) in yb.scales.iter_mut().zip(&scales) {
+                // At most 15 (scale <= max_scale); `as u8` keeps the low byte as ggml's uint8_t store does.
+                *packed = nearest_int(iscale * scale) as u8;
             }
             yb.d = f16::from_f32(max_scale / Q4SCALE);
         } else {
@@ -116,8 +116,8 @@ pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ2K]) {
         }
         if max_min > 0.0 {
             let iscale = Q4SCALE / max_min;
-            for j in 0..QK_K / 16 {
-                yb.scales[j] |= (nearest_int(iscale * mins[j]) << 4) as u8;
+            for (packed, &min) in yb.scales.iter_mut().zip(&mins) {
+                *packed |= (nearest_int(iscale * min) << 4) as u8;
             }
             yb.dmin = f16::from_f32(max_min / Q4SCALE);
         } else {

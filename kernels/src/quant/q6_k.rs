@@ -33,7 +33,7 @@ fn unpack(b: &BlockQ6K) -> [u8; QK_K] {
         let (ql, qh) = (&b.ql[64 * n..64 * n + 64], &b.qh[32 * n..32 * n + 32]);
         for l in 0..32 {
             let base = 128 * n + l;
-            q[base] = (ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4);
+            q[base] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
             q[base + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
             q[base + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
             q[base + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
@@ -86,6 +86,7 @@ pub fn vec_dot_q6_k_q8_k_ref(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
 /// 2. the scale of largest magnitude (sign kept) maps to -128: `d = max_scale / -128`, and each sub-block scale is
 ///    stored as `min(127, nearest_int(scale / d))`;
 /// 3. every weight is re-rounded against its sub-block's quantized scale.
+///
 /// A super-block whose scales are all (nearly) zero is stored as all zeros.
 ///
 /// # Panics
@@ -109,9 +110,9 @@ pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ6K]) {
         }
         let iscale = -128.0 / max_scale;
         yb.d = f16::from_f32(1.0 / iscale);
-        for j in 0..QK_K / 16 {
+        for (stored, &scale) in yb.scales.iter_mut().zip(&scales) {
             // In -128..=127: |iscale * scale| <= 128, and only the largest (which maps to -128) reaches 128.
-            yb.scales[j] = nearest_int(iscale * scales[j]).min(127) as i8;
+            *stored = nearest_int(iscale * scale).min(127) as i8;
         }
         for j in 0..QK_K / 16 {
             let d = yb.d.to_f32() * yb.scales[j] as f32;
