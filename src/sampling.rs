@@ -22,15 +22,17 @@
 //! # Cost
 //!
 //! The vocabulary is 49k–262k tokens and this runs once per generated token, so no step sorts the whole vocabulary:
-//! top-k is a single scan that keeps a small buffer of the best candidates; top-p without top-k selects and sorts
-//! growing chunks of the best candidates only until the mass is reached; min-p is a threshold. All buffers live in
-//! the [`Sampler`] and are reused, so a warm sampler does not allocate.
+//! top-k is a single scan that keeps a small buffer of the best candidates, and only those are sorted; top-p without
+//! top-k finds its cut with a histogram of the probability mass and sorts one bucket; min-p is a threshold. The loops
+//! over the whole vocabulary (finiteness check, max, softmax mass) are written to vectorize. All buffers live in the
+//! [`Sampler`] and are reused, so a warm sampler does not allocate.
 //!
 //! # Reproducibility
 //!
-//! The RNG is ChaCha8 seeded from [`SamplingParams::seed`], whose output is specified bit for bit, and candidates are
-//! drawn in a fixed order (highest logit first, ties by id; or plain id order when no filter reordered them), so the
-//! same seed and the same logits give the same tokens on every platform.
+//! The RNG is ChaCha8 seeded from [`SamplingParams::seed`], whose output is specified bit for bit; `exp` is our own
+//! plain-arithmetic one rather than the platform's libm; sums run over fixed lanes; and candidates are drawn in an
+//! order that depends on the logits alone (highest first with ties by id after top-k, otherwise mostly id order). So
+//! the same seed and the same logits give the same tokens on every platform.
 
 use std::cmp::Ordering;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
@@ -145,15 +147,79 @@ fn splitmix64(mut z: u64) -> u64 {
 /// The id of the largest logit, the lowest id on ties. NaN entries are skipped; an empty slice (or one with no
 /// number above −∞) gives 0.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_value = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_value {
-            best = i;
-            best_value = v;
+    let max = max_of(logits);
+    if max == f32::NEG_INFINITY {
+        return 0;
+    }
+    logits.iter().position(|&v| v == max).map_or(0, |i| i as u32)
+}
+
+/// Lanes for the hot loops: independent accumulators that the compiler can keep in SIMD registers. The lane an
+/// element goes to depends only on its index, so results are the same on every platform.
+const LANES: usize = 16;
+
+/// The largest value, skipping NaN; −∞ for an empty slice.
+fn max_of(values: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (m, &v) in lanes.iter_mut().zip(chunk) {
+            *m = if v > *m { v } else { *m };
         }
     }
-    best as u32
+    for &v in tail {
+        lanes[0] = if v > lanes[0] { v } else { lanes[0] };
+    }
+    lanes.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+}
+
+/// The index of the first NaN or infinity.
+fn first_non_finite(values: &[f32]) -> Option<usize> {
+    const BLOCK: usize = 256;
+    for (b, block) in values.chunks(BLOCK).enumerate() {
+        // Branch-free check of a whole block (vectorizes), then locate the culprit only if there is one.
+        if !block.iter().fold(true, |ok, v| ok & v.is_finite()) {
+            return block.iter().position(|v| !v.is_finite()).map(|i| b * BLOCK + i);
+        }
+    }
+    None
+}
+
+/// `exp(x)` for `x <= 0` (or −∞), in plain arithmetic: the same bits on every platform (libm's `expf` differs between
+/// platforms in the last place) and vectorizable. Relative error about 2e-7; results below 2^-126 flush to 0.
+#[inline(always)]
+fn exp_nonpos(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75; // ln 2 split in two so that n * LN2_HI is exact
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits
+    let flush = x < -87.0;
+    let x = if flush { -87.0 } else { x };
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
+    let n_int = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    // Taylor polynomial of e^r on |r| <= ln2 / 2.
+    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    let scale = f32::from_bits(((n_int + 127) << 23) as u32);
+    if flush { 0.0 } else { p * scale }
+}
+
+/// The sum of `exp(v - max)` over `values` (each `v <= max`), in f64, with lane accumulators.
+fn exp_sum(values: &[f32], max: f32) -> f64 {
+    let mut lanes = [0.0f64; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (acc, &v) in lanes.iter_mut().zip(chunk) {
+            *acc += f64::from(exp_nonpos(v - max));
+        }
+    }
+    for &v in tail {
+        lanes[0] += f64::from(exp_nonpos(v - max));
+    }
+    lanes.iter().sum()
 }
 
 /// One token of the final distribution: see [`Sampler::distribution`].
@@ -196,6 +262,7 @@ pub struct Sampler {
     cands: Vec<Cand>,
     weights: Vec<f32>,
     dist: Vec<TokenProb>,
+    top_p: TopPScratch,
 }
 
 impl Sampler {
@@ -211,6 +278,7 @@ impl Sampler {
             cands: Vec::new(),
             weights: Vec::new(),
             dist: Vec::new(),
+            top_p: TopPScratch::default(),
         })
     }
 
@@ -234,8 +302,8 @@ impl Sampler {
     }
 
     /// The distribution [`sample`](Self::sample) would draw from, without drawing (the RNG is not touched): the
-    /// surviving tokens with their probabilities after every step including temperature, most likely first (or in
-    /// id order when no filter was on). Greedy gives one token with probability 1.
+    /// surviving tokens with their probabilities after every step including temperature, in draw order (most likely
+    /// first after top-k or a small top-p; otherwise id order). Greedy gives one token with probability 1.
     pub fn distribution(&mut self, logits: &[f32], history: &[u32]) -> Result<&[TokenProb], SamplingError> {
         self.dist.clear();
         match self.prepare(logits, history)? {
@@ -262,11 +330,11 @@ impl Sampler {
         if u32::try_from(logits.len()).is_err() {
             return Err(SamplingError::VocabTooLarge(logits.len()));
         }
-        if let Some(index) = logits.iter().position(|v| !v.is_finite()) {
+        if let Some(index) = first_non_finite(logits) {
             return Err(SamplingError::NonFiniteLogits { index });
         }
 
-        let Sampler { params, ln_min_p, penalized, recent, cands, .. } = self;
+        let Sampler { params, ln_min_p, penalized, recent, cands, top_p: top_p_scratch, .. } = self;
         let window = &history[history.len().saturating_sub(params.repeat_last_n)..];
         let scores: &[f32] = if params.repeat_penalty != 1.0 && !window.is_empty() {
             apply_repeat_penalty(logits, window, params.repeat_penalty, penalized, recent)?;
@@ -275,8 +343,8 @@ impl Sampler {
             logits
         };
 
-        let best = argmax(scores);
-        let max = scores[best as usize];
+        let max = max_of(scores);
+        let best = scores.iter().position(|&v| v == max).map_or(0, |i| i as u32);
         if params.is_greedy() {
             return Ok(Prepared::Greedy(best));
         }
@@ -292,11 +360,11 @@ impl Sampler {
             cands.sort_unstable_by(by_logit_desc);
             sorted = true;
             if top_p_on {
-                mass = cands.iter().map(|c| f64::from((c.logit - max).exp())).sum();
+                mass = cands.iter().map(|c| f64::from(exp_nonpos(c.logit - max))).sum();
             }
         } else {
             if top_p_on {
-                mass = scores.iter().map(|&s| f64::from((s - max).exp())).sum();
+                mass = exp_sum(scores, max);
             }
             // Min-p comes after top-p, but both keep a most-likely-first prefix of the candidates, so their result
             // is the shorter prefix: dropping min-p's rejects first changes nothing and spares top-p the work.
@@ -315,13 +383,13 @@ impl Sampler {
             if sorted {
                 let mut cum = 0.0f64;
                 if let Some(last) = cands.iter().position(|c| {
-                    cum += f64::from((c.logit - max).exp());
+                    cum += f64::from(exp_nonpos(c.logit - max));
                     cum >= target
                 }) {
                     cands.truncate(last + 1);
                 }
             } else {
-                top_p_in_chunks(cands, max, target);
+                top_p_unsorted(cands, max, target, top_p_scratch);
             }
         }
 
@@ -344,7 +412,7 @@ impl Sampler {
         let mut sum = 0.0f64;
         for c in &self.cands {
             // Division, not multiplication by 1/t: a tiny t makes 1/t infinite and 0 × ∞ NaN.
-            let w = ((c.logit - max) / t).exp();
+            let w = exp_nonpos((c.logit - max) / t);
             sum += f64::from(w);
             self.weights.push(w);
         }
@@ -418,34 +486,101 @@ fn top_k_scan(scores: &[f32], k: usize, out: &mut Vec<Cand>) {
     }
 }
 
-/// Top-p over unsorted candidates: selects and sorts the best 64, then the next 128, and so on, only until the
-/// cumulative mass reaches `target`; truncates there. The kept prefix ends up sorted most likely first.
-fn top_p_in_chunks(cands: &mut Vec<Cand>, max: f32, target: f64) {
-    let n = cands.len();
-    let mut start = 0;
-    let mut chunk = 64usize;
+/// Scratch space of [`top_p_unsorted`].
+#[derive(Debug, Clone, Default)]
+struct TopPScratch {
+    mass: Vec<f64>,
+    boundary: Vec<Cand>,
+}
+
+/// Top-p over candidates that are not sorted (top-k was off), given the mass `target` to reach. Few candidates are
+/// simply sorted. Many (a flat distribution can leave most of a 262k vocabulary in the nucleus) are not: a histogram
+/// of their probability mass over 1024 logit buckets finds the bucket where the cumulative mass crosses `target`,
+/// and only that bucket is sorted to find the exact cut. What survives keeps its order, so the draw order does not
+/// depend on how the cut was found.
+fn top_p_unsorted(cands: &mut Vec<Cand>, max: f32, target: f64, scratch: &mut TopPScratch) {
+    const SMALL: usize = 1024;
+    const BUCKETS: usize = 1024;
+    if cands.len() <= SMALL {
+        cands.sort_unstable_by(by_logit_desc);
+        let mut cum = 0.0f64;
+        if let Some(last) = cands.iter().position(|c| {
+            cum += f64::from(exp_nonpos(c.logit - max));
+            cum >= target
+        }) {
+            cands.truncate(last + 1);
+        }
+        return;
+    }
+
+    let lo = cands.iter().fold(max, |lo, c| lo.min(c.logit));
+    let range = f64::from(max) - f64::from(lo);
+    let scale = if range > 0.0 { (BUCKETS - 1) as f64 / range } else { 0.0 };
+    // Monotone in the logit: a higher logit never lands in a later bucket.
+    let bucket = |v: f32| (((f64::from(max) - f64::from(v)) * scale) as usize).min(BUCKETS - 1);
+    let TopPScratch { mass, boundary } = scratch;
+    mass.clear();
+    mass.resize(BUCKETS, 0.0);
+    for c in cands.iter() {
+        mass[bucket(c.logit)] += f64::from(exp_nonpos(c.logit - max));
+    }
     let mut cum = 0.0f64;
-    while start < n {
-        let m = chunk.min(n - start);
-        let rest = &mut cands[start..];
-        if m < rest.len() {
-            rest.select_nth_unstable_by(m - 1, by_logit_desc);
+    let Some(cut_bucket) = mass.iter().position(|&m| {
+        if cum + m >= target {
+            return true;
         }
-        let head = &mut rest[..m];
-        head.sort_unstable_by(by_logit_desc);
-        let mut reached = None;
-        for (j, c) in head.iter().enumerate() {
-            cum += f64::from((c.logit - max).exp());
-            if cum >= target {
-                reached = Some(j);
-                break;
-            }
+        cum += m;
+        false
+    }) else {
+        return; // min-p already cut deeper than top-p would: keep everything
+    };
+    boundary.clear();
+    boundary.extend(cands.iter().filter(|c| bucket(c.logit) == cut_bucket));
+    boundary.sort_unstable_by(by_logit_desc);
+    let cut = boundary
+        .iter()
+        .find(|c| {
+            cum += f64::from(exp_nonpos(c.logit - max));
+            cum >= target
+        })
+        .or(boundary.last())
+        .copied();
+    if let Some(cut) = cut {
+        cands.retain(|c| by_logit_desc(c, &cut) != Ordering::Greater);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_nonpos_is_accurate() {
+        assert_eq!(exp_nonpos(0.0), 1.0);
+        assert_eq!(exp_nonpos(-0.0), 1.0);
+        assert_eq!(exp_nonpos(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_nonpos(-1e30), 0.0);
+        assert_eq!(exp_nonpos(-88.0), 0.0);
+        let mut x = 0.0f32;
+        while x > -87.0 {
+            let want = f64::from(x).exp();
+            let got = f64::from(exp_nonpos(x));
+            assert!(((got - want) / want).abs() < 5e-7, "exp({x}) = {got}, want {want}");
+            x -= 0.0137;
         }
-        if let Some(j) = reached {
-            cands.truncate(start + j + 1);
-            return;
-        }
-        start += m;
-        chunk = chunk.saturating_mul(2);
+    }
+
+    #[test]
+    fn max_and_finiteness_scans() {
+        let mut v: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 - 50.0).collect();
+        assert_eq!(max_of(&v), 50.0);
+        assert_eq!(first_non_finite(&v), None);
+        v[777] = f32::NAN;
+        v[900] = f32::INFINITY;
+        assert_eq!(first_non_finite(&v), Some(777));
+        assert_eq!(max_of(&[]), f32::NEG_INFINITY);
+        assert_eq!(max_of(&[f32::NAN, -3.0]), -3.0);
+        let sum = exp_sum(&[0.0; 37], 0.0);
+        assert_eq!(sum, 37.0);
     }
 }

@@ -187,13 +187,23 @@ fn nucleus(l: &[f32], p: f64) -> Vec<u32> {
 
 #[test]
 fn top_p_keeps_the_nucleus() {
-    for (salt, p) in [(1, 0.5f32), (2, 0.9), (3, 0.95), (4, 0.99), (5, 0.2)] {
-        let l = logits(20_000, salt);
+    // Sharpness 1 leaves thousands of tokens in the nucleus (histogram path), 6 a few hundred (sorted path).
+    for (salt, p, sharpness) in [
+        (1, 0.5f32, 1.0f32),
+        (2, 0.9, 1.0),
+        (3, 0.95, 1.0),
+        (4, 0.99, 1.0),
+        (5, 0.2, 1.0),
+        (6, 0.9, 6.0),
+        (7, 0.5, 6.0),
+    ] {
+        let l: Vec<f32> = logits(20_000, salt).iter().map(|v| v * sharpness).collect();
         let want = nucleus(&l, f64::from(p));
-        // Without top-k (chunked selection) and with a top-k that cuts nothing (sorted path).
+        // Without top-k, and with a top-k that cuts nothing or almost nothing (sorted path).
         for top_k in [0, 20_000, 19_999] {
             let mut sampler = Sampler::new(SamplingParams { top_p: p, top_k, ..plain(0) }).unwrap();
-            let got: Vec<u32> = sampler.distribution(&l, &[]).unwrap().iter().map(|t| t.id).collect();
+            let mut got: Vec<u32> = sampler.distribution(&l, &[]).unwrap().iter().map(|t| t.id).collect();
+            got.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]).then(a.cmp(&b)));
             // Rounding may move the cut by one token at most.
             let n = want.len().min(got.len());
             assert_eq!(got[..n], want[..n], "p = {p}, top_k = {top_k}");
@@ -638,5 +648,29 @@ mod args {
         assert_eq!(pool.current_num_threads(), 3);
         let n = cmd.threads.install(rayon::current_num_threads).unwrap();
         assert_eq!(n, 3);
+    }
+}
+
+/// Rough per-token cost on a Gemma-sized vocabulary: `cargo test --release sampling_speed -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn sampling_speed() {
+    let l = logits(262_144, 5);
+    let history: Vec<u32> = (0..64).map(|i| i * 97).collect();
+    for (name, params) in [
+        ("defaults", SamplingParams::default()),
+        ("defaults + penalty", SamplingParams { repeat_penalty: 1.1, ..Default::default() }),
+        ("greedy", SamplingParams::GREEDY),
+        ("top-p 0.95 only", SamplingParams { top_k: 0, min_p: 0.0, ..Default::default() }),
+        ("min-p 0.05 only", SamplingParams { top_k: 0, top_p: 1.0, ..Default::default() }),
+        ("no filters", plain(0)),
+    ] {
+        let mut sampler = Sampler::new(params).unwrap();
+        let runs = 200;
+        let start = std::time::Instant::now();
+        for _ in 0..runs {
+            std::hint::black_box(sampler.sample(&l, &history).unwrap());
+        }
+        eprintln!("{name:>20}: {:>8.1} µs/token", start.elapsed().as_secs_f64() * 1e6 / runs as f64);
     }
 }
