@@ -161,6 +161,11 @@ pub fn kernels() -> &'static Kernels {
 /// Row `a` of `n` rows with `nb` blocks each: `qs[a*nb*32..][..nb*32]`, `d/s/isum[a*nb..][..nb]`. The quants are
 /// contiguous (unlike `BlockQ8_0`) so a SIMD load takes a whole block. `isum` is the block's Σq and `s = d · Σq`:
 /// they carry the offset terms (`-8`, `-16`, Q4_1's `+m`) so weights stay unsigned in the inner loop.
+///
+/// Pairs (`group == 2` in [`Panel32`], [`crate::matmul::ActPrecision::Q8x2`]): rows `2i` and `2i + 1` are one
+/// activation row split as `x ≈ d1·q1 + d2·q2` with, block by block, `d2 = d1 / 256` exactly, and `s` of row `2i`
+/// holding the pair's `d1·Σq1 + d2·Σq2` (row `2i + 1`'s `s` is unused). The kernels then combine
+/// `256·Σ w·q1 + Σ w·q2` in the integers and scale once; [`quantize_row32`] produces this layout.
 #[derive(Clone, Copy, Debug)]
 pub struct Act32<'a> {
     pub qs: &'a [i8],
@@ -237,11 +242,12 @@ impl<'a> OutSink<'a> {
 }
 
 /// Weight rows `rows` (of rows with `nb` blocks each, in `w`) against `n_act` activation rows; activation rows come
-/// in groups of `group` (1, or 2 for the high+residual pairs of [`crate::matmul::ActPrecision::Q8x2`]) whose dot
-/// products are summed into output row `a / group`.
+/// in groups of `group` (1, or 2 for the high+residual pairs of [`crate::matmul::ActPrecision::Q8x2`], see
+/// [`Act32`]), each group giving output row `a / group`.
 pub type Panel32<B> =
     fn(w: &[B], nb: usize, rows: Range<usize>, act: Act32<'_>, n_act: usize, group: usize, out: &OutSink<'_>);
-/// As [`Panel32`], for K-quant weights against Q8_K activations (`act[a*nb..][..nb]` is row `a`).
+/// As [`Panel32`], for K-quant weights against Q8_K activations (`act[a*nb..][..nb]` is row `a`). Here a group's
+/// rows are independent quantizations whose dot products are summed.
 pub type PanelK<B> =
     fn(w: &[B], nb: usize, rows: Range<usize>, act: &[BlockQ8K], n_act: usize, group: usize, out: &OutSink<'_>);
 /// F32/F16 weights (`cols` per row) against f32 activation rows (`x[a*cols..][..cols]`).
@@ -306,5 +312,55 @@ impl Kernels {
     }
     pub fn vec_dot_q6_k(&self, w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
         onek(self.q6_k, w, a)
+    }
+}
+
+/// Rounds to nearest (ties to even) for |y| < 2²²: adding 1.5·2²³ pushes the fraction bits out of the mantissa.
+#[inline(always)]
+fn round_magic(y: f32) -> f32 {
+    const MAGIC: f32 = 12582912.0;
+    (y + MAGIC) - MAGIC
+}
+
+/// Quantizes one activation row (`x.len()` a multiple of 32) to the [`Act32`] layout: `group == 1` gives one row
+/// (`d = max|x|/127`, `q = round(x/d)`), `group == 2` two rows, the second quantizing the residual `x − d1·q1` with
+/// `d2 = d1/256` (|residual| ≤ d1/2, so q2 fits in ±127 after a clamp of the extreme ±128). The buffers hold
+/// `group` rows: `qs` `group·x.len()` values, the others `group·x.len()/32`.
+pub fn quantize_row32(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: &mut [f32], isum: &mut [i32]) {
+    assert!(group == 1 || group == 2);
+    let cols = x.len();
+    let nb = cols / 32;
+    assert!(cols % 32 == 0 && qs.len() == group * cols && d.len() == group * nb);
+    assert!(s.len() == group * nb && isum.len() == group * nb);
+    for b in 0..nb {
+        let xb = &x[b * 32..b * 32 + 32];
+        let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d1 = amax / 127.0;
+        let id1 = if d1 > 0.0 { 1.0 / d1 } else { 0.0 };
+        let q1 = &mut qs[b * 32..b * 32 + 32];
+        let mut sum1 = 0i32;
+        for (q, &v) in q1.iter_mut().zip(xb) {
+            let r = round_magic(v * id1).clamp(-127.0, 127.0);
+            *q = r as i8;
+            sum1 += r as i32;
+        }
+        d[b] = d1;
+        isum[b] = sum1;
+        s[b] = d1 * sum1 as f32;
+        if group == 2 {
+            let d2 = d1 / 256.0;
+            let id2 = if d2 > 0.0 { 256.0 * id1 } else { 0.0 };
+            let mut sum2 = 0i32;
+            for k in 0..32 {
+                let res = xb[k] - d1 * qs[b * 32 + k] as f32;
+                let r = round_magic(res * id2).clamp(-127.0, 127.0);
+                qs[cols + b * 32 + k] = r as i8;
+                sum2 += r as i32;
+            }
+            d[nb + b] = d2;
+            isum[nb + b] = sum2;
+            s[nb + b] = 0.0;
+            s[b] = d1 * sum1 as f32 + d2 * sum2 as f32;
+        }
     }
 }

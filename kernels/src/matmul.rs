@@ -230,31 +230,6 @@ fn quantize_blocks(
     }
 }
 
-/// One activation row to Act32 layout; with `group == 2` two rows (high part, then residual).
-fn quantize_row32(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: &mut [f32], isum: &mut [i32]) {
-    let cols = x.len();
-    let nb = cols / 32;
-    let mut res_buf = [0f32; 32];
-    for b in 0..nb {
-        let xb = &x[b * 32..b * 32 + 32];
-        let (qa, qrest) = qs[b * 32..].split_at_mut(32);
-        let res = if group == 2 { Some(&mut res_buf[..]) } else { None };
-        quantize_blocks(xb, qa, 32, res, |_, dd, sum| {
-            d[b] = dd;
-            s[b] = dd * sum as f32;
-            isum[b] = sum;
-        });
-        if group == 2 {
-            let q2 = &mut qrest[(nb - 1) * 32..nb * 32];
-            quantize_blocks(&res_buf, q2, 32, None, |_, dd, sum| {
-                d[nb + b] = dd;
-                s[nb + b] = dd * sum as f32;
-                isum[nb + b] = sum;
-            });
-        }
-    }
-}
-
 /// One activation row to Q8_K; with `group == 2` two rows (high part, then residual).
 fn quantize_row_k(x: &[f32], group: usize, out: &mut [BlockQ8K]) {
     let nb = x.len() / QK_K;
@@ -305,11 +280,11 @@ impl MatmulScratch {
                 .zip(d.par_chunks_exact_mut(g * nb))
                 .zip(s.par_chunks_exact_mut(g * nb))
                 .zip(isum.par_chunks_exact_mut(g * nb))
-                .for_each(|((((x, q), d), s), i)| quantize_row32(x, g, q, d, s, i));
+                .for_each(|((((x, q), d), s), i)| crate::dispatch::quantize_row32(x, g, q, d, s, i));
         } else {
             for (i, x) in x.chunks_exact(cols).enumerate() {
                 let (a, b) = (i * g * cols, i * g * nb);
-                quantize_row32(
+                crate::dispatch::quantize_row32(
                     x,
                     g,
                     &mut qs[a..a + g * cols],
@@ -349,6 +324,19 @@ const PAR_MIN_WORK: usize = 64 * 1024;
 
 /// Several matrices (same `cols`) applied to the same input: activations quantized once, one parallel region.
 pub fn matmul_multi(ws: &[&WeightMatrix], x: &[f32], m: usize, outs: &mut [&mut [f32]], scratch: &mut MatmulScratch) {
+    matmul_multi_with(kernels(), ws, x, m, outs, scratch)
+}
+
+/// [`matmul_multi`] with an explicit kernel table (from [`crate::dispatch::Isa::kernels`]): for benchmarks and
+/// tests that compare levels within one process.
+pub fn matmul_multi_with(
+    kern: &Kernels,
+    ws: &[&WeightMatrix],
+    x: &[f32],
+    m: usize,
+    outs: &mut [&mut [f32]],
+    scratch: &mut MatmulScratch,
+) {
     assert_eq!(ws.len(), outs.len(), "matmul_multi: {} matrices, {} outputs", ws.len(), outs.len());
     if ws.is_empty() || m == 0 {
         return;
@@ -359,7 +347,6 @@ pub fn matmul_multi(ws: &[&WeightMatrix], x: &[f32], m: usize, outs: &mut [&mut 
         assert_eq!(w.cols, cols, "matmul_multi: matrices differ in cols");
         assert_eq!(o.len(), m * w.rows, "matmul: out has {} values, expected m·rows = {}·{}", o.len(), m, w.rows);
     }
-    let kern = kernels();
     if ws.iter().any(|w| w.data.act_kind() == ActKind::B32) {
         scratch.quantize32(x, m, cols);
     }

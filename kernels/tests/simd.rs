@@ -2,7 +2,7 @@
 //! data at awkward sizes; and every panel (tile) against the 1×1 vector dot of the same level, exactly.
 
 use half::f16;
-use infer_kernels::dispatch::{Act32, Isa, Kernels, OutSink, act32_from_q8_0};
+use infer_kernels::dispatch::{Act32, Isa, Kernels, OutSink, act32_from_q8_0, quantize_row32};
 use infer_kernels::quant::{self, BlockQ8_0, BlockQ8K, QK_K};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -31,6 +31,31 @@ impl A32 {
         self.d.extend(d);
         self.s.extend(s);
         self.isum.extend(i);
+    }
+    /// High + residual pairs (`quantize_row32`, group 2) of each `cols`-long row of `xs`.
+    fn pairs(xs: &[f32], cols: usize) -> A32 {
+        let mut a = A32::default();
+        for x in xs.chunks(cols) {
+            let nb = cols / 32;
+            let (mut q, mut d, mut s, mut i) =
+                (vec![0; 2 * cols], vec![0.0; 2 * nb], vec![0.0; 2 * nb], vec![0; 2 * nb]);
+            quantize_row32(x, 2, &mut q, &mut d, &mut s, &mut i);
+            a.qs.extend(q);
+            a.d.extend(d);
+            a.s.extend(s);
+            a.isum.extend(i);
+        }
+        a
+    }
+    /// A copy of rows `first..first + n` (of `nb` blocks).
+    fn rows(&self, first: usize, n: usize, nb: usize) -> A32 {
+        let (q, b) = (first * nb * 32..(first + n) * nb * 32, first * nb..(first + n) * nb);
+        A32 {
+            qs: self.qs[q].to_vec(),
+            d: self.d[b.clone()].to_vec(),
+            s: self.s[b.clone()].to_vec(),
+            isum: self.isum[b].to_vec(),
+        }
     }
     fn view(&self) -> Act32<'_> {
         Act32 { qs: &self.qs, d: &self.d, s: &self.s, isum: &self.isum }
@@ -88,41 +113,68 @@ macro_rules! test32 {
                     }
                 }
             }
-            // Panels: rows not divisible by the tile, activation counts around the tile width, both groupings.
+            // Panels: rows not divisible by the tile, activation counts around the tile width.
             for nb in [1, 3, 9] {
                 let rows = 11;
                 let mut w = vec![<$block>::default(); nb * rows];
                 quant::$module::quantize_row_ref(&randv(&mut rng, nb * 32 * rows, 2.0), &mut w);
-                for n_act in [1, 2, 3, 4, 5, 7, 8, 17] {
-                    let mut act = A32::default();
-                    let rows_a: Vec<Vec<BlockQ8_0>> = (0..n_act).map(|_| q8_0_row(&mut rng, nb)).collect();
+                let mut wf = vec![0f32; nb * 32 * rows];
+                quant::$module::dequantize_row_ref(&w, &mut wf);
+                for n_out in [1, 2, 3, 4, 5, 7, 8, 17] {
+                    // group 1: ggml Q8_0 activations; group 2: high + residual pairs from f32 rows.
+                    let mut act1 = A32::default();
+                    let rows_a: Vec<Vec<BlockQ8_0>> = (0..n_out).map(|_| q8_0_row(&mut rng, nb)).collect();
                     for r in &rows_a {
-                        act.push(r);
+                        act1.push(r);
                     }
+                    let xs = randv(&mut rng, n_out * nb * 32, 3.0);
+                    let act2 = A32::pairs(&xs, nb * 32);
                     for k in levels() {
                         for group in [1, 2] {
-                            if n_act % group != 0 {
-                                continue;
-                            }
-                            let mut out = vec![f32::NAN; n_act / group * rows];
-                            (k.$panel)(&w, nb, 0..rows, act.view(), n_act, group, &OutSink::new(&mut out, rows));
-                            for i in 0..n_act / group {
+                            let act = if group == 1 { &act1 } else { &act2 };
+                            let mut out = vec![f32::NAN; n_out * rows];
+                            (k.$panel)(
+                                &w,
+                                nb,
+                                0..rows,
+                                act.view(),
+                                n_out * group,
+                                group,
+                                &OutSink::new(&mut out, rows),
+                            );
+                            for o in 0..n_out {
+                                let one = act.rows(o * group, group, nb);
                                 for r in 0..rows {
-                                    let wr = &w[r * nb..(r + 1) * nb];
-                                    let mut want = 0.0f32;
-                                    for g in 0..group {
-                                        let mut one = A32::default();
-                                        one.push(&rows_a[i * group + g]);
-                                        let v = k.$vdot(wr, one.view());
-                                        want = if g == 0 { v } else { want + v };
-                                    }
+                                    let mut single = vec![f32::NAN; rows];
+                                    (k.$panel)(
+                                        &w,
+                                        nb,
+                                        r..r + 1,
+                                        one.view(),
+                                        group,
+                                        group,
+                                        &OutSink::new(&mut single, rows),
+                                    );
                                     assert_eq!(
-                                        out[i * rows + r].to_bits(),
-                                        want.to_bits(),
-                                        "{} {} panel nb={nb} n_act={n_act} group={group} i={i} r={r}",
+                                        out[o * rows + r].to_bits(),
+                                        single[r].to_bits(),
+                                        "{} {} panel nb={nb} n_out={n_out} group={group} o={o} r={r}",
                                         stringify!($test),
                                         k.isa
                                     );
+                                    if group == 2 {
+                                        let wr = &wf[r * nb * 32..(r + 1) * nb * 32];
+                                        let xr = &xs[o * nb * 32..(o + 1) * nb * 32];
+                                        let want: f64 = wr.iter().zip(xr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                                        let got = out[o * rows + r] as f64;
+                                        let tol = 1e-4 * (1.0 + abs_dot(wr, xr));
+                                        assert!(
+                                            (got - want).abs() <= tol,
+                                            "{} {} pair: {got} vs {want}",
+                                            stringify!($test),
+                                            k.isa
+                                        );
+                                    }
                                 }
                             }
                         }

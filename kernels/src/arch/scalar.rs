@@ -90,19 +90,24 @@ fn panel_rows(rows: Range<usize>, n_act: usize, group: usize, out: &OutSink<'_>,
     }
 }
 
-/// Σ over blocks of `wd · ad · (Σ u·q − off·Σq) + wm · s`: unsigned weights `u`, offset `off`, Q4_1's min `wm`.
+/// Σ over blocks of `wd · ad · (Σ u·q − off·Σq) + wm · s`: unsigned weights `u`, offset `off`, Q4_1's min `wm`,
+/// for output row `o`. With `group == 2` the output row has a high row `q1` and a residual row `q2` whose scale is
+/// `d1 / 256`: the integer part is `256·(Σ u·q1 − off·Σq1) + (Σ u·q2 − off·Σq2)` and `ad` is the residual's scale.
 #[inline]
-fn dot32<B>(w: &[B], act: Act32<'_>, a: usize, unpack: impl Fn(&B) -> ([u8; 32], i32, f32, f32)) -> f32 {
+fn dot32<B>(w: &[B], act: Act32<'_>, o: usize, group: usize, unpack: impl Fn(&B) -> ([u8; 32], i32, f32, f32)) -> f32 {
     let nb = w.len();
+    let idot = |u: &[u8; 32], q: &[i8; 32]| (0..32).map(|k| u[k] as i32 * q[k] as i32).sum::<i32>();
     let mut sum = 0.0f32;
     for (b, wb) in w.iter().enumerate() {
         let (u, off, wd, wm) = unpack(wb);
-        let (q, ad, s, isum) = act.block(a, nb, b);
-        let mut dot = 0i32;
-        for k in 0..32 {
-            dot += u[k] as i32 * q[k] as i32;
+        let (q, mut ad, s, isum) = act.block(o * group, nb, b);
+        let mut t = idot(&u, q) - off * isum;
+        if group == 2 {
+            let (q2, ad2, _, isum2) = act.block(o * group + 1, nb, b);
+            t = 256 * t + idot(&u, q2) - off * isum2;
+            ad = ad2;
         }
-        sum += wd * ad * (dot - off * isum) as f32 + wm * s;
+        sum += wd * ad * t as f32 + wm * s;
     }
     sum
 }
@@ -118,7 +123,12 @@ macro_rules! panel32 {
             group: usize,
             out: &OutSink<'_>,
         ) {
-            panel_rows(rows, n_act, group, out, |r, a| dot32(&w[r * nb..(r + 1) * nb], act, a, $unpack));
+            assert!((group == 1 || group == 2) && n_act % group == 0);
+            for r in rows {
+                for o in 0..n_act / group {
+                    out.put(o, r, dot32(&w[r * nb..(r + 1) * nb], act, o, group, $unpack));
+                }
+            }
         }
     };
 }

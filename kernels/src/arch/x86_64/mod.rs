@@ -13,7 +13,13 @@
 //! - `madd16_acc(acc, p, s)`: `acc` plus the pairwise products of the i16 lanes of `p` and `s`.
 
 macro_rules! x86_kernels {
-    (features = $feat:literal, isa = $isa:expr, tile32 = $R32:literal x $C32:literal, tilek = $RK:literal x $CK:literal) => {
+    (
+        features = $feat:literal,
+        isa = $isa:expr,
+        tile32 = $R32:literal x $C32:literal,
+        kernel32 = $tile32:ident: $W32b:ident,
+        tilek = $RK:literal x $CK:literal
+    ) => {
         use std::ops::Range;
 
         use half::f16;
@@ -487,17 +493,36 @@ macro_rules! x86_kernels {
             }
         }
 
+        /// One tile: weight rows `w` × output rows `o0..o0 + C`. With `G == 2` each output row has two activation
+        /// rows, high part `q1` and residual `q2` with `d2 = d1 / 256` (see [`Act32`]): the kernel forms
+        /// `256·Σ(u − OFF)·q1 + Σ(u − OFF)·q2` in the integers and scales it once by `d·d2`.
+        #[allow(dead_code)]
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn tile32<B: W32, const R: usize, const C: usize>(
+        unsafe fn tile32<B: W32, const R: usize, const C: usize, const G: usize>(
             w: [&[B]; R],
             act: Act32<'_>,
-            a0: usize,
+            o0: usize,
             nb: usize,
+        ) -> [[f32; C]; R] {
+            // SAFETY: the caller has this level's features.
+            unsafe { tile32_blocks::<B, R, C, G>(w, act, o0, nb, 0..nb) }
+        }
+
+        /// The blocks `blocks` of a tile (rows of `nb` blocks).
+        #[allow(dead_code)]
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn tile32_blocks<B: W32, const R: usize, const C: usize, const G: usize>(
+            w: [&[B]; R],
+            act: Act32<'_>,
+            o0: usize,
+            nb: usize,
+            blocks: Range<usize>,
         ) -> [[f32; C]; R] {
             let mut acc = [[_mm256_setzero_ps(); C]; R];
             let mut macc = [[0f32; C]; R];
-            for b in 0..nb {
+            for b in blocks {
                 let mut u = [_mm256_setzero_si256(); R];
                 let mut wd = [0f32; R];
                 let mut wm = [0f32; R];
@@ -511,14 +536,24 @@ macro_rules! x86_kernels {
                     }
                 }
                 for c in 0..C {
-                    let (q, ad, s, isum) = act.block(a0 + c, nb, b);
+                    let a = (o0 + c) * G;
+                    let (q, ad, s, isum) = act.block(a, nb, b);
                     let qv = ld32(q);
                     // −OFF·Σq in lane 0, zeros elsewhere: the lanes then sum to Σ (u − OFF)·q exactly.
                     let seed = _mm256_castsi128_si256(_mm_cvtsi32_si128(-B::OFF * isum));
+                    let (mut qv2, mut seed2, mut scale) = (_mm256_setzero_si256(), _mm256_setzero_si256(), ad);
+                    if G == 2 {
+                        let (q2, ad2, _, isum2) = act.block(a + 1, nb, b);
+                        (qv2, seed2, scale) =
+                            (ld32(q2), _mm256_castsi128_si256(_mm_cvtsi32_si128(-B::OFF * isum2)), ad2);
+                    }
                     for r in 0..R {
-                        // SAFETY: the caller has this level's features.
-                        let iv = unsafe { B::dot(seed, u[r], qv) };
-                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), _mm256_set1_ps(wd[r] * ad), acc[r][c]);
+                        // SAFETY (both): the caller has this level's features.
+                        let mut iv = unsafe { B::dot(seed, u[r], qv) };
+                        if G == 2 {
+                            iv = _mm256_add_epi32(_mm256_slli_epi32(iv, 8), unsafe { B::dot(seed2, u[r], qv2) });
+                        }
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), _mm256_set1_ps(wd[r] * scale), acc[r][c]);
                         if B::HAS_MIN {
                             macc[r][c] += wm[r] * s;
                         }
@@ -558,27 +593,30 @@ macro_rules! x86_kernels {
 
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn rows32<B: W32, const R: usize>(
+        unsafe fn rows32<B: $W32b, const R: usize, const G: usize>(
             w: &[B],
             nb: usize,
             r0: usize,
             act: Act32<'_>,
-            a: Range<usize>,
-            group: usize,
+            outs: Range<usize>,
             out: &OutSink<'_>,
         ) {
             let wr: [&[B]; R] = std::array::from_fn(|i| &w[(r0 + i) * nb..(r0 + i + 1) * nb]);
-            let mut i = a.start;
+            let mut i = outs.start;
             macro_rules! go {
                 ($c:expr) => {{
                     // SAFETY: the caller has this level's features.
-                    let res = unsafe { tile32::<B, R, { $c }>(wr, act, i, nb) };
-                    emit(&res, r0, i, group, out);
+                    let res = unsafe { $tile32::<B, R, { $c }, G>(wr, act, i, nb) };
+                    for r in 0..R {
+                        for c in 0..$c {
+                            out.put(i + c, r0 + r, res[r][c]);
+                        }
+                    }
                     i += $c;
                 }};
             }
-            while i < a.end {
-                let left = a.end - i;
+            while i < outs.end {
+                let left = outs.end - i;
                 if left >= $C32 {
                     go!($C32)
                 } else if left >= 2 {
@@ -589,10 +627,40 @@ macro_rules! x86_kernels {
             }
         }
 
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn panel32_g<B: $W32b, const G: usize>(
+            w: &[B],
+            nb: usize,
+            rows: Range<usize>,
+            act: Act32<'_>,
+            n_out: usize,
+            out: &OutSink<'_>,
+        ) {
+            // Output rows in chunks whose activations stay in L1/L2 while every weight row of the panel passes.
+            let ach = 64 / G;
+            let mut o0 = 0;
+            while o0 < n_out {
+                let o1 = (o0 + ach).min(n_out);
+                let mut r = rows.start;
+                while r < rows.end {
+                    // SAFETY (both): the caller has this level's features.
+                    if rows.end - r >= $R32 {
+                        unsafe { rows32::<B, $R32, G>(w, nb, r, act, o0..o1, out) };
+                        r += $R32;
+                    } else {
+                        unsafe { rows32::<B, 1, G>(w, nb, r, act, o0..o1, out) };
+                        r += 1;
+                    }
+                }
+                o0 = o1;
+            }
+        }
+
         /// # Safety
         /// The CPU must have this level's features.
         #[target_feature(enable = $feat)]
-        unsafe fn panel32<B: W32>(
+        unsafe fn panel32<B: $W32b>(
             w: &[B],
             nb: usize,
             rows: Range<usize>,
@@ -603,23 +671,11 @@ macro_rules! x86_kernels {
         ) {
             assert!(group == 1 || group == 2);
             assert!(n_act % group == 0 && rows.end * nb <= w.len() && act.qs.len() >= n_act * nb * 32);
-            // Activation rows in chunks that stay in L1/L2 while every weight row of the panel passes over them.
-            const ACH: usize = 64;
-            let mut a0 = 0;
-            while a0 < n_act {
-                let a1 = (a0 + ACH).min(n_act);
-                let mut r = rows.start;
-                while r < rows.end {
-                    // SAFETY (both): the caller has this level's features.
-                    if rows.end - r >= $R32 {
-                        unsafe { rows32::<B, $R32>(w, nb, r, act, a0..a1, group, out) };
-                        r += $R32;
-                    } else {
-                        unsafe { rows32::<B, 1>(w, nb, r, act, a0..a1, group, out) };
-                        r += 1;
-                    }
-                }
-                a0 = a1;
+            // SAFETY (both): the caller has this level's features.
+            if group == 1 {
+                unsafe { panel32_g::<B, 1>(w, nb, rows, act, n_act, out) }
+            } else {
+                unsafe { panel32_g::<B, 2>(w, nb, rows, act, n_act / 2, out) }
             }
         }
 
