@@ -549,3 +549,20 @@ fn quantize_bytes_match_ref_at_any_alignment_and_check_lengths() {
     let err = quantize(GgmlType::Q3_K, &x, &mut [0u8; 220]).unwrap_err();
     assert_eq!(err, QuantizeError::Unsupported(GgmlType::Q3_K));
 }
+
+#[test]
+fn dequantize_never_panics_on_arbitrary_bytes() {
+    // Random types, byte counts and output sizes, including ones that fit: the result is Ok exactly when the
+    // geometry agrees, and any bytes (NaN or infinite f16 scales included) dequantize without panicking.
+    let mut r = rng(0xdeadbeef);
+    for _ in 0..2000 {
+        let ty = GgmlType::ALL[r.random_range(0..GgmlType::ALL.len())];
+        let blocks = r.random_range(0..6usize);
+        let bytes = blocks * ty.type_size() + if r.random_bool(0.3) { r.random_range(0..4) } else { 0 };
+        let values = blocks * ty.block_size() + if r.random_bool(0.3) { r.random_range(0..4) } else { 0 };
+        let data: Vec<u8> = (0..bytes).map(|_| r.random()).collect();
+        let mut out = vec![0.0f32; values];
+        let ok = ty.is_supported() && bytes % ty.type_size() == 0 && values == bytes / ty.type_size() * ty.block_size();
+        assert_eq!(dequantize(ty, &data, &mut out).is_ok(), ok, "{ty}: {bytes} bytes into {values} values");
+    }
+}
