@@ -562,7 +562,9 @@ fn dequantize_never_panics_on_arbitrary_bytes() {
         let values = blocks * ty.block_size() + if r.random_bool(0.3) { r.random_range(0..4) } else { 0 };
         let data: Vec<u8> = (0..bytes).map(|_| r.random()).collect();
         let mut out = vec![0.0f32; values];
-        let ok = ty.is_supported() && bytes % ty.type_size() == 0 && values == bytes / ty.type_size() * ty.block_size();
+        let ok = ty.is_supported()
+            && bytes.is_multiple_of(ty.type_size())
+            && values == bytes / ty.type_size() * ty.block_size();
         assert_eq!(dequantize(ty, &data, &mut out).is_ok(), ok, "{ty}: {bytes} bytes into {values} values");
     }
 }
