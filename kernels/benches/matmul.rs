@@ -51,6 +51,19 @@ impl Owned {
             _ => unreachable!(),
         }
     }
+    fn clone_owned(&self) -> Owned {
+        match self {
+            Owned::F32(v) => Owned::F32(v.clone()),
+            Owned::F16(v) => Owned::F16(v.clone()),
+            Owned::Q8_0(v) => Owned::Q8_0(v.clone()),
+            Owned::Q4_0(v) => Owned::Q4_0(v.clone()),
+            Owned::Q4_1(v) => Owned::Q4_1(v.clone()),
+            Owned::Q5_0(v) => Owned::Q5_0(v.clone()),
+            Owned::Q2K(v) => Owned::Q2K(v.clone()),
+            Owned::Q4K(v) => Owned::Q4K(v.clone()),
+            Owned::Q6K(v) => Owned::Q6K(v.clone()),
+        }
+    }
     fn bytes(&self) -> &[u8] {
         match self {
             Owned::F32(v) => blocks_as_bytes(v),
@@ -66,24 +79,45 @@ impl Owned {
     }
 }
 
-/// Best time per call: repeat batches until `budget` is spent, keep the fastest batch average.
-fn time(budget: Duration, mut f: impl FnMut()) -> f64 {
+/// Nanoseconds this thread has spent on a CPU (Linux `schedstat`), or `None` where unavailable. On a loaded machine
+/// this measures the work itself; wall time measures the work plus waiting for a core.
+fn thread_cpu_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+/// (best wall seconds per call, CPU seconds of this thread per call): batches are repeated until `budget` is spent;
+/// wall time keeps the fastest batch, CPU time is the total over all batches (the kernel's schedstat clock only
+/// advances at scheduler ticks, so short batches cannot be timed one by one). CPU time is only meaningful for
+/// single-threaded runs.
+fn time2(budget: Duration, mut f: impl FnMut()) -> (f64, f64) {
     f();
     let start = Instant::now();
+    let c0 = thread_cpu_ns();
     let mut best = f64::MAX;
+    let mut calls = 0u64;
     let mut batch = 1;
     while start.elapsed() < budget {
         let t = Instant::now();
         for _ in 0..batch {
             f();
         }
+        calls += batch;
         let per = t.elapsed().as_secs_f64() / batch as f64;
         best = best.min(per);
-        if per * (batch as f64) < 0.01 {
+        if per * (batch as f64) < 0.02 {
             batch *= 2;
         }
     }
-    best
+    let cpu = match (c0, thread_cpu_ns()) {
+        (Some(a), Some(b)) => (b - a) as f64 * 1e-9 / calls as f64,
+        _ => best,
+    };
+    (best, cpu)
+}
+
+fn time(budget: Duration, f: impl FnMut()) -> f64 {
+    time2(budget, f).0
 }
 
 fn memory_bandwidth(pool: &rayon::ThreadPool, budget: Duration) -> (f64, f64, f64) {
@@ -109,9 +143,48 @@ fn memory_bandwidth(pool: &rayon::ThreadPool, budget: Duration) -> (f64, f64, f6
     (bytes / read1 / 1e9, bytes / read2 / 1e9, 2.0 * bytes / copy / 1e9)
 }
 
+/// SmolLM2-135M's per-token matmuls (30 layers: q/k/v 576→576/192/192, o 576→576, gate/up 576→1536, down
+/// 1536→576) with every layer's weights in their own memory (≈66 MB in Q4_1, more than the L3), as the model runs
+/// them: q/k/v and gate/up through `matmul_multi`. Returns (wall s, CPU s of this thread) per call for `m` tokens.
+fn smollm2_sweep(
+    k: &Kernels,
+    layers: &[Vec<Owned>],
+    ty: GgmlType,
+    pool: &rayon::ThreadPool,
+    m: usize,
+    prec: ActPrecision,
+    budget: Duration,
+) -> (f64, f64) {
+    let shapes = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
+    let ws: Vec<Vec<WeightMatrix>> = layers
+        .iter()
+        .map(|l| l.iter().zip(shapes).map(|(o, (r, c))| WeightMatrix::new(ty, o.bytes(), r, c).unwrap()).collect())
+        .collect();
+    let x = vec![0.5f32; m * 576];
+    let xi = vec![0.25f32; m * 1536];
+    let (mut q, mut kk, mut v, mut o) =
+        (vec![0f32; m * 576], vec![0f32; m * 192], vec![0f32; m * 192], vec![0f32; m * 576]);
+    let (mut g, mut u, mut d) = (vec![0f32; m * 1536], vec![0f32; m * 1536], vec![0f32; m * 576]);
+    let mut s = MatmulScratch::new(prec);
+    pool.install(|| {
+        time2(budget, || {
+            for l in &ws {
+                matmul_multi_with(k, &[&l[0], &l[1], &l[2]], &x, m, &mut [&mut q, &mut kk, &mut v], &mut s);
+                matmul_multi_with(k, &[&l[3]], &q, m, &mut [&mut o], &mut s);
+                matmul_multi_with(k, &[&l[4], &l[5]], &x, m, &mut [&mut g, &mut u], &mut s);
+                matmul_multi_with(k, &[&l[6]], &xi, m, &mut [&mut d], &mut s);
+            }
+        })
+    })
+}
+
 struct Case {
     ty: GgmlType,
     shapes: &'static [(usize, usize)],
+}
+
+fn filter_arg() -> Option<String> {
+    std::env::args().skip(1).find(|a| a != "quick" && a != "--bench")
 }
 
 fn main() {
@@ -124,6 +197,55 @@ fn main() {
     let (r1, r2, cp) = memory_bandwidth(&pool, budget);
     println!("memory: read {r1:.1} GB/s (1 thread), {r2:.1} GB/s ({threads} threads); copy {cp:.1} GB/s (read+write)");
     println!();
+
+    // Whole-model sweeps first: the numbers that predict tokens/s.
+    if filter_arg().as_deref().is_none_or(|f| f.eq_ignore_ascii_case("smollm2")) {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            let shapes = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
+            let layer: Vec<Owned> = shapes.iter().map(|&(r, c)| Owned::new(ty, r, c)).collect();
+            let layers: Vec<Vec<Owned>> = (0..30).map(|_| layer.iter().map(Owned::clone_owned).collect()).collect();
+            let mb: f64 = layers.iter().flatten().map(|o| o.bytes().len() as f64).sum::<f64>() / 1e6;
+            println!("SmolLM2-135M matmuls, {ty} weights ({mb:.0} MB, 30 layers; no attention, no lm_head): tokens/s");
+            println!(
+                "  {:<7} {:>9} {:>9} {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9}",
+                "isa", "decode", "batch16", "b16/dec", "prefill", "pf Q8x2", "decode", "batch16", "prefill"
+            );
+            println!("  {:<7} single thread, tokens per CPU-second{:14}| {threads} threads, wall clock", "", "");
+            for isa in Isa::available() {
+                let k = isa.kernels().unwrap();
+                let sw = |pool: &rayon::ThreadPool, m: usize, prec: ActPrecision| {
+                    let (w, c) = smollm2_sweep(k, &layers, ty, pool, m, prec, budget);
+                    (m as f64 / w, m as f64 / c)
+                };
+                let d1 = sw(&pool1, 1, ActPrecision::Q8).1;
+                let b1 = sw(&pool1, 16, ActPrecision::Q8).1;
+                let (p1, px, d2, b2, p2) = if isa == Isa::Scalar {
+                    (f64::NAN, f64::NAN, sw(&pool, 1, ActPrecision::Q8).0, sw(&pool, 16, ActPrecision::Q8).0, f64::NAN)
+                } else {
+                    (
+                        sw(&pool1, 128, ActPrecision::Q8).1,
+                        sw(&pool1, 128, ActPrecision::Q8x2).1,
+                        sw(&pool, 1, ActPrecision::Q8).0,
+                        sw(&pool, 16, ActPrecision::Q8).0,
+                        sw(&pool, 128, ActPrecision::Q8).0,
+                    )
+                };
+                println!(
+                    "  {:<7} {:>9.0} {:>9.0} {:>9.2} {:>9.0} {:>9.0} | {:>9.0} {:>9.0} {:>9.0}",
+                    isa.name(),
+                    d1,
+                    b1,
+                    b1 / d1,
+                    p1,
+                    px,
+                    d2,
+                    b2,
+                    p2
+                );
+            }
+            println!();
+        }
+    }
 
     const SMOL: &[(usize, usize)] = &[(576, 576), (1536, 576), (576, 1536), (49152, 576)];
     const KSH: &[(usize, usize)] = &[(576, 1536), (1152, 6912), (6912, 1024)];
@@ -138,12 +260,23 @@ fn main() {
         Case { ty: GgmlType::Q6_K, shapes: KSH },
         Case { ty: GgmlType::Q2_K, shapes: KSH },
     ];
-    let filter: Option<String> = std::env::args().skip(1).find(|a| a != "quick" && a != "--bench");
+    let filter = filter_arg();
     let m_prefill = 512;
     println!(
-        "{:<6} {:<7} {:>11} {:>9} {:>11} {:>11} {:>11} {:>11} {:>8}",
-        "type", "isa", "rows×cols", "MB", "dec GB/s", "dec1t GB/s", "pf GOP/s", "pf x2 GOP/s", "b16/b1"
+        "{:<6} {:<7} {:>11} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>8} | {:>9} {:>9}",
+        "type",
+        "isa",
+        "rows×cols",
+        "MB",
+        "dec GB/s",
+        "pf GOP/s",
+        "pfx2 GOP",
+        "b16 GOP/s",
+        "b16/b1",
+        "dec2 GB/s",
+        "pf2 GOP/s"
     );
+    println!("{:37}| single thread, per CPU-second                      | {threads} threads, wall clock", "");
     for case in &cases {
         if let Some(f) = &filter {
             if !case.ty.name().eq_ignore_ascii_case(f) {
@@ -161,35 +294,44 @@ fn main() {
                 let mut run = |pool: &rayon::ThreadPool, m: usize, prec: ActPrecision, budget: Duration| {
                     let mut s = MatmulScratch::new(prec);
                     pool.install(|| {
-                        time(budget, || matmul_multi_with(k, &[&w], &x[..m * cols], m, &mut [&mut out[..m * rows]], &mut s))
+                        time2(budget, || {
+                            matmul_multi_with(k, &[&w], &x[..m * cols], m, &mut [&mut out[..m * rows]], &mut s)
+                        })
                     })
                 };
-                let dec = run(&pool, 1, ActPrecision::Q8, budget);
-                let dec1 = run(&pool1, 1, ActPrecision::Q8, budget);
-                let b16 = run(&pool, 16, ActPrecision::Q8, budget);
                 let big = rows * cols > 10_000_000;
+                let mpf = if big { 64 } else { m_prefill };
+                let ops = |m: usize| 2.0 * (m * rows * cols) as f64;
                 let skip_pf = isa == Isa::Scalar && (big || quick);
-                let (pf, pf2) = if skip_pf {
-                    (f64::NAN, f64::NAN)
+                let bytes = w.bytes() as f64;
+                let dec1 = run(&pool1, 1, ActPrecision::Q8, budget).1;
+                let b16 = run(&pool1, 16, ActPrecision::Q8, budget).1;
+                let dec2 = run(&pool, 1, ActPrecision::Q8, budget).0;
+                let (pf1, pfx2, pf2) = if skip_pf {
+                    (f64::NAN, f64::NAN, f64::NAN)
                 } else {
-                    let mpf = if big { 128 } else { m_prefill };
-                    let ops = 2.0 * (mpf * rows * cols) as f64;
-                    let t1 = run(&pool, mpf, ActPrecision::Q8, budget);
-                    let t2 = if case.ty.block_size() == 1 { f64::NAN } else { run(&pool, mpf, ActPrecision::Q8x2, budget) };
-                    (ops / t1 / 1e9, ops / t2 / 1e9)
+                    let t1 = run(&pool1, mpf, ActPrecision::Q8, budget).1;
+                    let tx2 = if case.ty.block_size() == 1 {
+                        f64::NAN
+                    } else {
+                        run(&pool1, mpf, ActPrecision::Q8x2, budget).1
+                    };
+                    let t2 = run(&pool, mpf, ActPrecision::Q8, budget).0;
+                    (ops(mpf) / t1 / 1e9, ops(mpf) / tx2 / 1e9, ops(mpf) / t2 / 1e9)
                 };
-                let mb = w.bytes() as f64 / 1e6;
                 println!(
-                    "{:<6} {:<7} {:>11} {:>9.2} {:>11.1} {:>11.1} {:>11.1} {:>11.1} {:>8.2}",
+                    "{:<6} {:<7} {:>11} {:>7.2} | {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.2} | {:>9.1} {:>9.1}",
                     case.ty.name(),
                     isa.name(),
                     format!("{rows}×{cols}"),
-                    mb,
-                    w.bytes() as f64 / dec / 1e9,
-                    w.bytes() as f64 / dec1 / 1e9,
-                    pf,
+                    bytes / 1e6,
+                    bytes / dec1 / 1e9,
+                    pf1,
+                    pfx2,
+                    ops(16) / b16 / 1e9,
+                    16.0 * dec1 / b16,
+                    bytes / dec2 / 1e9,
                     pf2,
-                    16.0 * dec / b16,
                 );
             }
         }
