@@ -71,3 +71,226 @@ fn smollm2_matches_reference_tokenization() {
 fn gemma3_matches_reference_tokenization() {
     check_reference("gemma3", "gemma3-tokenize.jsonl");
 }
+
+#[test]
+fn special_tokens_and_flags() {
+    if let Some(m) = load("smollm2") {
+        let t = &m.tok;
+        assert_eq!(t.encode("<|im_start|>user", false, true), [1, 4093]);
+        let literal = t.encode("<|im_start|>user", false, false);
+        assert!(!literal.contains(&1), "--no-parse-special must not produce <|im_start|>: {literal:?}");
+        assert_eq!(t.decode(&literal), "<|im_start|>user");
+        // SmolLM2 asks for no BOS.
+        assert_eq!(t.encode("Hello", true, true), t.encode("Hello", false, true));
+        assert_eq!(t.eog_ids(), [0, 2], "<|endoftext|> and <|im_end|> end generation");
+        assert!(t.is_eog(2) && !t.is_eog(1));
+        assert_eq!(t.decode_with(&[1, 4093, 2], true), "user");
+    }
+    if let Some(m) = load("gemma3") {
+        let t = &m.tok;
+        assert_eq!(t.encode("Hello world", true, true), [2, 9259, 1902], "Gemma adds BOS");
+        assert_eq!(t.encode("<start_of_turn>user\n", false, true), [105, 2364, 107]);
+        assert!(!t.encode("<start_of_turn>", false, false).contains(&105));
+        assert!(t.is_eog(1) && t.is_eog(106), "<eos> and <end_of_turn>: {:?}", t.eog_ids());
+        assert_eq!(t.eot(), Some(106));
+        // Byte-fallback tokens decode to their byte.
+        assert_eq!(t.decode(&[248]), "\n");
+    }
+}
+
+/// Strings that exercise special tokens, whitespace runs, digits and multi-byte characters, mixed with arbitrary
+/// Unicode.
+fn text_strategy() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        4 => any::<String>(),
+        1 => Just("<|im_start|>".to_string()),
+        1 => Just("<|im_end|>".to_string()),
+        1 => Just("<start_of_turn>".to_string()),
+        1 => Just("<end_of_turn>".to_string()),
+        1 => Just("<0x0A>".to_string()),
+        1 => Just("   ".to_string()),
+        1 => Just("\n\n\t ".to_string()),
+        1 => Just("I'm 12345 naïve 日本語 😀👍🏽 ".to_string()),
+        1 => "[ a-z0-9'.,\\n]{0,12}",
+    ];
+    prop::collection::vec(piece, 0..6).prop_map(|v| v.concat())
+}
+
+fn round_trip(model: &str, text: &str) -> Result<(), TestCaseError> {
+    let Some(m) = load(model) else { return Ok(()) };
+    // Gemma 3 and SmolLM2 have add_space_prefix off, so the round trip is exact with or without special parsing.
+    prop_assert!(!m.tok.add_space_prefix());
+    for parse_special in [true, false] {
+        let ids = m.tok.encode(text, false, parse_special);
+        prop_assert_eq!(m.tok.decode(&ids), text, "parse_special={}", parse_special);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn smollm2_decode_inverts_encode(text in text_strategy()) {
+        round_trip("smollm2", &text)?;
+    }
+
+    #[test]
+    fn gemma3_decode_inverts_encode(text in text_strategy()) {
+        round_trip("gemma3", &text)?;
+    }
+
+    #[test]
+    fn streaming_decoder_matches_whole_decode(
+        raw in prop::collection::vec(any::<u32>(), 0..40),
+        text in text_strategy(),
+        skip_special in any::<bool>(),
+    ) {
+        for model in ["smollm2", "gemma3"] {
+            let Some(m) = load(model) else { continue };
+            let n = m.tok.n_vocab() as u32;
+            // Random ids (byte tokens and pieces split inside characters), some out of range, then the tokens of a
+            // text cut anywhere.
+            let mut ids: Vec<u32> = raw.iter().map(|&x| if x % 17 == 0 { x } else { x % n }).collect();
+            ids.extend(m.tok.encode(&text, false, true));
+            let mut dec = m.tok.stream_decoder(skip_special);
+            let mut streamed = String::new();
+            for &id in &ids {
+                streamed.push_str(&dec.push(id));
+            }
+            streamed.push_str(&dec.finish());
+            prop_assert_eq!(&streamed, &m.tok.decode_with(&ids, skip_special), "{}", model);
+        }
+    }
+}
+
+#[test]
+fn streaming_decoder_holds_partial_characters() {
+    let Some(m) = load("gemma3") else { return };
+    let t = &m.tok;
+    // "😀" is F0 9F 98 80; Gemma's byte tokens are <0x00>.. at ids 238..
+    let bytes: Vec<u32> = [0xF0u32, 0x9F, 0x98, 0x80].iter().map(|b| 238 + b).collect();
+    let mut dec = t.stream_decoder(false);
+    for &id in &bytes[..3] {
+        assert_eq!(dec.push(id), "", "nothing before the character completes");
+    }
+    assert_eq!(dec.push(bytes[3]), "😀");
+    // An incomplete character at the end is flushed as U+FFFD.
+    assert_eq!(dec.push(bytes[0]), "");
+    assert_eq!(dec.finish(), "\u{FFFD}");
+}
+
+#[test]
+fn smollm2_chat_template_renders_its_jinja_source() {
+    let Some(m) = load("smollm2") else { return };
+    let tmpl = ChatTemplate::from_gguf(&m.file, None).expect("template");
+    assert_eq!(tmpl.name(), "tokenizer.chat_template");
+    let conv = [
+        ChatMessage::new("user", "What is 2+2?"),
+        ChatMessage::new("assistant", "4"),
+        ChatMessage::new("user", "And 3+3?"),
+    ];
+    // The template's source: a default system turn when the first message is not a system message, then
+    // `<|im_start|>` + role + "\n" + content + `<|im_end|>` + "\n" per message, and `<|im_start|>assistant\n`
+    // with add_generation_prompt.
+    let want = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+                <|im_start|>user\nWhat is 2+2?<|im_end|>\n\
+                <|im_start|>assistant\n4<|im_end|>\n\
+                <|im_start|>user\nAnd 3+3?<|im_end|>\n\
+                <|im_start|>assistant\n";
+    assert_eq!(tmpl.render(&conv, true).unwrap(), want);
+    let with_system = [ChatMessage::new("system", "Be terse."), ChatMessage::new("user", "Hi")];
+    assert_eq!(
+        tmpl.render(&with_system, false).unwrap(),
+        "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    );
+    // The rendered prompt tokenizes with the control tokens parsed.
+    let ids = m.tok.encode(&tmpl.render(&conv[..1], true).unwrap(), false, true);
+    assert_eq!(ids.iter().filter(|&&i| i == 1).count(), 3);
+}
+
+#[test]
+fn gemma3_without_template_gets_the_builtin() {
+    let Some(m) = load("gemma3") else { return };
+    assert!(m.file.metadata().get("tokenizer.chat_template").is_none());
+    let tmpl = ChatTemplate::from_gguf(&m.file, None).expect("template");
+    assert_eq!(tmpl.name(), "gemma");
+    let conv = [ChatMessage::new("user", "Hi"), ChatMessage::new("assistant", "Hello"), ChatMessage::new("user", "?")];
+    assert_eq!(
+        tmpl.render(&conv, true).unwrap(),
+        "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n\
+         <start_of_turn>user\n?<end_of_turn>\n<start_of_turn>model\n"
+    );
+    let chatml = ChatTemplate::from_gguf(&m.file, Some("chatml")).unwrap();
+    assert_eq!(chatml.name(), "chatml");
+    let custom = ChatTemplate::from_gguf(&m.file, Some("{{ raise_exception('nope') }}")).unwrap();
+    let err = custom.render(&conv, true).unwrap_err().to_string();
+    assert!(err.contains("nope"), "{err}");
+}
+
+#[test]
+fn cli_tokenize_jsonl_hundred_lines_one_load() {
+    let Some(m) = load("smollm2") else { return };
+    let mut lines = reference_lines("smollm2-tokenize.jsonl");
+    let mut i = 0;
+    while lines.len() < 100 {
+        let text = format!("line {i}: <|im_start|>user\n{}<|im_end|>", "naïve 😀 ".repeat(i % 7));
+        let ids = m.tok.encode(&text, false, true);
+        lines.push((text, ids));
+        i += 1;
+    }
+    let input: String = lines.iter().map(|(t, _)| serde_json::to_string(t).unwrap() + "\n").collect();
+    let run = |input: &str| {
+        let start = std::time::Instant::now();
+        let mut child = common::infer_bin()
+            .args(["tokenize", m.path.to_str().unwrap(), "--jsonl", "--no-bos"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn infer");
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (out, start.elapsed())
+    };
+    let (out, t100) = run(&input);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let got: Vec<Vec<u32>> = stdout.lines().map(|l| serde_json::from_str(l).expect("a JSON array per line")).collect();
+    assert_eq!(got.len(), 100);
+    for ((text, want), got) in lines.iter().zip(&got) {
+        assert_eq!(got, want, "{text:?}");
+    }
+    // Loading once: 100 lines take about as long as one (loading dominates), far from 100 loads.
+    let (one, t1) = run(&input[..input.find('\n').unwrap() + 1]);
+    assert!(one.status.success());
+    eprintln!("infer tokenize --jsonl: 1 line {t1:?}, 100 lines {t100:?}");
+    assert!(t100 < t1 * 10, "100 lines took {t100:?}, one line {t1:?}: is the model loaded per line?");
+}
+
+#[test]
+fn cli_tokenize_prompt_pieces_and_errors() {
+    let Some(m) = load("gemma3") else { return };
+    let model = m.path.to_str().unwrap();
+    let out = common::infer(&["tokenize", model, "-p", "Hello world"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[2,9259,1902]");
+    let out = common::infer(&["tokenize", model, "-p", "Hello world", "--no-bos", "--pieces"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "  9259 -> \"Hello\"\n  1902 -> \" world\"\n");
+    let out = common::infer(&["tokenize", model, "-p", "<end_of_turn>", "--no-bos", "--no-parse-special"]);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("106"));
+
+    let mut child = common::infer_bin()
+        .args(["tokenize", model, "--jsonl"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"\"ok\"\n{not json\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    common::assert_clean_failure(&out, "line 2");
+
+    let out = common::infer(&["tokenize", "/nonexistent/model.gguf", "-p", "x"]);
+    common::assert_clean_failure(&out, "/nonexistent/model.gguf");
+}

@@ -11,6 +11,7 @@ pub mod list;
 pub mod logits;
 pub mod output;
 pub mod pull;
+pub mod tokenize;
 // pub mod run; (enabled once Tokenizer::from_gguf lands)
 
 /// Run GGUF language models on ordinary CPUs.
@@ -27,6 +28,8 @@ pub enum Command {
     Info(info::InfoArgs),
     /// Fetch registry models into the cache ($INFER_HOME/models), verified by sha256.
     Pull(pull::PullArgs),
+    /// Print the token ids of a text (or of JSON strings read line by line with --jsonl).
+    Tokenize(tokenize::TokenizeArgs),
     /// List the registry's models and which are cached.
     List(list::ListArgs),
     /// Print the top-K raw logits at every position of token-id sequences read from stdin (fidelity checks).
@@ -38,6 +41,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Info(args) => info::run(args),
         Command::Pull(args) => pull::run(args),
+        Command::Tokenize(args) => tokenize::run(args),
         Command::List(args) => list::run(args),
         Command::Logits(args) => logits::run(args),
     }
