@@ -363,6 +363,8 @@ fn fetch_url(url: &str, sink: &mut Sink) -> Result<(), RegistryError> {
     let config = ureq::Agent::config_builder()
         .timeout_connect(Some(Duration::from_secs(30)))
         .timeout_recv_response(Some(Duration::from_secs(60)))
+        // A stalled transfer fails instead of hanging; a slow but moving one may take as long as it needs.
+        .timeout_per_read(Some(Duration::from_secs(60)))
         .user_agent(concat!("infer/", env!("CARGO_PKG_VERSION")))
         .build();
     let agent = ureq::Agent::new_with_config(config);
@@ -466,10 +468,10 @@ fn find_wheel(dir: &Path, spec: &str) -> Result<PathBuf, RegistryError> {
     }
     match wheels.len() {
         1 => Ok(wheels.remove(0)),
-        n => Err(RegistryError::PipFailed {
+        n => Err(RegistryError::Wheel {
+            wheel: dir.display().to_string(),
             spec: spec.to_string(),
-            status: "exit status: 0".to_string(),
-            output: format!("expected one .whl in {}, found {n}", dir.display()),
+            message: format!("pip succeeded but left {n} .whl files instead of one"),
         }),
     }
 }
