@@ -198,6 +198,46 @@ fn main() {
     println!("memory: read {r1:.1} GB/s (1 thread), {r2:.1} GB/s ({threads} threads); copy {cp:.1} GB/s (read+write)");
     println!();
 
+    // Activation quantization: ns per value, single thread.
+    if filter_arg().as_deref().is_none_or(|f| f.eq_ignore_ascii_case("quant")) {
+        let x: Vec<f32> = (0..576 * 64).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+        for isa in Isa::available() {
+            let k = isa.kernels().unwrap();
+            let mut line = format!("quantize {:<7}", isa.name());
+            for g in [1, 2] {
+                let (mut q, mut d, mut sv, mut i) =
+                    (vec![0i8; 2 * 576], vec![0f32; 36], vec![0f32; 36], vec![0i32; 36]);
+                let t = time2(budget, || {
+                    for row in x.chunks(576) {
+                        (k.quantize32)(
+                            row,
+                            g,
+                            &mut q[..g * 576],
+                            &mut d[..g * 18],
+                            &mut sv[..g * 18],
+                            &mut i[..g * 18],
+                        );
+                    }
+                    black_box(&q);
+                })
+                .1;
+                line += &format!("  32-blocks x{g}: {:.2} ns/value", t / x.len() as f64 * 1e9);
+            }
+            let mut kb = vec![infer_kernels::quant::BlockQ8K { d: 0.0, qs: [0; 256], bsums: [0; 16] }; 2 * 3];
+            let xk = &x[..768 * 48];
+            let t = time2(budget, || {
+                for row in xk.chunks(768) {
+                    (k.quantize_k)(row, 1, &mut kb[..3]);
+                }
+                black_box(&kb);
+            })
+            .1;
+            line += &format!("  Q8_K: {:.2} ns/value", t / xk.len() as f64 * 1e9);
+            println!("{line}");
+        }
+        println!();
+    }
+
     // Whole-model sweeps first: the numbers that predict tokens/s.
     if filter_arg().as_deref().is_none_or(|f| f.eq_ignore_ascii_case("smollm2")) {
         for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {

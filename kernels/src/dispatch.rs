@@ -275,6 +275,10 @@ pub struct Kernels {
     pub q2_k: PanelK<BlockQ2K>,
     pub q4_k: PanelK<BlockQ4K>,
     pub q6_k: PanelK<BlockQ6K>,
+    /// [`quantize_row32`].
+    pub quantize32: fn(&[f32], usize, &mut [i8], &mut [f32], &mut [f32], &mut [i32]),
+    /// [`crate::matmul::quantize_row_q8k`].
+    pub quantize_k: fn(&[f32], usize, &mut [BlockQ8K]),
 }
 
 fn one32<B>(p: Panel32<B>, w: &[B], act: Act32<'_>) -> f32 {
@@ -326,7 +330,23 @@ fn round_magic(y: f32) -> f32 {
 /// (`d = max|x|/127`, `q = round(x/d)`), `group == 2` two rows, the second quantizing the residual `x − d1·q1` with
 /// `d2 = d1/256` (|residual| ≤ d1/2, so q2 fits in ±127 after a clamp of the extreme ±128). The buffers hold
 /// `group` rows: `qs` `group·x.len()` values, the others `group·x.len()/32`.
+///
+/// Every level produces the same bytes (the arithmetic has no reassociation); the SIMD levels only compile the
+/// same code with their target features so it vectorizes.
 pub fn quantize_row32(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: &mut [f32], isum: &mut [i32]) {
+    (kernels().quantize32)(x, group, qs, d, s, isum)
+}
+
+/// The body of [`quantize_row32`], inlined into each level's entry point.
+#[inline(always)]
+pub(crate) fn quantize_row32_impl(
+    x: &[f32],
+    group: usize,
+    qs: &mut [i8],
+    d: &mut [f32],
+    s: &mut [f32],
+    isum: &mut [i32],
+) {
     assert!(group == 1 || group == 2);
     let cols = x.len();
     let nb = cols / 32;

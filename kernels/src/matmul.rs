@@ -202,7 +202,7 @@ fn round_magic(y: f32) -> f32 {
 
 /// Quantizes `x` (a multiple of `n` values) to symmetric int8 blocks of `n`: `d = max|x| / 127`, `q = round(x/d)`.
 /// Returns the scales through `put(block, d, Σq)`. With `res`, also writes the residual `x − d·q` there.
-#[inline]
+#[inline(always)]
 fn quantize_blocks(
     x: &[f32],
     q: &mut [i8],
@@ -230,8 +230,16 @@ fn quantize_blocks(
     }
 }
 
-/// One activation row to Q8_K; with `group == 2` two rows (high part, then residual).
-fn quantize_row_k(x: &[f32], group: usize, out: &mut [BlockQ8K]) {
+/// One activation row to Q8_K (`d = max|x|/127`, symmetric); with `group == 2` two rows, the second an
+/// independent quantization of the residual `x − d1·q1`. `out` holds `group · x.len()/256` blocks.
+pub fn quantize_row_q8k(x: &[f32], group: usize, out: &mut [BlockQ8K]) {
+    (kernels().quantize_k)(x, group, out)
+}
+
+/// The body of [`quantize_row_q8k`], inlined into each level's entry point.
+#[inline(always)]
+pub(crate) fn quantize_row_k_impl(x: &[f32], group: usize, out: &mut [BlockQ8K]) {
+    assert!((group == 1 || group == 2) && out.len() == group * (x.len() / QK_K) && x.len() % QK_K == 0);
     let nb = x.len() / QK_K;
     let mut res_buf = [0f32; QK_K];
     for b in 0..nb {
@@ -260,7 +268,7 @@ fn quantize_row_k(x: &[f32], group: usize, out: &mut [BlockQ8K]) {
 const PAR_QUANT_ROWS: usize = 8;
 
 impl MatmulScratch {
-    fn quantize32(&mut self, x: &[f32], m: usize, cols: usize) {
+    fn quantize32(&mut self, kern: &Kernels, x: &[f32], m: usize, cols: usize) {
         let g = self.precision.group();
         let nb = cols / 32;
         let n_act = m * g;
@@ -280,11 +288,11 @@ impl MatmulScratch {
                 .zip(d.par_chunks_exact_mut(g * nb))
                 .zip(s.par_chunks_exact_mut(g * nb))
                 .zip(isum.par_chunks_exact_mut(g * nb))
-                .for_each(|((((x, q), d), s), i)| crate::dispatch::quantize_row32(x, g, q, d, s, i));
+                .for_each(|((((x, q), d), s), i)| (kern.quantize32)(x, g, q, d, s, i));
         } else {
             for (i, x) in x.chunks_exact(cols).enumerate() {
                 let (a, b) = (i * g * cols, i * g * nb);
-                crate::dispatch::quantize_row32(
+                (kern.quantize32)(
                     x,
                     g,
                     &mut qs[a..a + g * cols],
@@ -296,7 +304,7 @@ impl MatmulScratch {
         }
     }
 
-    fn quantize_k(&mut self, x: &[f32], m: usize, cols: usize) {
+    fn quantize_k(&mut self, kern: &Kernels, x: &[f32], m: usize, cols: usize) {
         let g = self.precision.group();
         let nb = cols / QK_K;
         let n = m * g * nb;
@@ -305,10 +313,10 @@ impl MatmulScratch {
         }
         let k = &mut self.k[..n];
         if m >= PAR_QUANT_ROWS {
-            x.par_chunks_exact(cols).zip(k.par_chunks_exact_mut(g * nb)).for_each(|(x, o)| quantize_row_k(x, g, o));
+            x.par_chunks_exact(cols).zip(k.par_chunks_exact_mut(g * nb)).for_each(|(x, o)| (kern.quantize_k)(x, g, o));
         } else {
             for (x, o) in x.chunks_exact(cols).zip(k.chunks_exact_mut(g * nb)) {
-                quantize_row_k(x, g, o);
+                (kern.quantize_k)(x, g, o);
             }
         }
     }
@@ -348,10 +356,10 @@ pub fn matmul_multi_with(
         assert_eq!(o.len(), m * w.rows, "matmul: out has {} values, expected m·rows = {}·{}", o.len(), m, w.rows);
     }
     if ws.iter().any(|w| w.data.act_kind() == ActKind::B32) {
-        scratch.quantize32(x, m, cols);
+        scratch.quantize32(kern, x, m, cols);
     }
     if ws.iter().any(|w| w.data.act_kind() == ActKind::K) {
-        scratch.quantize_k(x, m, cols);
+        scratch.quantize_k(kern, x, m, cols);
     }
     let group = scratch.precision.group();
     scratch.outs.clear();

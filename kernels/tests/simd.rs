@@ -467,3 +467,41 @@ fn isa_names_and_env() {
         Err(e) => assert!(e.to_string().contains("INFER_ISA")),
     }
 }
+
+#[test]
+fn activation_quantizers_give_the_same_bytes_on_every_level() {
+    let mut rng = ChaCha8Rng::seed_from_u64(81);
+    let scalar = Isa::Scalar.kernels().unwrap();
+    for cols in [32, 96, 576] {
+        let mut x = randv(&mut rng, cols, 5.0);
+        x[..32].fill(0.0); // an all-zero block: d = 0
+        if cols > 32 {
+            x[40] = 1e-30; // a tiny value next to larger ones
+        }
+        for k in levels() {
+            for g in [1, 2] {
+                let nb = cols / 32;
+                let run = |k: &Kernels| {
+                    let (mut q, mut d, mut s, mut i) =
+                        (vec![0i8; g * cols], vec![0f32; g * nb], vec![0f32; g * nb], vec![0; g * nb]);
+                    (k.quantize32)(&x, g, &mut q, &mut d, &mut s, &mut i);
+                    (
+                        q,
+                        d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        s.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        i,
+                    )
+                };
+                assert_eq!(run(k), run(scalar), "quantize32 {} cols={cols} group={g}", k.isa);
+            }
+        }
+    }
+    for k in levels() {
+        let x = randv(&mut rng, 512, 3.0);
+        let z = BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; 16] };
+        let (mut a, mut b) = (vec![z; 4], vec![z; 4]);
+        (k.quantize_k)(&x, 2, &mut a);
+        (scalar.quantize_k)(&x, 2, &mut b);
+        assert_eq!(a, b, "quantize_k {}", k.isa);
+    }
+}

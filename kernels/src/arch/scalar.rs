@@ -26,6 +26,8 @@ pub(crate) static KERNELS: Kernels = Kernels {
     q2_k: panel_q2_k,
     q4_k: panel_q4_k,
     q6_k: panel_q6_k,
+    quantize32: crate::dispatch::quantize_row32_impl,
+    quantize_k: crate::matmul::quantize_row_k_impl,
 };
 
 pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
