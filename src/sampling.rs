@@ -409,14 +409,16 @@ impl Sampler {
     fn weigh(&mut self, max: f32) -> f64 {
         let t = self.params.temperature;
         self.weights.clear();
-        let mut sum = 0.0f64;
-        for c in &self.cands {
-            // Division, not multiplication by 1/t: a tiny t makes 1/t infinite and 0 × ∞ NaN.
-            let w = exp_nonpos((c.logit - max) / t);
-            sum += f64::from(w);
-            self.weights.push(w);
+        self.weights.resize(self.cands.len(), 0.0);
+        let mut lanes = [0.0f64; LANES];
+        for (ws, cs) in self.weights.chunks_mut(LANES).zip(self.cands.chunks(LANES)) {
+            for ((w, c), acc) in ws.iter_mut().zip(cs).zip(lanes.iter_mut()) {
+                // Division, not multiplication by 1/t: a tiny t makes 1/t infinite and 0 × ∞ NaN.
+                *w = exp_nonpos((c.logit - max) / t);
+                *acc += f64::from(*w);
+            }
         }
-        sum
+        lanes.iter().sum()
     }
 
     /// Draws one of `cands` in proportion to its weight.
