@@ -779,7 +779,17 @@ macro_rules! x86_kernels {
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn prep(&self, u: &mut [__m256i; 8], sc: &mut [__m256i; 8]) -> (__m256i, f32, f32) {
-                let (s, m) = crate::arch::q4k_scales_mins(&self.scales);
+                // The 12 scale bytes as three little-endian words: scales and mins of sub-blocks 0..4 are the low six
+                // bits of words 0 and 1; those of sub-blocks 4..8 take their low four bits from word 2 (scale low
+                // nibble, min high nibble) and their top two from the spare top bits of words 0 and 1.
+                let w = |i: usize| u32::from_le_bytes(self.scales[4 * i..4 * i + 4].try_into().unwrap());
+                let (w0, w1, w2) = (w(0), w(1), w(2));
+                let sc_lo = w0 & 0x3F3F_3F3F;
+                let m_lo = w1 & 0x3F3F_3F3F;
+                let sc_hi = (w2 & 0x0F0F_0F0F) | (((w0 >> 6) & 0x0303_0303) << 4);
+                let m_hi = ((w2 >> 4) & 0x0F0F_0F0F) | (((w1 >> 6) & 0x0303_0303) << 4);
+                let sc8 = _mm_cvtsi64_si128((sc_lo as u64 | (sc_hi as u64) << 32) as i64);
+                let m8 = _mm_cvtsi64_si128((m_lo as u64 | (m_hi as u64) << 32) as i64);
                 let qs: &[[u8; 32]; 4] = self.qs.as_chunks::<32>().0.try_into().unwrap();
                 for c in 0..4 {
                     // Chunk c: low nibbles = sub-block 2c, high nibbles = sub-block 2c + 1.
@@ -787,23 +797,33 @@ macro_rules! x86_kernels {
                     u[2 * c] = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
                     u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
                 }
-                let mut m16 = [0i16; 16];
+                // Scale j as i16 in every lane: widen the 8 bytes, copy to both halves, pick word j.
+                let scv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8));
                 for j in 0..8 {
-                    sc[j] = _mm256_set1_epi16(s[j] as i16);
-                    m16[2 * j] = m[j] as i16;
-                    m16[2 * j + 1] = m[j] as i16;
+                    sc[j] = _mm256_shuffle_epi8(scv, _mm256_set1_epi16(((2 * j + 1) << 8 | 2 * j) as i16));
                 }
-                // SAFETY: 16 i16 = 32 readable bytes.
-                let mv = unsafe { _mm256_loadu_si256(m16.as_ptr().cast()) };
+                // Each min twice, once per 16-weight bsum of its 32-weight sub-block.
+                let m16 = _mm_cvtepu8_epi16(m8);
+                let mv = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
                 (mv, h2f(self.d), h2f(self.dmin))
             }
         }
 
-        /// i16 scales for a 32-weight group made of the 16-weight sub-blocks with scales `lo` and `hi`.
+        /// For 16 i16 sub-block scales `s16`, the eight 32-weight groups' scale vectors: group g is sub-blocks 2g
+        /// (lanes 0..8, the first 16 weights) and 2g + 1 (lanes 8..16).
         #[inline]
         #[target_feature(enable = $feat)]
-        fn pair_scale(lo: i16, hi: i16) -> __m256i {
-            _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
+        fn pair_scales(s16: __m256i, sc: &mut [__m256i; 8]) {
+            let halves = [_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1)];
+            for h in 0..2 {
+                // Both 128-bit lanes hold scales 8h..8h+8; each lane then picks its word.
+                let v = _mm256_broadcastsi128_si256(halves[h]);
+                for k in 0..4 {
+                    let (lo, hi) = (2 * (2 * k) as i16, 2 * (2 * k + 1) as i16);
+                    let mask = _mm256_set_m128i(_mm_set1_epi16((hi + 1) << 8 | hi), _mm_set1_epi16((lo + 1) << 8 | lo));
+                    sc[4 * h + k] = _mm256_shuffle_epi8(v, mask);
+                }
+            }
         }
 
         impl WK for BlockQ6K {
@@ -831,15 +851,12 @@ macro_rules! x86_kernels {
                         _mm256_and_si256(_mm256_srli_epi16(h, 2), m2),
                     );
                 }
-                let s = self.scales;
-                for g in 0..8 {
-                    sc[g] = pair_scale(s[2 * g] as i16, s[2 * g + 1] as i16);
-                }
+                // SAFETY: 16 readable bytes.
+                let s8 = unsafe { _mm_loadu_si128(self.scales.as_ptr().cast()) };
+                let s16 = _mm256_cvtepi8_epi16(s8);
+                pair_scales(s16, sc);
                 // 32·sc per 16-weight sub-block, for Σ sc·(q − 32)·a = Σ sc·q·a − Σ 32·sc·bsum.
-                let s16: [i16; 16] = s.map(|x| 32 * x as i16);
-                // SAFETY: 16 i16 = 32 readable bytes.
-                let mv = unsafe { _mm256_loadu_si256(s16.as_ptr().cast()) };
-                (mv, h2f(self.d), 0.0)
+                (_mm256_slli_epi16(s16, 5), h2f(self.d), 0.0)
             }
         }
 
@@ -858,14 +875,10 @@ macro_rules! x86_kernels {
                     u[4 * n + 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m3);
                     u[4 * n + 3] = _mm256_and_si256(_mm256_srli_epi16(v, 6), m3);
                 }
-                let s = self.scales;
-                for g in 0..8 {
-                    sc[g] = pair_scale((s[2 * g] & 0x0F) as i16, (s[2 * g + 1] & 0x0F) as i16);
-                }
-                let m16: [i16; 16] = s.map(|x| (x >> 4) as i16);
-                // SAFETY: 16 i16 = 32 readable bytes.
-                let mv = unsafe { _mm256_loadu_si256(m16.as_ptr().cast()) };
-                (mv, h2f(self.d), h2f(self.dmin))
+                // Scale in the low nibble, min in the high nibble of each byte.
+                let s16 = _mm256_cvtepu8_epi16(ld16b(&self.scales));
+                pair_scales(_mm256_and_si256(s16, _mm256_set1_epi16(0x0F)), sc);
+                (_mm256_srli_epi16(s16, 4), h2f(self.d), h2f(self.dmin))
             }
         }
 
