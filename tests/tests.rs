@@ -9,3 +9,4 @@ mod reference_dequant;
 mod reference_quantize;
 mod registry;
 mod tokenizer;
+mod bench;

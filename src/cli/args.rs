@@ -164,7 +164,9 @@ pub fn parse_count(text: &str) -> Result<usize, String> {
 
 /// `--seed`: a whole number in [0, 2^64).
 pub fn parse_seed(text: &str) -> Result<u64, String> {
-    text.trim().parse::<u64>().map_err(|_| format!("'{text}' is not a seed: expected a whole number in [0, 2^64)"))
+    text.trim().parse::<u64>().map_err(|_| {
+        format!("'{text}' is not a seed: expected a whole number in [0, 2^64) (leave --seed out for a random one)")
+    })
 }
 
 /// `--threads`: a whole number ≥ 1.

@@ -6,6 +6,7 @@
 use clap::{Parser, Subcommand};
 
 pub mod args;
+pub mod bench;
 pub mod info;
 pub mod list;
 pub mod logits;
@@ -34,6 +35,8 @@ pub enum Command {
     List(list::ListArgs),
     /// Print the top-K raw logits at every position of token-id sequences read from stdin (fidelity checks).
     Logits(logits::LogitsArgs),
+    /// Measure speed: prefill (pp), generation (tg) and the batched-decode curve (--batch), like llama-bench.
+    Bench(bench::BenchArgs),
 }
 
 /// Runs one parsed command line.
@@ -44,6 +47,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokenize(args) => tokenize::run(args),
         Command::List(args) => list::run(args),
         Command::Logits(args) => logits::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }
 
