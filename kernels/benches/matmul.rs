@@ -318,10 +318,8 @@ fn main() {
     );
     println!("{:37}| single thread, per CPU-second                      | {threads} threads, wall clock", "");
     for case in &cases {
-        if let Some(f) = &filter {
-            if !case.ty.name().eq_ignore_ascii_case(f) {
-                continue;
-            }
+        if filter.as_ref().is_some_and(|f| !case.ty.name().eq_ignore_ascii_case(f)) {
+            continue;
         }
         for &(rows, cols) in case.shapes {
             let owned = Owned::new(case.ty, rows, cols);

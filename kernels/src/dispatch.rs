@@ -253,6 +253,9 @@ pub type PanelK<B> =
 /// F32/F16 weights (`cols` per row) against f32 activation rows (`x[a*cols..][..cols]`).
 pub type PanelF<T> = fn(w: &[T], cols: usize, rows: Range<usize>, x: &[f32], n_act: usize, out: &OutSink<'_>);
 
+/// [`quantize_row32`]'s signature: (x, group, qs, d, s, isum).
+pub type Quantize32 = fn(&[f32], usize, &mut [i8], &mut [f32], &mut [f32], &mut [i32]);
+
 /// Every kernel of one instruction-set level.
 pub struct Kernels {
     pub isa: Isa,
@@ -276,7 +279,7 @@ pub struct Kernels {
     pub q4_k: PanelK<BlockQ4K>,
     pub q6_k: PanelK<BlockQ6K>,
     /// [`quantize_row32`].
-    pub quantize32: fn(&[f32], usize, &mut [i8], &mut [f32], &mut [f32], &mut [i32]),
+    pub quantize32: Quantize32,
     /// [`crate::matmul::quantize_row_q8k`].
     pub quantize_k: fn(&[f32], usize, &mut [BlockQ8K]),
 }
@@ -350,7 +353,7 @@ pub(crate) fn quantize_row32_impl(
     assert!(group == 1 || group == 2);
     let cols = x.len();
     let nb = cols / 32;
-    assert!(cols % 32 == 0 && qs.len() == group * cols && d.len() == group * nb);
+    assert!(cols.is_multiple_of(32) && qs.len() == group * cols && d.len() == group * nb);
     assert!(s.len() == group * nb && isum.len() == group * nb);
     for b in 0..nb {
         let xb = &x[b * 32..b * 32 + 32];

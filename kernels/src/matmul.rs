@@ -89,14 +89,14 @@ pub struct WeightMatrix<'a> {
     cols: usize,
 }
 
-fn cast<'a, T: Block>(ty: GgmlType, data: &'a [u8]) -> Result<&'a [T], MatmulError> {
+fn cast<T: Block>(ty: GgmlType, data: &[u8]) -> Result<&[T], MatmulError> {
     cast_blocks::<T>(data).ok_or(MatmulError::Misaligned { ty })
 }
 
 impl<'a> WeightMatrix<'a> {
     /// Checks type, shape, size and alignment of `data` (`rows` rows of `cols` values of type `ty`).
     pub fn new(ty: GgmlType, data: &'a [u8], rows: usize, cols: usize) -> Result<Self, MatmulError> {
-        if cols % ty.block_size() != 0 {
+        if !cols.is_multiple_of(ty.block_size()) {
             return Err(MatmulError::PartialBlock { ty, cols });
         }
         let expected = (cols / ty.block_size()).checked_mul(ty.type_size()).and_then(|r| r.checked_mul(rows));
@@ -239,7 +239,7 @@ pub fn quantize_row_q8k(x: &[f32], group: usize, out: &mut [BlockQ8K]) {
 /// The body of [`quantize_row_q8k`], inlined into each level's entry point.
 #[inline(always)]
 pub(crate) fn quantize_row_k_impl(x: &[f32], group: usize, out: &mut [BlockQ8K]) {
-    assert!((group == 1 || group == 2) && out.len() == group * (x.len() / QK_K) && x.len() % QK_K == 0);
+    assert!((group == 1 || group == 2) && out.len() == group * (x.len() / QK_K) && x.len().is_multiple_of(QK_K));
     let nb = x.len() / QK_K;
     let mut res_buf = [0f32; QK_K];
     for b in 0..nb {

@@ -3,6 +3,9 @@
 //! The weight-unpacking helpers here are the scalar statement of each block layout; the scalar kernels use them and
 //! the SIMD kernels reproduce them lane by lane.
 
+// Tiles index several arrays ([r][c] accumulators, per-row scales) with one loop counter on purpose.
+#![allow(clippy::needless_range_loop)]
+
 pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
