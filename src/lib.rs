@@ -6,10 +6,11 @@
 
 pub mod cli;
 pub mod gguf;
-pub mod registry;
 pub mod model;
 pub mod sampling;
+pub mod session;
 pub mod stop;
+pub mod registry;
 pub mod tokenizer;
 
 pub use infer_kernels as kernels;

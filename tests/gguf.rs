@@ -129,7 +129,10 @@ fn truncated_files_are_rejected_at_every_length() {
         let err = parse_err(bytes[..len].to_vec());
         let msg = err.to_string();
         assert!(
-            matches!(err, GgufError::UnexpectedEof { .. } | GgufError::TensorOutOfBounds { .. } | GgufError::CountTooLarge { .. }),
+            matches!(
+                err,
+                GgufError::UnexpectedEof { .. } | GgufError::TensorOutOfBounds { .. } | GgufError::CountTooLarge { .. }
+            ),
             "prefix {len}: {msg}"
         );
     }
@@ -193,7 +196,10 @@ fn tensor_record(name: &str, dims: &[u64], type_id: u32, offset: u64) -> Vec<u8>
 #[test]
 fn hostile_metadata_is_rejected_by_name() {
     assert!(matches!(parse_err(handcrafted(&kv("", 4, &[0; 4]), &[], 0)), GgufError::EmptyKey { .. }));
-    assert!(matches!(parse_err(handcrafted(&kv("k", 13, &[0; 4]), &[], 0)), GgufError::UnknownValueType { type_id: 13, .. }));
+    assert!(matches!(
+        parse_err(handcrafted(&kv("k", 13, &[0; 4]), &[], 0)),
+        GgufError::UnknownValueType { type_id: 13, .. }
+    ));
     assert!(matches!(parse_err(handcrafted(&kv("k", 7, &[2]), &[], 0)), GgufError::InvalidBool { byte: 2, .. }));
     // A string claiming more bytes than the file has.
     assert!(matches!(

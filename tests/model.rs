@@ -6,7 +6,7 @@ use infer::gguf::GgufFile;
 use infer::kernels::GgmlType;
 use infer::model::{ForwardScratch, KvDtype, KvPool, Logits, Model, SeqKv, SeqStep};
 
-use crate::common::{reference, real_model};
+use crate::common::{real_model, reference};
 use crate::synthetic::{Rng, Spec, build};
 
 fn load_synthetic(spec: Spec) -> Model {
@@ -39,7 +39,12 @@ fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
 
 #[test]
 fn prefill_equals_token_by_token_decode_on_synthetic_models() {
-    for spec in [Spec::llama(GgmlType::Q4_1), Spec::llama(GgmlType::Q8_0), Spec::llama(GgmlType::F32), Spec::gemma(GgmlType::Q5_0)] {
+    for spec in [
+        Spec::llama(GgmlType::Q4_1),
+        Spec::llama(GgmlType::Q8_0),
+        Spec::llama(GgmlType::F32),
+        Spec::gemma(GgmlType::Q5_0),
+    ] {
         let model = load_synthetic(spec);
         // Longer than the gemma spec's sliding window (8) and than a KV block (16), so both are crossed.
         let tokens = random_tokens(37, spec.n_vocab, 3);
@@ -50,7 +55,12 @@ fn prefill_equals_token_by_token_decode_on_synthetic_models() {
             assert!(prefill.iter().all(|v| v.is_finite()));
             let d1 = max_rel_diff(&prefill, &decode);
             let d2 = max_rel_diff(&prefill, &mixed);
-            assert!(d1 < 1e-4 && d2 < 1e-4, "{:?} {:?}: prefill vs decode {d1}, vs chunks of 5 {d2}", spec.weight_type, kv);
+            assert!(
+                d1 < 1e-4 && d2 < 1e-4,
+                "{:?} {:?}: prefill vs decode {d1}, vs chunks of 5 {d2}",
+                spec.weight_type,
+                kv
+            );
         }
     }
 }

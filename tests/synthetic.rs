@@ -77,14 +77,7 @@ impl Spec {
     }
 
     pub fn gemma(weight_type: GgmlType) -> Spec {
-        Spec {
-            gemma: true,
-            n_layer: 6,
-            n_head_kv: 1,
-            head_dim: 32,
-            sliding_window: 8,
-            ..Spec::llama(weight_type)
-        }
+        Spec { gemma: true, n_layer: 6, n_head_kv: 1, head_dim: 32, sliding_window: 8, ..Spec::llama(weight_type) }
     }
 }
 
@@ -163,7 +156,9 @@ pub fn byte_to_unicode(b: u8) -> String {
         char::from_u32(b as u32).unwrap().to_string()
     } else {
         // Non-printable bytes map, in order, to code points from 256 up.
-        let rank = (0..b).filter(|&x| !((b'!'..=b'~').contains(&x) || (0xA1..=0xAC).contains(&x) || (0xAE..=0xFF).contains(&x))).count();
+        let rank = (0..b)
+            .filter(|&x| !((b'!'..=b'~').contains(&x) || (0xA1..=0xAC).contains(&x) || (0xAE..=0xFF).contains(&x)))
+            .count();
         char::from_u32(256 + rank as u32).unwrap().to_string()
     }
 }

@@ -48,7 +48,11 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         let ids: Vec<u32> = serde_json::from_str(&line)
             .with_context(|| format!("stdin line {}: expected a JSON array of token ids", lineno + 1))?;
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= c.n_vocab) {
-            anyhow::bail!("stdin line {}: token id {bad} is out of range (vocabulary has {} tokens)", lineno + 1, c.n_vocab);
+            anyhow::bail!(
+                "stdin line {}: token id {bad} is out of range (vocabulary has {} tokens)",
+                lineno + 1,
+                c.n_vocab
+            );
         }
         // One pool sized for the longest sequence so far; sequences run one at a time from an empty cache.
         let need = ids.len().max(1);

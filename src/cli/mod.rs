@@ -13,7 +13,7 @@ pub mod logits;
 pub mod output;
 pub mod pull;
 pub mod tokenize;
-// pub mod run; (enabled once Tokenizer::from_gguf lands)
+pub mod run;
 
 /// Run GGUF language models on ordinary CPUs.
 #[derive(Parser, Debug)]
@@ -33,6 +33,8 @@ pub enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// List the registry's models and which are cached.
     List(list::ListArgs),
+    /// Generate text from a prompt, streamed to stdout.
+    Run(run::RunArgs),
     /// Print the top-K raw logits at every position of token-id sequences read from stdin (fidelity checks).
     Logits(logits::LogitsArgs),
     /// Measure speed: prefill (pp), generation (tg) and the batched-decode curve (--batch), like llama-bench.
@@ -47,6 +49,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokenize(args) => tokenize::run(args),
         Command::List(args) => list::run(args),
         Command::Logits(args) => logits::run(args),
+        Command::Run(args) => run::run(args),
         Command::Bench(args) => bench::run(args),
     }
 }
@@ -58,12 +61,9 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     })
 }
 
-/// Resolves a MODEL argument (path or registry name; `None` = the default model) to a file.
+/// Resolves a MODEL argument (path or registry name; `None` = the default model, fetched on first use).
 pub fn resolve_model_arg(spec: Option<&str>) -> anyhow::Result<std::path::PathBuf> {
-    match spec {
-        Some(s) => Ok(std::path::PathBuf::from(s)),
-        None => anyhow::bail!("no model given"),
-    }
+    crate::registry::resolve_model(spec)
 }
 
 /// The CPU's SIMD features that matter to the kernels.
@@ -87,6 +87,25 @@ pub fn isa_in_use() -> String {
         Err(e) => format!("error: {e}"),
     }
 }
+
+/// A model and its tokenizer, loaded for a command.
+pub struct Loaded {
+    pub model: crate::model::Model,
+    pub tokenizer: crate::tokenizer::Tokenizer,
+}
+
+/// Resolves MODEL, checks the kernel level, and loads model and tokenizer, with errors naming the file.
+pub fn load(spec: Option<&str>, engine: &EngineArgs) -> anyhow::Result<Loaded> {
+    use anyhow::Context;
+    infer_kernels::dispatch::try_isa().context("INFER_ISA")?;
+    let path = resolve_model_arg(spec)?;
+    let mut model = crate::model::Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    model.set_precision(engine.precision());
+    let tokenizer = crate::tokenizer::Tokenizer::from_gguf(model.file())
+        .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
+    Ok(Loaded { model, tokenizer })
+}
+
 
 /// Engine settings shared by every command that runs a model.
 #[derive(clap::Args, Debug, Clone, Default)]

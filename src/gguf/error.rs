@@ -19,7 +19,9 @@ pub enum GgufError {
     BadMagic { found: String },
     #[error("GGUF version {version} is not supported (only 2 and 3 are)")]
     UnsupportedVersion { version: u32 },
-    #[error("GGUF version field {version:#010x} looks byte-swapped: this is a big-endian file, only little-endian is supported")]
+    #[error(
+        "GGUF version field {version:#010x} looks byte-swapped: this is a big-endian file, only little-endian is supported"
+    )]
     WrongEndianness { version: u32 },
     #[error("file truncated while reading {what} at offset {offset}: needs {needed} bytes, {available} left")]
     UnexpectedEof { what: String, offset: u64, needed: u64, available: u64 },

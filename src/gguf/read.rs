@@ -291,7 +291,12 @@ fn parse_layout(buf: &[u8]) -> Result<Layout, GgufError> {
     // A tensor record is at least 8 (name length) + 4 (n_dims) + 8 (one dim) + 4 (type) + 8 (offset) bytes, a
     // key-value pair at least 8 + 1 (key) + 4 (type) + 1 (value). Counts beyond what the file can hold are lies.
     if n_tensors > c.remaining() / 32 {
-        return Err(GgufError::CountTooLarge { field: "n_tensors", value: n_tensors, offset: at, remaining: c.remaining() });
+        return Err(GgufError::CountTooLarge {
+            field: "n_tensors",
+            value: n_tensors,
+            offset: at,
+            remaining: c.remaining(),
+        });
     }
     if n_kv > c.remaining() / 14 {
         return Err(GgufError::CountTooLarge { field: "n_kv", value: n_kv, offset: at + 8, remaining: c.remaining() });
@@ -304,9 +309,8 @@ fn parse_layout(buf: &[u8]) -> Result<Layout, GgufError> {
         if key_bytes.is_empty() {
             return Err(GgufError::EmptyKey { index, offset: key_at });
         }
-        let key = std::str::from_utf8(key_bytes)
-            .map_err(|_| GgufError::InvalidKey { index, offset: key_at })?
-            .to_string();
+        let key =
+            std::str::from_utf8(key_bytes).map_err(|_| GgufError::InvalidKey { index, offset: key_at })?.to_string();
         if metadata.contains(&key) {
             return Err(GgufError::DuplicateKey { key, offset: key_at });
         }

@@ -80,7 +80,10 @@ impl GgufWriter {
         let (_, n_bytes) = tensor_extent(name, dims, ty)?;
         if n_bytes != data.len() as u64 {
             return Err(GgufError::Write {
-                what: format!("tensor '{name}' of type {ty} and shape {dims:?} needs {n_bytes} bytes, got {}", data.len()),
+                what: format!(
+                    "tensor '{name}' of type {ty} and shape {dims:?} needs {n_bytes} bytes, got {}",
+                    data.len()
+                ),
             });
         }
         self.tensors.push(PendingTensor { name: name.to_string(), dims: dims.to_vec(), ty, data });
@@ -97,7 +100,9 @@ impl GgufWriter {
         match self.metadata.get("general.alignment") {
             None => Ok(DEFAULT_ALIGNMENT),
             Some(MetaValue::U32(a)) if a.is_power_of_two() && (*a as u64) <= MAX_ALIGNMENT => Ok(*a as u64),
-            Some(v) => Err(GgufError::Write { what: format!("general.alignment must be a u32 power of two, got {v:?}") }),
+            Some(v) => {
+                Err(GgufError::Write { what: format!("general.alignment must be a u32 power of two, got {v:?}") })
+            }
         }
     }
 

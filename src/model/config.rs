@@ -109,7 +109,11 @@ impl ModelConfig {
         let bounded = |key: String, max: usize| -> Result<usize, GgufError> {
             let v = meta.get_usize(&key)?;
             if v == 0 || v > max {
-                return Err(GgufError::ValueOutOfRange { key, value: v.to_string(), why: format!("must be 1..={max}") });
+                return Err(GgufError::ValueOutOfRange {
+                    key,
+                    value: v.to_string(),
+                    why: format!("must be 1..={max}"),
+                });
             }
             Ok(v)
         };
@@ -157,7 +161,11 @@ impl ModelConfig {
         let positive = |key: String, default: f32| -> Result<f32, GgufError> {
             let v = meta.opt_f32(&key)?.unwrap_or(default);
             if !(v.is_finite() && v > 0.0) {
-                return Err(GgufError::ValueOutOfRange { key, value: v.to_string(), why: "must be finite and > 0".into() });
+                return Err(GgufError::ValueOutOfRange {
+                    key,
+                    value: v.to_string(),
+                    why: "must be finite and > 0".into(),
+                });
             }
             Ok(v)
         };
@@ -180,7 +188,11 @@ impl ModelConfig {
             None => meta.get_array("tokenizer.ggml.tokens")?.len(),
         };
         if n_vocab == 0 {
-            return Err(GgufError::ValueOutOfRange { key: k("vocab_size"), value: "0".into(), why: "empty vocabulary".into() });
+            return Err(GgufError::ValueOutOfRange {
+                key: k("vocab_size"),
+                value: "0".into(),
+                why: "empty vocabulary".into(),
+            });
         }
         let n_ctx_train = meta.opt_usize(&k("context_length"))?.unwrap_or(2048).max(1);
         let final_logit_softcap = meta.opt_f32(&k("final_logit_softcapping"))?.filter(|c| *c > 0.0);

@@ -63,21 +63,21 @@ struct TokenSlot {
 /// not allocate.
 pub struct ForwardScratch {
     plan: Vec<TokenSlot>,
-    x: Vec<f32>,     // (T, n_embd) residual stream
-    xb: Vec<f32>,    // (T, n_embd) normed input of a block
-    xb2: Vec<f32>,   // (T, n_embd) block output
-    q: Vec<f32>,     // (T, n_head·head_dim)
-    k: Vec<f32>,     // (T, n_head_kv·head_dim)
-    v: Vec<f32>,     // (T, n_head_kv·head_dim_v)
-    att: Vec<f32>,   // (T, n_head·head_dim_v)
-    gate: Vec<f32>,  // (T, n_ff)
-    up: Vec<f32>,    // (T, n_ff)
+    x: Vec<f32>,             // (T, n_embd) residual stream
+    xb: Vec<f32>,            // (T, n_embd) normed input of a block
+    xb2: Vec<f32>,           // (T, n_embd) block output
+    q: Vec<f32>,             // (T, n_head·head_dim)
+    k: Vec<f32>,             // (T, n_head_kv·head_dim)
+    v: Vec<f32>,             // (T, n_head_kv·head_dim_v)
+    att: Vec<f32>,           // (T, n_head·head_dim_v)
+    gate: Vec<f32>,          // (T, n_ff)
+    up: Vec<f32>,            // (T, n_ff)
     rope_cos: [Vec<f32>; 2], // (T, n_rot/2) for the full and sliding-window bases
     rope_sin: [Vec<f32>; 2],
-    out_rows: Vec<usize>,       // stacked-batch rows whose logits are wanted
+    out_rows: Vec<usize>,           // stacked-batch rows whose logits are wanted
     out_items: Vec<(usize, usize)>, // per item: (first logits row, number of rows)
-    out_x: Vec<f32>,            // (n_out, n_embd)
-    logits: Vec<f32>,           // (n_out, n_vocab)
+    out_x: Vec<f32>,                // (n_out, n_embd)
+    logits: Vec<f32>,               // (n_out, n_vocab)
     matmul: MatmulScratch,
 }
 
@@ -167,7 +167,12 @@ impl Model {
     }
 
     /// Runs one batch through the decoder, appending the new tokens to each sequence's cache.
-    pub fn forward(&self, items: &mut [SeqStep], pool: &mut KvPool, s: &mut ForwardScratch) -> Result<(), ForwardError> {
+    pub fn forward(
+        &self,
+        items: &mut [SeqStep],
+        pool: &mut KvPool,
+        s: &mut ForwardScratch,
+    ) -> Result<(), ForwardError> {
         let c = &self.config;
         // Plan the stacked batch and validate every token before touching the cache.
         s.plan.clear();
@@ -233,7 +238,9 @@ impl Model {
         for (il, lw) in self.weights.layers.iter().enumerate() {
             let x = &s.x[..t_count * n_embd];
             let xb = &mut s.xb[..t_count * n_embd];
-            for_rows(xb, n_embd, |t, row| ops::rmsnorm(row, &x[t * n_embd..(t + 1) * n_embd], &lw.attn_norm, c.rms_eps));
+            for_rows(xb, n_embd, |t, row| {
+                ops::rmsnorm(row, &x[t * n_embd..(t + 1) * n_embd], &lw.attn_norm, c.rms_eps)
+            });
 
             // Q, K, V from one pass over the normed input.
             {
@@ -273,7 +280,13 @@ impl Model {
             self.attention(il, items, pool, &s.plan, &s.q[..t_count * q_dim], &mut s.att[..t_count * att_dim]);
 
             // Output projection, optional post-norm, residual.
-            matmul(&self.mat(&lw.wo), &s.att[..t_count * att_dim], t_count, &mut s.xb2[..t_count * n_embd], &mut s.matmul);
+            matmul(
+                &self.mat(&lw.wo),
+                &s.att[..t_count * att_dim],
+                t_count,
+                &mut s.xb2[..t_count * n_embd],
+                &mut s.matmul,
+            );
             self.residual(&mut s.x[..t_count * n_embd], &mut s.xb2[..t_count * n_embd], lw.attn_post_norm.as_deref());
 
             // Feed-forward.
@@ -296,7 +309,13 @@ impl Model {
                     }
                 });
             }
-            matmul(&self.mat(&lw.ffn_down), &s.gate[..t_count * n_ff], t_count, &mut s.xb2[..t_count * n_embd], &mut s.matmul);
+            matmul(
+                &self.mat(&lw.ffn_down),
+                &s.gate[..t_count * n_ff],
+                t_count,
+                &mut s.xb2[..t_count * n_embd],
+                &mut s.matmul,
+            );
             self.residual(&mut s.x[..t_count * n_embd], &mut s.xb2[..t_count * n_embd], lw.ffn_post_norm.as_deref());
         }
 

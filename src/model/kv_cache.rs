@@ -180,7 +180,12 @@ impl KvPool {
 
     /// Positions one sequence can still add before the pool runs out (ignoring other sequences' future needs).
     pub fn free_positions(&self) -> usize {
-        self.groups.iter().filter(|g| g.window.is_none()).map(|g| g.free.len() * self.block_size).min().unwrap_or(usize::MAX)
+        self.groups
+            .iter()
+            .filter(|g| g.window.is_none())
+            .map(|g| g.free.len() * self.block_size)
+            .min()
+            .unwrap_or(usize::MAX)
     }
 
     /// Makes room for positions `seq.len() .. seq.len() + n` in every group, allocating blocks as needed.

@@ -44,29 +44,29 @@ fn file_bytes(file: &GgufFile) -> &[u8] {
 /// One decoder layer's weights. Shapes in (rows, cols) = (outputs, inputs).
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,           // (n_embd)
-    pub wq: Linear,                    // (n_head·head_dim, n_embd)
-    pub wk: Linear,                    // (n_head_kv·head_dim, n_embd)
-    pub wv: Linear,                    // (n_head_kv·head_dim_v, n_embd)
-    pub wo: Linear,                    // (n_embd, n_head·head_dim_v)
-    pub q_norm: Option<Vec<f32>>,      // (head_dim), gemma3
-    pub k_norm: Option<Vec<f32>>,      // (head_dim), gemma3
+    pub attn_norm: Vec<f32>,              // (n_embd)
+    pub wq: Linear,                       // (n_head·head_dim, n_embd)
+    pub wk: Linear,                       // (n_head_kv·head_dim, n_embd)
+    pub wv: Linear,                       // (n_head_kv·head_dim_v, n_embd)
+    pub wo: Linear,                       // (n_embd, n_head·head_dim_v)
+    pub q_norm: Option<Vec<f32>>,         // (head_dim), gemma3
+    pub k_norm: Option<Vec<f32>>,         // (head_dim), gemma3
     pub attn_post_norm: Option<Vec<f32>>, // (n_embd), gemma3
-    pub ffn_norm: Vec<f32>,            // (n_embd)
-    pub ffn_gate: Linear,              // (n_ff, n_embd)
-    pub ffn_up: Linear,                // (n_ff, n_embd)
-    pub ffn_down: Linear,              // (n_embd, n_ff)
-    pub ffn_post_norm: Option<Vec<f32>>, // (n_embd), gemma3
+    pub ffn_norm: Vec<f32>,               // (n_embd)
+    pub ffn_gate: Linear,                 // (n_ff, n_embd)
+    pub ffn_up: Linear,                   // (n_ff, n_embd)
+    pub ffn_down: Linear,                 // (n_embd, n_ff)
+    pub ffn_post_norm: Option<Vec<f32>>,  // (n_embd), gemma3
 }
 
 /// All of the model's weights.
 #[derive(Debug, Clone)]
 pub struct ModelWeights {
-    pub token_embd: Linear,   // (n_vocab, n_embd)
+    pub token_embd: Linear, // (n_vocab, n_embd)
     pub layers: Vec<LayerWeights>,
     pub output_norm: Vec<f32>, // (n_embd)
     /// The output projection: `output.weight`, or the token embedding when the model ties them.
-    pub output: Linear,       // (n_vocab, n_embd)
+    pub output: Linear, // (n_vocab, n_embd)
 }
 
 impl ModelWeights {

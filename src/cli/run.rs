@@ -1,0 +1,208 @@
+//! `infer run [MODEL] -p PROMPT`: one-shot generation, streamed to stdout as it is produced.
+//!
+//! stdout carries only the model's text (or, with `--json`, one JSON object at the end); timings and notes go to
+//! stderr, and only when stderr is a terminal unless `--verbose` asks for them.
+
+use std::io::{IsTerminal, Read};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use serde_json::json;
+
+use crate::cli::EngineArgs;
+use crate::cli::args::{SamplingArgs, StopArgs, ThreadArgs};
+use crate::cli::output::print_flush;
+use crate::session::{FinishReason, GenerateRequest, Session};
+use crate::tokenizer::chat::ChatMessage;
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Model: a .gguf path or a registry name (default: the registry's default model, fetched on first use).
+    pub model: Option<String>,
+    /// The prompt.
+    #[arg(short = 'p', long, value_name = "TEXT", conflicts_with = "file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file (`-` = stdin). Without -p or -f, a piped stdin is the prompt.
+    #[arg(short = 'f', long, value_name = "FILE")]
+    pub file: Option<String>,
+    /// Most tokens to generate; -1 = until an end token or a full context.
+    #[arg(short = 'n', long = "n-predict", value_name = "N", default_value_t = -1, allow_negative_numbers = true,
+          value_parser = parse_n_predict)]
+    pub n_predict: i64,
+    /// Context size in tokens; 0 = the model's trained context.
+    #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 4096)]
+    pub ctx_size: usize,
+    /// Wrap the prompt in the model's chat template (as one user turn).
+    #[arg(long)]
+    pub chat: bool,
+    /// A system message for --chat.
+    #[arg(long, value_name = "TEXT", requires = "chat")]
+    pub system: Option<String>,
+    /// A Jinja chat template file, or a built-in name (chatml, gemma, ...), instead of the model's own.
+    #[arg(long = "chat-template", value_name = "FILE|NAME", requires = "chat")]
+    pub chat_template: Option<String>,
+    /// Keep generating after end-of-generation tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object at the end (text, tokens, finish_reason, seed, timings) instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+    /// Print timings and details on stderr even when it is not a terminal.
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub stop: StopArgs,
+    #[command(flatten)]
+    pub threads: ThreadArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+fn parse_n_predict(s: &str) -> Result<i64, String> {
+    let n: i64 = s.parse().map_err(|_| format!("'{s}' is not a whole number"))?;
+    if n < -1 { Err("must be -1 (unlimited) or a count ≥ 0".into()) } else { Ok(n) }
+}
+
+/// Prompts larger than this are refused before tokenizing (64 MiB of text is far beyond any context).
+const MAX_PROMPT_BYTES: usize = 64 << 20;
+
+fn read_prompt(args: &RunArgs) -> anyhow::Result<String> {
+    let text = match (&args.prompt, &args.file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) if f == "-" => read_stdin()?,
+        (None, Some(f)) => {
+            let bytes = std::fs::read(f).with_context(|| format!("reading prompt file {f}"))?;
+            String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("prompt file {f} is not valid UTF-8"))?
+        }
+        (None, None) if !std::io::stdin().is_terminal() => read_stdin()?,
+        (None, None) => bail!("no prompt: give -p TEXT, -f FILE, or pipe it on stdin"),
+    };
+    if text.len() > MAX_PROMPT_BYTES {
+        bail!("the prompt is {} bytes; the limit is {MAX_PROMPT_BYTES}", text.len());
+    }
+    Ok(text)
+}
+
+fn read_stdin() -> anyhow::Result<String> {
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .take(MAX_PROMPT_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .context("reading the prompt from stdin")?;
+    String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("the prompt on stdin is not valid UTF-8"))
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let prompt_text = read_prompt(&args)?;
+    let params = args.sampling.to_params();
+    params.validate()?;
+    let stop_matcher_check = args.stop.matcher()?;
+    drop(stop_matcher_check);
+    let show_stats = args.verbose || std::io::stderr().is_terminal();
+
+    let load_start = Instant::now();
+    let loaded = super::load(args.model.as_deref(), &args.engine)?;
+    let (model, tokenizer) = (&loaded.model, &loaded.tokenizer);
+    let load_time = load_start.elapsed();
+
+    let prompt_text = if args.chat {
+        let template = crate::tokenizer::chat::ChatTemplate::from_gguf(model.file(), args.chat_template.as_deref())
+            .context("loading the chat template")?;
+        let mut messages = Vec::new();
+        if let Some(sys) = &args.system {
+            messages.push(ChatMessage { role: "system".into(), content: sys.clone() });
+        }
+        messages.push(ChatMessage { role: "user".into(), content: prompt_text });
+        template.render(&messages, true).context("rendering the chat template")?
+    } else {
+        prompt_text
+    };
+    // A chat template writes the BOS token itself; a raw prompt gets one if the model asks for it.
+    let prompt = tokenizer.encode(&prompt_text, !args.chat, true);
+    let n_ctx = if args.ctx_size == 0 { model.config.n_ctx_train } else { args.ctx_size };
+    if prompt.len() > n_ctx {
+        bail!("the prompt is {} tokens, but the context holds {n_ctx}: shorten it or raise --ctx-size", prompt.len());
+    }
+    let max_tokens = if args.n_predict < 0 { usize::MAX } else { args.n_predict as usize };
+    let req = GenerateRequest {
+        prompt,
+        max_tokens,
+        sampling: params,
+        stop: args.stop.stop.clone(),
+        ignore_eos: args.ignore_eos,
+    };
+
+    let cancel = Arc::new(AtomicBool::new(false));
+    {
+        let cancel = cancel.clone();
+        // A second Ctrl-C while the first is being honoured exits at once.
+        let _ = ctrlc::set_handler(move || {
+            if cancel.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+        });
+    }
+    let pool = args.threads.build_pool().context("starting worker threads")?;
+    let mut session = Session::new(model, tokenizer, n_ctx, args.engine.kv_dtype());
+    let json_mode = args.json;
+    let mut wrote_any = false;
+    let result = pool.install(|| {
+        session.generate(&req, &cancel, &mut |text| {
+            if !json_mode && !text.is_empty() {
+                wrote_any = true;
+                print_flush(text)?;
+            }
+            Ok(())
+        })
+    })?;
+    if !json_mode && wrote_any && std::io::stdout().is_terminal() {
+        print_flush("\n")?;
+    }
+    let t = &result.timings;
+    if json_mode {
+        let out = json!({
+            "text": result.text,
+            "tokens": result.tokens,
+            "finish_reason": result.finish.as_str(),
+            "seed": params.seed,
+            "prompt_tokens": req.prompt.len(),
+            "timings": {
+                "load_ms": load_time.as_secs_f64() * 1e3,
+                "prompt_tokens": t.prompt_tokens,
+                "prompt_ms": t.prompt_time.as_secs_f64() * 1e3,
+                "prompt_tokens_per_second": t.prompt_tps(),
+                "generated_tokens": t.generated_tokens,
+                "generation_ms": t.generate_time.as_secs_f64() * 1e3,
+                "generation_tokens_per_second": t.generate_tps(),
+            },
+        });
+        crate::cli::output::print_line(&out.to_string())?;
+    }
+    if result.context_full {
+        eprintln!(
+            "note: the context ({n_ctx} tokens) is full; generation stopped (finish_reason length). Raise --ctx-size for longer output."
+        );
+    }
+    if result.finish == FinishReason::Cancelled {
+        eprintln!("note: interrupted");
+    }
+    if show_stats {
+        eprintln!(
+            "[ load {:.0} ms | prompt {} tokens, {:.1} t/s | generation {} tokens, {:.1} t/s | {} threads, {} | seed {} ]",
+            load_time.as_secs_f64() * 1e3,
+            t.prompt_tokens,
+            t.prompt_tps(),
+            t.generated_tokens,
+            t.generate_tps(),
+            args.threads.count(),
+            crate::cli::isa_in_use(),
+            params.seed,
+        );
+    }
+    Ok(())
+}

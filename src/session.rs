@@ -1,0 +1,269 @@
+//! Driving generation for one conversation: prompt → prefill → decode → sample, with stop conditions, streaming
+//! text and timings.
+//!
+//! A [`Session`] owns one sequence's KV cache and remembers the tokens in it, so a follow-up prompt that extends
+//! the previous one (a chat turn) only runs the new tokens through the model. It knows nothing of terminals: text
+//! goes to a callback, and cancellation is an `AtomicBool` the caller may set from a signal handler.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::model::{ForwardError, ForwardScratch, KvDtype, KvPool, Logits, Model, SeqKv, SeqStep};
+use crate::sampling::{Sampler, SamplingError, SamplingParams};
+use crate::stop::{StopError, StopMatcher, StopStep};
+use crate::tokenizer::Tokenizer;
+
+/// Tokens per forward pass during prefill: long prompts run in chunks so memory stays bounded and Ctrl-C is seen.
+pub const PREFILL_CHUNK: usize = 512;
+
+/// What one generation asks for.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// The whole conversation so far as tokens (prompt, chat history); a prefix already in the cache is reused.
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// Keep going past end-of-generation tokens.
+    pub ignore_eos: bool,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens` reached, or the context filled up (see [`Generation::context_full`]).
+    Length,
+    /// The caller set the cancel flag.
+    Cancelled,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Time spent, for tokens-per-second figures.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timings {
+    /// Prompt tokens that went through the model (cached prefix excluded).
+    pub prompt_tokens: usize,
+    pub prompt_time: Duration,
+    pub generated_tokens: usize,
+    pub generate_time: Duration,
+}
+
+impl Timings {
+    pub fn prompt_tps(&self) -> f64 {
+        rate(self.prompt_tokens, self.prompt_time)
+    }
+
+    pub fn generate_tps(&self) -> f64 {
+        rate(self.generated_tokens, self.generate_time)
+    }
+}
+
+fn rate(n: usize, t: Duration) -> f64 {
+    if t.is_zero() { 0.0 } else { n as f64 / t.as_secs_f64() }
+}
+
+/// The result of one generation.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// The text shown (stop string excluded).
+    pub text: String,
+    /// Generated token ids (the end-of-generation token, if any, excluded).
+    pub tokens: Vec<u32>,
+    pub finish: FinishReason,
+    /// Generation stopped because the context window was full.
+    pub context_full: bool,
+    pub timings: Timings,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error("the prompt is {prompt} tokens, but the context holds {n_ctx}: shorten it or raise --ctx-size")]
+    PromptTooLong { prompt: usize, n_ctx: usize },
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    #[error(transparent)]
+    Stop(#[from] StopError),
+    #[error(transparent)]
+    Forward(#[from] ForwardError),
+    #[error("writing output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+/// One sequence's state across turns.
+pub struct Session<'m> {
+    model: &'m Model,
+    tokenizer: &'m Tokenizer,
+    n_ctx: usize,
+    pool: KvPool,
+    kv: SeqKv,
+    /// The tokens whose keys and values are in `kv`, in order.
+    cached: Vec<u32>,
+    scratch: ForwardScratch,
+}
+
+impl<'m> Session<'m> {
+    /// A session with room for `n_ctx` positions.
+    pub fn new(model: &'m Model, tokenizer: &'m Tokenizer, n_ctx: usize, kv_dtype: KvDtype) -> Session<'m> {
+        let swa = model.config.sliding_window.map_or(n_ctx, |w| w + PREFILL_CHUNK);
+        Session {
+            model,
+            tokenizer,
+            n_ctx,
+            pool: KvPool::new(&model.config, kv_dtype, n_ctx, swa),
+            kv: SeqKv::new(),
+            cached: Vec::new(),
+            scratch: ForwardScratch::new(model),
+        }
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Tokens currently in the cache.
+    pub fn cached_tokens(&self) -> &[u32] {
+        &self.cached
+    }
+
+    /// Forgets the cached conversation.
+    pub fn reset(&mut self) {
+        self.pool.release(&mut self.kv);
+        self.cached.clear();
+    }
+
+    /// Generates a continuation of `req.prompt`, passing text to `on_text` as it becomes final.
+    pub fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        cancel: &AtomicBool,
+        on_text: &mut dyn FnMut(&str) -> std::io::Result<()>,
+    ) -> Result<Generation, GenerateError> {
+        if req.prompt.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        if req.prompt.len() > self.n_ctx {
+            return Err(GenerateError::PromptTooLong { prompt: req.prompt.len(), n_ctx: self.n_ctx });
+        }
+        let mut sampler = Sampler::new(req.sampling)?;
+        let mut stop = StopMatcher::new(req.stop.iter().cloned())?;
+        let n_vocab = self.model.config.n_vocab;
+        let mut timings = Timings::default();
+
+        // Reuse the cached prefix; at least the last prompt token must run to produce logits.
+        let common = self.cached.iter().zip(&req.prompt).take_while(|(a, b)| a == b).count();
+        let keep = common.min(req.prompt.len() - 1);
+        let can_truncate = self.model.config.sliding_window.is_none_or(|w| self.kv.len() - keep < w);
+        if keep < self.cached.len() {
+            if can_truncate && keep > 0 {
+                self.pool.truncate(&mut self.kv, keep);
+                self.cached.truncate(keep);
+            } else {
+                self.reset();
+            }
+        }
+
+        // Prefill.
+        let start = Instant::now();
+        let todo: Vec<u32> = req.prompt[self.cached.len()..].to_vec();
+        let chunks: Vec<&[u32]> = todo.chunks(PREFILL_CHUNK).collect();
+        for (i, chunk) in chunks.iter().enumerate() {
+            if cancel.load(Ordering::Relaxed) {
+                return Ok(self.finish_early(FinishReason::Cancelled, timings));
+            }
+            let logits = if i + 1 == chunks.len() { Logits::Last } else { Logits::None };
+            let mut items = [SeqStep { tokens: chunk, kv: &mut self.kv, logits }];
+            self.model.forward(&mut items, &mut self.pool, &mut self.scratch)?;
+            self.cached.extend_from_slice(chunk);
+        }
+        timings.prompt_tokens = todo.len();
+        timings.prompt_time = start.elapsed();
+
+        // Decode.
+        let start = Instant::now();
+        let mut history = req.prompt.clone();
+        let mut tokens = Vec::new();
+        let mut text = String::new();
+        let mut decoder = self.tokenizer.stream_decoder(true);
+        let mut finish = FinishReason::Length;
+        let mut context_full = false;
+        loop {
+            if tokens.len() >= req.max_tokens {
+                break;
+            }
+            if cancel.load(Ordering::Relaxed) {
+                finish = FinishReason::Cancelled;
+                break;
+            }
+            let next = sampler.sample(self.scratch.logits(0, n_vocab), &history)?;
+            if !req.ignore_eos && self.tokenizer.is_eog(next) {
+                finish = FinishReason::Stop;
+                break;
+            }
+            tokens.push(next);
+            history.push(next);
+            let piece = decoder.push(next);
+            match stop.push(&piece) {
+                StopStep::Continue(t) => {
+                    text.push_str(t);
+                    on_text(t)?;
+                }
+                StopStep::Stopped { text: t, .. } => {
+                    text.push_str(t);
+                    on_text(t)?;
+                    finish = FinishReason::Stop;
+                    break;
+                }
+            }
+            if tokens.len() >= req.max_tokens {
+                break;
+            }
+            if self.cached.len() >= self.n_ctx {
+                context_full = true;
+                break;
+            }
+            let step = [next];
+            let mut items = [SeqStep { tokens: &step, kv: &mut self.kv, logits: Logits::Last }];
+            self.model.forward(&mut items, &mut self.pool, &mut self.scratch)?;
+            self.cached.push(next);
+        }
+        if finish != FinishReason::Stop {
+            // Flush what the decoder and the stop matcher still hold.
+            let rest = decoder.finish();
+            let tail = match stop.push(&rest) {
+                StopStep::Continue(t) => t.to_string(),
+                StopStep::Stopped { text: t, .. } => {
+                    finish = FinishReason::Stop;
+                    t.to_string()
+                }
+            };
+            text.push_str(&tail);
+            on_text(&tail)?;
+            if finish != FinishReason::Stop {
+                let held = stop.finish().to_string();
+                text.push_str(&held);
+                on_text(&held)?;
+            }
+        }
+        timings.generated_tokens = tokens.len();
+        timings.generate_time = start.elapsed();
+        Ok(Generation { text, tokens, finish, context_full, timings })
+    }
+
+    fn finish_early(&mut self, finish: FinishReason, timings: Timings) -> Generation {
+        Generation { text: String::new(), tokens: Vec::new(), finish, context_full: false, timings }
+    }
+}

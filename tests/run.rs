@@ -1,0 +1,108 @@
+//! `infer run`: a real answer, reproducible sampling, stop strings, JSON output, context limits, bad input.
+
+use crate::common::{assert_clean_failure, infer, infer_bin, real_model, tempdir};
+use crate::synthetic::{Spec, build};
+use infer::kernels::GgmlType;
+
+fn stdout(out: &std::process::Output) -> String {
+    assert!(out.status.success(), "infer failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout.clone()).expect("stdout is UTF-8")
+}
+
+#[test]
+fn smollm2_knows_the_capital_of_france() {
+    let Some(path) = real_model("smollm2") else { return };
+    let out =
+        infer(&["run", path.to_str().unwrap(), "-p", "The capital of France is", "-n", "8", "--temp", "0", "-t", "2"]);
+    let text = stdout(&out);
+    assert!(text.starts_with(" Paris"), "got {text:?}");
+}
+
+#[test]
+fn same_seed_same_text_and_stop_strings_cut() {
+    let Some(path) = real_model("smollm2") else { return };
+    let p = path.to_str().unwrap();
+    let args = ["run", p, "-p", "Once upon a time", "-n", "24", "--seed", "1234", "-t", "2"];
+    let a = stdout(&infer(&args));
+    let b = stdout(&infer(&args));
+    assert_eq!(a, b, "the same seed gives the same text");
+    assert!(!a.is_empty());
+
+    // Greedy text, then stop at a word in its middle: output ends right before it.
+    let greedy = stdout(&infer(&["run", p, "-p", "The capital of France is", "-n", "24", "--temp", "0", "-t", "2"]));
+    let words: Vec<&str> = greedy.split(' ').filter(|w| w.len() > 3).collect();
+    let stop_word = words.get(2).or(words.last()).expect("some words");
+    let cut = greedy.find(stop_word).unwrap();
+    let stopped = stdout(&infer(&[
+        "run",
+        p,
+        "-p",
+        "The capital of France is",
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "-t",
+        "2",
+        "--stop",
+        stop_word,
+    ]));
+    assert_eq!(stopped, greedy[..cut], "stop string {stop_word:?} cuts the greedy text {greedy:?}");
+}
+
+#[test]
+fn json_output_and_finish_reasons() {
+    let Some(path) = real_model("smollm2") else { return };
+    let p = path.to_str().unwrap();
+    let out = stdout(&infer(&["run", p, "-p", "Hello", "-n", "5", "--temp", "0", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    assert_eq!(v["finish_reason"], "length");
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 5);
+    assert!(v["seed"].is_u64() && v["text"].is_string());
+    for k in ["load_ms", "prompt_tokens_per_second", "generation_tokens_per_second"] {
+        assert!(v["timings"][k].is_number(), "timings.{k}");
+    }
+    // A context of 8 tokens fills during generation: finish_reason length, and stderr says so.
+    let out = infer(&["run", p, "-p", "Hello there", "-n", "100", "--temp", "0", "-c", "8", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(v["finish_reason"], "length");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("context"), "stderr explains the stop");
+}
+
+#[test]
+fn prompt_sources_and_limits() {
+    let dir = tempdir();
+    let model = dir.path().join("tiny.gguf");
+    build(Spec::llama(GgmlType::Q8_0), 5).write_file(&model).unwrap();
+    let m = model.to_str().unwrap();
+    // -p, -f and stdin all work on a synthetic model (its text is noise, but it must be produced).
+    let out = stdout(&infer(&["run", m, "-p", "abc", "-n", "4", "--temp", "0", "--ignore-eos", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 4);
+    let prompt_file = dir.path().join("prompt.txt");
+    std::fs::write(&prompt_file, "hello from a file").unwrap();
+    stdout(&infer(&["run", m, "-f", prompt_file.to_str().unwrap(), "-n", "2", "--ignore-eos"]));
+    let mut child = infer_bin()
+        .args(["run", m, "-n", "2", "--ignore-eos"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"from stdin").unwrap();
+    assert!(child.wait_with_output().unwrap().status.success());
+
+    // A prompt longer than the context: both counts in the message.
+    let long = "x ".repeat(300);
+    assert_clean_failure(&infer(&["run", m, "-p", &long, "-c", "16"]), "context holds 16");
+    // Bad flags fail before loading anything.
+    assert_clean_failure(&infer(&["run", m, "-p", "a", "--temp", "nan"]), "--temp");
+    assert_clean_failure(&infer(&["run", m, "-p", "a", "--top-p", "1.5"]), "--top-p");
+    assert_clean_failure(&infer(&["run", m, "-p", "a", "-n", "-5"]), "-n");
+    assert_clean_failure(&infer(&["run", m, "-p", "a", "--stop", ""]), "stop");
+    assert_clean_failure(&infer(&["run", m, "-f", dir.path().join("nope.txt").to_str().unwrap()]), "nope.txt");
+    let bad_utf8 = dir.path().join("bad.txt");
+    std::fs::write(&bad_utf8, [0xff, 0xfe, 0x41]).unwrap();
+    assert_clean_failure(&infer(&["run", m, "-f", bad_utf8.to_str().unwrap()]), "UTF-8");
+}
