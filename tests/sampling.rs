@@ -376,6 +376,96 @@ fn large_vocab_defaults_stay_in_the_nucleus() {
     }
 }
 
+/// The pipeline done the slow, obvious way: a full sort, then each filter in turn. Returns the kept ids most likely
+/// first and their probabilities, or `None` for greedy.
+fn reference(l: &[f32], history: &[u32], p: &SamplingParams) -> (Vec<u32>, Vec<f64>) {
+    let mut l = l.to_vec();
+    if p.repeat_penalty != 1.0 {
+        let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
+        let mut seen = std::collections::BTreeSet::new();
+        for &t in window {
+            if seen.insert(t) {
+                let v = &mut l[t as usize];
+                *v = if *v > 0.0 { *v / p.repeat_penalty } else { *v * p.repeat_penalty };
+            }
+        }
+    }
+    let mut order: Vec<u32> = (0..l.len() as u32).collect();
+    order.sort_by(|&a, &b| l[b as usize].partial_cmp(&l[a as usize]).unwrap().then(a.cmp(&b)));
+    if p.temperature == 0.0 || p.top_k == 1 {
+        return (vec![order[0]], vec![1.0]);
+    }
+    if p.top_k > 0 && p.top_k < order.len() {
+        order.truncate(p.top_k);
+    }
+    let max = l[order[0] as usize];
+    if p.top_p < 1.0 {
+        let z: f64 = order.iter().map(|&i| f64::from(l[i as usize] - max).exp()).sum();
+        let mut cum = 0.0;
+        if let Some(last) = order.iter().position(|&i| {
+            cum += f64::from(l[i as usize] - max).exp();
+            cum >= f64::from(p.top_p) * z
+        }) {
+            order.truncate(last + 1);
+        }
+    }
+    let cut = p.min_p.ln();
+    order.retain(|&i| l[i as usize] - max >= cut);
+    let w: Vec<f64> =
+        order.iter().map(|&i| (f64::from(l[i as usize] - max) / f64::from(p.temperature)).exp()).collect();
+    let z: f64 = w.iter().sum();
+    (order, w.iter().map(|w| w / z).collect())
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+    /// Every combination of filters agrees with the slow reference (up to one token at the top-p cut, where
+    /// rounding decides), and sampling only ever returns a token of the distribution.
+    #[test]
+    fn pipeline_matches_the_reference(
+        vocab in 1usize..3000,
+        salt in 0u64..1000,
+        sharpness in proptest::sample::select(vec![0.1f32, 1.0, 3.0, 10.0]),
+        temperature in proptest::sample::select(vec![0.0f32, 0.3, 1.0, 2.5]),
+        top_k in proptest::sample::select(vec![0usize, 1, 2, 40, 100, 5000]),
+        top_p in proptest::sample::select(vec![1.0f32, 0.95, 0.5, 0.05, 1e-6]),
+        min_p in proptest::sample::select(vec![0.0f32, 0.05, 0.3, 1.0]),
+        repeat_penalty in proptest::sample::select(vec![1.0f32, 1.3, 0.7]),
+        history in proptest::collection::vec(0u32..3000, 0..100),
+    ) {
+        let l: Vec<f32> = logits(vocab, salt).iter().map(|v| v * sharpness).collect();
+        let history: Vec<u32> = history.into_iter().map(|t| t % vocab as u32).collect();
+        let params = SamplingParams { temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n: 64, seed: salt };
+        let (want, want_p) = reference(&l, &history, &params);
+        let mut sampler = Sampler::new(params).unwrap();
+        let dist = sampler.distribution(&l, &history).unwrap().to_vec();
+        let mut got: Vec<u32> = dist.iter().map(|t| t.id).collect();
+        let position: std::collections::HashMap<u32, usize> = reference_order(&l, &history, &params);
+        got.sort_by_key(|id| position[id]);
+        let n = got.len().min(want.len());
+        proptest::prop_assert_eq!(&got[..n], &want[..n]);
+        proptest::prop_assert!(got.len().abs_diff(want.len()) <= 1, "{} vs {} tokens", got.len(), want.len());
+        let total: f64 = dist.iter().map(|t| f64::from(t.prob)).sum();
+        proptest::prop_assert!((total - 1.0).abs() < 1e-4);
+        if got.len() == want.len() {
+            for (id, p) in want.iter().zip(&want_p) {
+                let q = dist.iter().find(|t| t.id == *id).unwrap().prob;
+                proptest::prop_assert!((f64::from(q) - p).abs() < 1e-4, "token {}: {} vs {}", id, q, p);
+            }
+        }
+        for _ in 0..20 {
+            let t = sampler.sample(&l, &history).unwrap();
+            proptest::prop_assert!(got.contains(&t), "sampled {} outside the distribution", t);
+        }
+    }
+}
+
+/// Each token's rank in the reference's full most-likely-first order (after the penalty).
+fn reference_order(l: &[f32], history: &[u32], p: &SamplingParams) -> std::collections::HashMap<u32, usize> {
+    let all = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..*p };
+    reference(l, history, &all).0.into_iter().enumerate().map(|(rank, id)| (id, rank)).collect()
+}
+
 mod stop {
     use infer::stop::{StopError, StopMatcher, StopStep, validate_stops};
     use proptest::prelude::*;
