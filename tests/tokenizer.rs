@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 
 use infer::gguf::GgufFile;
-use infer::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use infer::tokenizer::{ChatMessage, ChatTemplate, Tokenizer, VocabKind};
 use proptest::prelude::*;
 
 use crate::common;
@@ -120,9 +120,15 @@ fn round_trip(model: &str, text: &str) -> Result<(), TestCaseError> {
     let Some(m) = load(model) else { return Ok(()) };
     // Gemma 3 and SmolLM2 have add_space_prefix off, so the round trip is exact with or without special parsing.
     prop_assert!(!m.tok.add_space_prefix());
+    // SmolLM2's vocabulary has no token for 21 bytes (0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xC0, 0xC1, 0xF1, 0xF2,
+    // 0xF5..=0xFF); those bytes are left out (as Hugging Face `tokenizers` does), so the round trip gives the text
+    // without them, with U+FFFD where a character lost its lead byte. Gemma's byte fallback covers every byte.
+    let kept: Vec<u8> =
+        text.bytes().filter(|&b| m.tok.kind() == VocabKind::Spm || m.tok.bpe_id_of_bytes(&[b]).is_some()).collect();
+    let want = String::from_utf8_lossy(&kept);
     for parse_special in [true, false] {
         let ids = m.tok.encode(text, false, parse_special);
-        prop_assert_eq!(m.tok.decode(&ids), text, "parse_special={}", parse_special);
+        prop_assert_eq!(m.tok.decode(&ids), want.as_ref(), "parse_special={}", parse_special);
     }
     Ok(())
 }
@@ -293,4 +299,79 @@ fn cli_tokenize_prompt_pieces_and_errors() {
 
     let out = common::infer(&["tokenize", "/nonexistent/model.gguf", "-p", "x"]);
     common::assert_clean_failure(&out, "/nonexistent/model.gguf");
+}
+
+/// The regular expressions llama.cpp lists for each pre-tokenizer (`src/llama-vocab.cpp`), applied the way it
+/// applies them: each splits every piece of the previous one, and the text between matches stays a piece.
+fn regex_split(pre: &str, text: &str) -> Vec<String> {
+    const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+    const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    let exprs: Vec<&'static str> = match pre {
+        "gpt2" => vec![GPT2],
+        "smollm" => vec![r"\p{N}", GPT2],
+        "llama3" => vec![LLAMA3],
+        "qwen2" => vec![QWEN2],
+        "default" => vec![r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", "[0-9][0-9][0-9]"],
+        other => panic!("{other}"),
+    };
+    thread_local! {
+        static CACHE: std::cell::RefCell<std::collections::HashMap<&'static str, fancy_regex::Regex>> =
+            Default::default();
+    }
+    let mut pieces = vec![text.to_string()];
+    for e in exprs {
+        let re = CACHE.with(|c| c.borrow_mut().entry(e).or_insert_with(|| fancy_regex::Regex::new(e).unwrap()).clone());
+        let mut next = Vec::new();
+        for p in &pieces {
+            let mut last = 0;
+            for m in re.find_iter(p) {
+                let m = m.unwrap();
+                if m.start() > last {
+                    next.push(p[last..m.start()].to_string());
+                }
+                next.push(m.as_str().to_string());
+                last = m.end();
+            }
+            if last < p.len() {
+                next.push(p[last..].to_string());
+            }
+        }
+        pieces = next;
+    }
+    pieces
+}
+
+fn hand_split(pre: &str, text: &str) -> Vec<String> {
+    let p = infer::tokenizer::PreTokenizer::from_name(pre).unwrap();
+    let mut out = Vec::new();
+    p.split(text, &mut Default::default(), &mut out);
+    out.iter().map(|&(a, b)| text[a..b].to_string()).collect()
+}
+
+/// Text with the characters the split rules care about: letters and digits of several scripts, apostrophes and
+/// contractions, white space of every kind, punctuation, symbols, marks, emoji.
+fn split_text_strategy() -> impl Strategy<Value = String> {
+    let c = prop_oneof![
+        3 => prop::sample::select(vec![
+            'a', 'Z', 's', 'S', 't', 'r', 'e', 'v', 'V', 'm', 'l', 'L', 'd', 'D', '\'', ' ', ' ', ' ', '\n', '\r', '\t',
+            '0', '7', '9', '.', ',', '!', '$', '+', '<', '=', '>', '^', '~', '|', '`', '_', '-', '(', ')', '"', '#',
+            'é', 'ß', 'Ω', 'ж', 'ل', '日', '語', 'カ', '한', '٣', '½', 'Ⅻ', '²', '\u{a0}', '\u{2003}', '\u{3000}',
+            '\u{85}', '\u{b}', '\u{c}', '\u{301}', '\u{200d}', '😀', '🏽', '…', '—', '“', '€', '\u{0}', 'ſ',
+        ]),
+        1 => any::<char>(),
+    ];
+    prop::collection::vec(c, 0..40).prop_map(|v| v.into_iter().collect())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+    /// The hand-written split rules give exactly what a regex engine gives for the same expressions.
+    #[test]
+    fn pre_tokenizers_equal_their_regexes(text in split_text_strategy()) {
+        for pre in ["gpt2", "smollm", "llama3", "qwen2", "default"] {
+            prop_assert_eq!(hand_split(pre, &text), regex_split(pre, &text), "pre = {}", pre);
+        }
+    }
 }

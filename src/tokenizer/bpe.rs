@@ -91,16 +91,10 @@ impl BpeModel {
         self.bytes_to_id.get(bytes).copied()
     }
 
-    /// Appends the tokens of one pre-tokenized word. Bytes that have no token become `unk` (or are dropped if the
-    /// vocabulary has none).
-    pub fn encode_word(
-        &self,
-        word: &[u8],
-        ignore_merges: bool,
-        unk: Option<u32>,
-        scratch: &mut BpeScratch,
-        out: &mut Vec<u32>,
-    ) {
+    /// Appends the tokens of one pre-tokenized word. Bytes that have no token are left out before merging (as
+    /// Hugging Face `tokenizers` does for a BPE model without an unknown token; llama.cpp aborts), so their neighbours
+    /// can still merge.
+    pub fn encode_word(&self, word: &[u8], ignore_merges: bool, scratch: &mut BpeScratch, out: &mut Vec<u32>) {
         if word.is_empty() {
             return;
         }
@@ -109,21 +103,28 @@ impl BpeModel {
             return;
         }
         if word.len() == 1 {
-            push_id(self.byte_ids[word[0] as usize], unk, out);
+            let id = self.byte_ids[word[0] as usize];
+            if id != NONE {
+                out.push(id);
+            }
             return;
         }
         let syms = &mut scratch.syms;
         let heap = &mut scratch.heap;
         syms.clear();
         heap.clear();
-        let n = word.len();
-        for (i, &b) in word.iter().enumerate() {
-            syms.push(Sym {
-                id: self.byte_ids[b as usize],
-                prev: if i == 0 { NONE } else { i as u32 - 1 },
-                next: if i + 1 == n { NONE } else { i as u32 + 1 },
-            });
+        for &b in word {
+            let id = self.byte_ids[b as usize];
+            if id != NONE {
+                let i = syms.len() as u32;
+                syms.push(Sym { id, prev: i.wrapping_sub(1), next: i + 1 });
+            }
         }
+        let n = syms.len();
+        if n == 0 {
+            return;
+        }
+        syms[n - 1].next = NONE;
         for i in 0..n - 1 {
             self.push_pair(syms, heap, i as u32, i as u32 + 1);
         }
@@ -154,11 +155,7 @@ impl BpeModel {
         let mut i = 0u32;
         while i != NONE {
             let s = syms[i as usize];
-            if s.id != NONE {
-                out.push(s.id);
-            } else {
-                push_id(NONE, unk, out);
-            }
+            out.push(s.id);
             i = s.next;
         }
     }
@@ -172,15 +169,6 @@ impl BpeModel {
         if let Some(&(rank, merged)) = self.merges.get(&pair_key(lid, rid)) {
             heap.push(Reverse(Candidate { rank, left, right, left_id: lid, right_id: rid, merged }));
         }
-    }
-}
-
-#[inline]
-fn push_id(id: u32, unk: Option<u32>, out: &mut Vec<u32>) {
-    if id != NONE {
-        out.push(id);
-    } else if let Some(u) = unk {
-        out.push(u);
     }
 }
 

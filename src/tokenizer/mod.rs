@@ -450,13 +450,7 @@ impl Tokenizer {
                             words.clear();
                             pre.split(t, &mut split, &mut words);
                             for &(wa, wb) in &words {
-                                model.encode_word(
-                                    &t.as_bytes()[wa..wb],
-                                    pre.ignore_merges,
-                                    self.unk,
-                                    &mut scratch,
-                                    &mut out,
-                                );
+                                model.encode_word(&t.as_bytes()[wa..wb], pre.ignore_merges, &mut scratch, &mut out);
                             }
                         }
                     }
@@ -646,4 +640,87 @@ pub mod keys {
     pub const ADD_SPACE_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
     pub const CHAT_TEMPLATE: &str = "tokenizer.chat_template";
     pub const ARCHITECTURE: &str = "general.architecture";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A byte-level vocabulary: the 256 byte characters, then `ab`, `abc`, ` a`, and a control token.
+    fn spec() -> VocabSpec {
+        let table = unicode::byte_to_char_table();
+        let mut tokens: Vec<String> = table.iter().map(|c| c.to_string()).collect();
+        tokens.extend(["ab".to_string(), "abc".to_string(), "Ġa".to_string(), "<|end|>".to_string()]);
+        let mut types = vec![1; tokens.len()];
+        *types.last_mut().unwrap() = 3;
+        VocabSpec {
+            model: "gpt2".into(),
+            pre: Some("gpt2".into()),
+            token_types: Some(types),
+            merges: Some(vec!["a b".into(), "ab c".into(), "Ġ a".into()]),
+            tokens,
+            eos: Some(259),
+            ..VocabSpec::default()
+        }
+    }
+
+    #[test]
+    fn tiny_bpe() {
+        let t = Tokenizer::from_spec(spec()).unwrap();
+        // " ab": `a b` (rank 0) wins over `Ġ a` (rank 2), leaving the space alone.
+        assert_eq!(t.encode("abc ab<|end|>", false, true), [257, 32, 256, 259]);
+        assert_eq!(t.encode(" a", false, true), [258]);
+        assert_eq!(t.decode(&t.encode("abc ab<|end|>", false, true)), "abc ab<|end|>");
+        assert!(t.is_eog(259));
+    }
+
+    #[test]
+    fn bad_metadata_is_a_typed_error() {
+        let mut s = spec();
+        s.pre = Some("nonsense".into());
+        assert!(matches!(Tokenizer::from_spec(s), Err(TokenizerError::UnknownPreTokenizer(p)) if p == "nonsense"));
+        let mut s = spec();
+        s.bos = Some(1_000_000);
+        let e = Tokenizer::from_spec(s).unwrap_err();
+        assert!(e.to_string().contains("tokenizer.ggml.bos_token_id") && e.to_string().contains("1000000"), "{e}");
+        let mut s = spec();
+        s.token_types = Some(vec![1; 3]);
+        assert!(matches!(Tokenizer::from_spec(s), Err(TokenizerError::LengthMismatch { .. })));
+        let mut s = spec();
+        s.merges = Some(vec!["nospace".into()]);
+        assert!(matches!(Tokenizer::from_spec(s), Err(TokenizerError::BadMerge { index: 0, .. })));
+        let mut s = spec();
+        s.merges = None;
+        assert!(matches!(Tokenizer::from_spec(s), Err(TokenizerError::MissingKey("tokenizer.ggml.merges"))));
+        let mut s = spec();
+        s.model = "t5".into();
+        assert!(matches!(Tokenizer::from_spec(s), Err(TokenizerError::UnsupportedModel(_))));
+        assert!(matches!(Tokenizer::from_spec(VocabSpec::default()), Err(TokenizerError::EmptyVocab)));
+    }
+
+    #[test]
+    fn hostile_vocab_does_not_panic() {
+        // Duplicate and empty tokens, merges naming unknown pieces, no byte tokens at all.
+        let spec = VocabSpec {
+            model: "gpt2".into(),
+            pre: Some("smollm".into()),
+            tokens: vec!["".into(), "a".into(), "a".into(), "<0x41>".into()],
+            merges: Some(vec!["a a".into(), "x y".into(), "é ü".into()]),
+            unk: Some(0),
+            ..VocabSpec::default()
+        };
+        let t = Tokenizer::from_spec(spec).unwrap();
+        let ids = t.encode("aaé 1 <0x41>", true, true);
+        assert!(ids.iter().all(|&i| (i as usize) < 4));
+        let _ = t.decode(&[0, 1, 2, 3, 99]);
+        let spm = VocabSpec {
+            model: "llama".into(),
+            tokens: vec!["<unk>".into(), "▁".into(), "a".into()],
+            scores: Some(vec![0.0, f32::NAN, -1.0]),
+            unk: Some(0),
+            ..VocabSpec::default()
+        };
+        let t = Tokenizer::from_spec(spm).unwrap();
+        assert_eq!(t.encode("a b", true, true), [1, 2, 1, 0]);
+    }
 }
