@@ -732,6 +732,22 @@ mod args {
     }
 
     #[test]
+    fn flattening_keeps_the_commands_about() {
+        use clap::CommandFactory;
+        /// The parent's own text.
+        #[derive(Parser, Debug)]
+        struct Documented {
+            #[command(flatten)]
+            sampling: SamplingArgs,
+            #[command(flatten)]
+            threads: ThreadArgs,
+        }
+        let about = Documented::command().get_about().map(|a| a.to_string());
+        assert_eq!(about.as_deref(), Some("The parent's own text"));
+        assert!(Cmd::command().get_about().is_none());
+    }
+
+    #[test]
     fn thread_pool_has_the_requested_size() {
         let cmd = parse(&["-t", "3"]).unwrap();
         let pool = cmd.threads.build_pool().unwrap();

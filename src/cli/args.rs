@@ -13,7 +13,8 @@ use crate::stop::{StopError, StopMatcher};
 
 const D: SamplingParams = SamplingParams::DEFAULT;
 
-/// How the next token is chosen.
+// How the next token is chosen. (A plain comment: a doc comment on a flattened
+// `Args` struct would replace the `about` text of the command that flattens it.)
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct SamplingArgs {
     /// Temperature: higher is more random; 0 = greedy (always the most likely token).
@@ -75,7 +76,7 @@ impl Default for SamplingArgs {
     }
 }
 
-/// When to stop generating.
+// When to stop generating. (Plain comment: see `SamplingArgs`.)
 #[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
 pub struct StopArgs {
     /// Stop when the output contains STR (not printed); repeatable.
@@ -91,7 +92,7 @@ impl StopArgs {
     }
 }
 
-/// How many CPU threads the engine uses.
+// How many CPU threads the engine uses. (Plain comment: see `SamplingArgs`.)
 #[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
 pub struct ThreadArgs {
     /// Number of threads, at least 1 [default: all available cores].
