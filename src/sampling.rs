@@ -572,6 +572,41 @@ mod tests {
         }
     }
 
+    fn capacities(s: &Sampler) -> [usize; 7] {
+        [
+            s.penalized.capacity(),
+            s.recent.capacity(),
+            s.cands.capacity(),
+            s.weights.capacity(),
+            s.dist.capacity(),
+            s.top_p.mass.capacity(),
+            s.top_p.boundary.capacity(),
+        ]
+    }
+
+    #[test]
+    fn a_warm_sampler_does_not_allocate() {
+        let vocab = 50_000;
+        let logits = |salt: u32| -> Vec<f32> {
+            (0..vocab as u32).map(|i| ((i.wrapping_mul(2_654_435_761) ^ salt) % 1000) as f32 / 100.0).collect()
+        };
+        let history: Vec<u32> = (0..100).map(|i| i * 31).collect();
+        for params in [
+            SamplingParams::default(),
+            SamplingParams { repeat_penalty: 1.2, ..Default::default() },
+            SamplingParams::GREEDY,
+        ] {
+            let mut sampler = Sampler::new(params).unwrap();
+            let first = logits(0);
+            sampler.sample(&first, &history).unwrap();
+            let warm = capacities(&sampler);
+            for salt in 1..30 {
+                sampler.sample(&logits(salt), &history).unwrap();
+                assert_eq!(capacities(&sampler), warm, "{params:?}");
+            }
+        }
+    }
+
     #[test]
     fn max_and_finiteness_scans() {
         let mut v: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 - 50.0).collect();
