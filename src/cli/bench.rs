@@ -200,6 +200,11 @@ pub struct Record {
     pub stddev_ts: f64,
     pub samples_ns: Vec<u64>,
     pub samples_ts: Vec<f64>,
+    /// CPU time of all threads per repetition (same phase as samples_ns), where the OS reports it.
+    pub samples_cpu_ns: Option<Vec<u64>>,
+    /// Tokens per second of CPU time per thread: tokens / (CPU seconds / n_threads): the rate if every thread had a
+    /// core to itself and never idled. On a busy machine it estimates (from above) what an idle one would give.
+    pub avg_ts_cpu: Option<f64>,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub curve: Option<CurvePoint>,
 }
@@ -272,6 +277,47 @@ struct Sample {
     pp: f64,
     /// Generation seconds.
     tg: f64,
+    /// CPU seconds of all the process's threads during the prefill and the generation (None where unknown).
+    cpu_pp: Option<f64>,
+    cpu_tg: Option<f64>,
+}
+
+/// CPU time used so far by all threads of this process, in seconds (Linux: the sum of
+/// `/proc/self/task/*/schedstat`; a running thread's figure can lag by a scheduler tick, a few ms, so it means
+/// something for phases of 100 ms and more). On a busy machine the wall clock counts time the threads
+/// spent waiting for a core; CPU time does not, so `tokens / (cpu / threads)` estimates the rate on an idle machine.
+fn process_cpu_seconds() -> Option<f64> {
+    let mut total_ns: u64 = 0;
+    for entry in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = entry.ok()?.path().join("schedstat");
+        // A thread may exit between listing and reading: skip it.
+        let Ok(text) = std::fs::read_to_string(path) else { continue };
+        total_ns += text.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total_ns as f64 * 1e-9)
+}
+
+/// Wall-clock and CPU time of one timed phase.
+struct Stopwatch {
+    wall: Instant,
+    cpu: Option<f64>,
+}
+
+impl Stopwatch {
+    fn start() -> Stopwatch {
+        let cpu = process_cpu_seconds();
+        Stopwatch { wall: Instant::now(), cpu }
+    }
+
+    /// (wall seconds, CPU seconds).
+    fn stop(self) -> (f64, Option<f64>) {
+        let wall = self.wall.elapsed().as_secs_f64();
+        let cpu = match (self.cpu, process_cpu_seconds()) {
+            (Some(a), Some(b)) => Some((b - a).max(0.0)),
+            _ => None,
+        };
+        (wall, cpu)
+    }
 }
 
 /// Runs tests on one model with reusable buffers.
@@ -303,7 +349,7 @@ impl Runner<'_> {
                 let tokens = self.random_tokens(n);
                 let mut kv = SeqKv::new();
                 let chunks = n.div_ceil(self.ubatch);
-                let start = Instant::now();
+                let watch = Stopwatch::start();
                 let mut result = Ok(());
                 for (i, chunk) in tokens.chunks(self.ubatch).enumerate() {
                     let logits = if i + 1 == chunks { Logits::Last } else { Logits::None };
@@ -313,15 +359,15 @@ impl Runner<'_> {
                         break;
                     }
                 }
-                let secs = start.elapsed().as_secs_f64();
+                let (secs, cpu) = watch.stop();
                 pool.release(&mut kv);
                 result.context("prefill forward pass")?;
-                Ok(Sample { pp: secs, tg: 0.0 })
+                Ok(Sample { pp: secs, tg: 0.0, cpu_pp: cpu, cpu_tg: None })
             }
             Test::Gen(n) => {
                 let tokens = self.random_tokens(n);
                 let mut kv = SeqKv::new();
-                let start = Instant::now();
+                let watch = Stopwatch::start();
                 let mut result = Ok(());
                 for t in tokens.chunks(1) {
                     let mut items = [SeqStep { tokens: t, kv: &mut kv, logits: Logits::Last }];
@@ -330,10 +376,10 @@ impl Runner<'_> {
                         break;
                     }
                 }
-                let secs = start.elapsed().as_secs_f64();
+                let (secs, cpu) = watch.stop();
                 pool.release(&mut kv);
                 result.context("decode forward pass")?;
-                Ok(Sample { pp: 0.0, tg: secs })
+                Ok(Sample { pp: 0.0, tg: secs, cpu_pp: None, cpu_tg: cpu })
             }
             Test::Curve { batch, prompt, gen_len } => {
                 let prompts: Vec<Vec<u32>> = (0..batch).map(|_| self.random_tokens(prompt)).collect();
@@ -355,19 +401,19 @@ impl Runner<'_> {
         kvs: &mut [SeqKv],
         pool: &mut KvPool,
     ) -> anyhow::Result<Sample> {
-        let mut pp = 0.0;
+        let (mut pp, mut cpu_pp) = (0.0, None);
         if prompts.iter().any(|p| !p.is_empty()) {
             let mut items: Vec<SeqStep> = prompts
                 .iter()
                 .zip(kvs.iter_mut())
                 .map(|(p, kv)| SeqStep { tokens: p, kv, logits: Logits::Last })
                 .collect();
-            let start = Instant::now();
+            let watch = Stopwatch::start();
             self.model.forward(&mut items, pool, &mut self.scratch).context("batched prefill forward pass")?;
-            pp = start.elapsed().as_secs_f64();
+            (pp, cpu_pp) = watch.stop();
         }
         let steps = gens.first().map_or(0, Vec::len);
-        let start = Instant::now();
+        let watch = Stopwatch::start();
         for step in 0..steps {
             let mut items: Vec<SeqStep> = gens
                 .iter()
@@ -376,7 +422,8 @@ impl Runner<'_> {
                 .collect();
             self.model.forward(&mut items, pool, &mut self.scratch).context("batched decode forward pass")?;
         }
-        Ok(Sample { pp, tg: start.elapsed().as_secs_f64() })
+        let (tg, cpu_tg) = watch.stop();
+        Ok(Sample { pp, tg, cpu_pp, cpu_tg })
     }
 }
 
@@ -549,6 +596,14 @@ fn make_record(
     let samples_ns: Vec<u64> = secs.iter().map(|&t| (t * 1e9).round() as u64).collect();
     let (avg_ts, stddev_ts) = mean_sd(&samples_ts);
     let (avg_s, stddev_s) = mean_sd(&secs);
+    let cpu: Option<Vec<f64>> = match test {
+        Test::Prompt(_) => samples.iter().map(|s| s.cpu_pp).collect(),
+        _ => samples.iter().map(|s| s.cpu_tg).collect(),
+    };
+    let avg_ts_cpu = cpu.as_ref().and_then(|c| {
+        let mean = mean_sd(c).0;
+        (mean > 0.0).then(|| tokens as f64 * n_threads as f64 / mean)
+    });
     let curve = match test {
         Test::Curve { batch, prompt, gen_len } => {
             let pp_secs: Vec<f64> = samples.iter().map(|s| s.pp).collect();
@@ -589,6 +644,8 @@ fn make_record(
         stddev_ts,
         samples_ns,
         samples_ts,
+        samples_cpu_ns: cpu.map(|c| c.iter().map(|&t| (t * 1e9).round() as u64).collect()),
+        avg_ts_cpu,
         curve,
     }
 }
@@ -686,6 +743,11 @@ fn to_markdown(records: &[Record], build: &str) -> String {
         }
         header.extend(["test", "t/s"]);
         right.extend([false, true]);
+        let show_cpu = plain.iter().any(|r| r.avg_ts_cpu.is_some());
+        if show_cpu {
+            header.push("t/s (cpu)");
+            right.push(true);
+        }
         let rows: Vec<Vec<String>> = plain
             .iter()
             .map(|r| {
@@ -700,6 +762,9 @@ fn to_markdown(records: &[Record], build: &str) -> String {
                 }
                 row.push(r.test.clone());
                 row.push(format!("{:.2} ± {:.2}", r.avg_ts, r.stddev_ts));
+                if show_cpu {
+                    row.push(r.avg_ts_cpu.map_or_else(|| "-".into(), |v| format!("{v:.2}")));
+                }
                 row
             })
             .collect();
@@ -729,7 +794,8 @@ fn to_markdown(records: &[Record], build: &str) -> String {
             out.push('\n');
         }
         let _ = writeln!(out, "{title}\n");
-        let header = ["PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "ms/step", "speed-up"];
+        let header =
+            ["PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "ms/step", "speed-up", "S_TG (cpu)"];
         let rows: Vec<Vec<String>> = group
             .iter()
             .map(|r| {
@@ -745,11 +811,20 @@ fn to_markdown(records: &[Record], build: &str) -> String {
                     format!("{:.2} ± {:.2}", c.s_tg, c.stddev_s_tg),
                     format!("{:.2}", c.ms_per_step),
                     c.speedup.map_or_else(|| "-".into(), |s| format!("{s:.2}x")),
+                    r.avg_ts_cpu.map_or_else(|| "-".into(), |v| format!("{v:.2}")),
                 ]
             })
             .collect();
-        out.push_str(&md_table(&header, &[true; 10], &rows));
+        out.push_str(&md_table(&header, &[true; 11], &rows));
         out.push('\n');
+    }
+    if records.iter().any(|r| r.avg_ts_cpu.is_some()) {
+        let _ = write!(
+            out,
+            "\n(cpu): tokens × threads / CPU seconds of the process, the rate if every thread had a core to itself and \
+             never idled (an upper bound for an idle machine); the wall-clock t/s drops when other work shares the \
+             cores.\n"
+        );
     }
     let _ = write!(out, "\nbuild: {build}");
     out
@@ -757,7 +832,7 @@ fn to_markdown(records: &[Record], build: &str) -> String {
 
 /// CSV with a header: one row per record, the batching-curve columns empty for pp/tg rows.
 fn to_csv(records: &[Record]) -> String {
-    const COLUMNS: [&str; 27] = [
+    const COLUMNS: [&str; 28] = [
         "build",
         "model_filename",
         "model_type",
@@ -776,6 +851,7 @@ fn to_csv(records: &[Record]) -> String {
         "stddev_ns",
         "avg_ts",
         "stddev_ts",
+        "avg_ts_cpu",
         "n_kv",
         "t_pp",
         "s_pp",
@@ -812,6 +888,7 @@ fn to_csv(records: &[Record]) -> String {
             r.stddev_ns.to_string(),
             format!("{:.4}", r.avg_ts),
             format!("{:.4}", r.stddev_ts),
+            opt(r.avg_ts_cpu.map(|v| format!("{v:.4}"))),
             opt(c.map(|c| c.n_kv.to_string())),
             opt(c.map(|c| format!("{:.6}", c.t_pp))),
             opt(c.map(|c| format!("{:.4}", c.s_pp))),
