@@ -31,6 +31,7 @@ pub use stream::StreamDecoder;
 
 use crate::gguf::{GgufFile, Metadata};
 use bpe::{BpeModel, BpeScratch};
+use hash::FxMap;
 use special::{Fragment, SpecialMatcher};
 use spm::{SpmModel, SpmScratch};
 
@@ -153,6 +154,11 @@ const EOT_TEXTS: &[&str] = &[
     "_<EOT>",
     "<end_of_utterance>",
 ];
+
+/// Words longer than this are not cached (long words are rare and unlikely to repeat).
+const WORD_CACHE_MAX_LEN: usize = 64;
+/// Distinct words cached per `encode` call.
+const WORD_CACHE_MAX_ENTRIES: usize = 1 << 17;
 
 /// A tokenizer: text ↔ token ids.
 pub struct Tokenizer {
@@ -442,6 +448,10 @@ impl Tokenizer {
                 let mut split = pretokenize::SplitScratch::default();
                 let mut scratch = BpeScratch::default();
                 let mut words = Vec::new();
+                // Words repeat: remember each distinct word's tokens for the rest of this call (keys borrow the
+                // input, values are ranges of one arena).
+                let mut cache: FxMap<&[u8], (u32, u32)> = FxMap::default();
+                let mut arena: Vec<u32> = Vec::new();
                 for f in &frags {
                     match *f {
                         Fragment::Token(id) => out.push(id),
@@ -450,7 +460,22 @@ impl Tokenizer {
                             words.clear();
                             pre.split(t, &mut split, &mut words);
                             for &(wa, wb) in &words {
-                                model.encode_word(&t.as_bytes()[wa..wb], pre.ignore_merges, &mut scratch, &mut out);
+                                let word = &t.as_bytes()[wa..wb];
+                                if word.len() < 2 || word.len() > WORD_CACHE_MAX_LEN {
+                                    model.encode_word(word, pre.ignore_merges, &mut scratch, &mut out);
+                                    continue;
+                                }
+                                if let Some(&(start, len)) = cache.get(word) {
+                                    out.extend_from_slice(&arena[start as usize..(start + len) as usize]);
+                                    continue;
+                                }
+                                let before = out.len();
+                                model.encode_word(word, pre.ignore_merges, &mut scratch, &mut out);
+                                if cache.len() < WORD_CACHE_MAX_ENTRIES && arena.len() < u32::MAX as usize / 2 {
+                                    let start = arena.len() as u32;
+                                    arena.extend_from_slice(&out[before..]);
+                                    cache.insert(word, (start, (out.len() - before) as u32));
+                                }
                             }
                         }
                     }
@@ -460,6 +485,9 @@ impl Tokenizer {
                 let mut scratch = SpmScratch::default();
                 let mut buf = String::new();
                 let mut prev_special = true;
+                let mut chunks: Vec<(usize, usize)> = Vec::new();
+                let mut cache: FxMap<Box<str>, (u32, u32)> = FxMap::default();
+                let mut arena: Vec<u32> = Vec::new();
                 for f in &frags {
                     match *f {
                         Fragment::Token(id) => {
@@ -474,16 +502,34 @@ impl Tokenizer {
                             for c in text[a..b].chars() {
                                 buf.push(if c == ' ' { '\u{2581}' } else { c });
                             }
-                            // Symbol offsets are 32-bit: a fragment past 1 GiB is tokenized in pieces cut at
-                            // character boundaries.
-                            let mut rest = buf.as_str();
-                            while !rest.is_empty() {
-                                let mut cut = rest.len().min(1 << 30);
-                                while !rest.is_char_boundary(cut) {
-                                    cut -= 1;
+                            chunks.clear();
+                            model.chunks(&buf, &mut chunks);
+                            for &(ca, cb) in &chunks {
+                                let chunk = &buf[ca..cb];
+                                if let Some(&(start, len)) = cache.get(chunk) {
+                                    out.extend_from_slice(&arena[start as usize..(start + len) as usize]);
+                                    continue;
                                 }
-                                model.encode(&rest[..cut], self.unk, &mut scratch, &mut out);
-                                rest = &rest[cut..];
+                                let before = out.len();
+                                // Symbol offsets are 32-bit: a chunk past 1 GiB is tokenized in pieces cut at
+                                // character boundaries.
+                                let mut rest = chunk;
+                                while !rest.is_empty() {
+                                    let mut cut = rest.len().min(1 << 30);
+                                    while !rest.is_char_boundary(cut) {
+                                        cut -= 1;
+                                    }
+                                    model.encode(&rest[..cut], self.unk, &mut scratch, &mut out);
+                                    rest = &rest[cut..];
+                                }
+                                if chunk.len() <= WORD_CACHE_MAX_LEN
+                                    && cache.len() < WORD_CACHE_MAX_ENTRIES
+                                    && arena.len() < u32::MAX as usize / 2
+                                {
+                                    let start = arena.len() as u32;
+                                    arena.extend_from_slice(&out[before..]);
+                                    cache.insert(chunk.into(), (start, (out.len() - before) as u32));
+                                }
                             }
                             prev_special = false;
                         }

@@ -20,6 +20,8 @@ pub struct SpmModel {
     scores: Vec<f32>,
     /// The `<0xXX>` token of each byte.
     byte_ids: [u32; 256],
+    /// Characters that some piece has right before a `▁` (Gemma's `>▁</`, for one).
+    bridges: Vec<char>,
 }
 
 impl SpmModel {
@@ -40,7 +42,43 @@ impl SpmModel {
                 byte_ids[b as usize] = id;
             }
         }
-        SpmModel { pieces, scores, byte_ids }
+        let mut bridges = Vec::new();
+        for text in pieces.keys() {
+            let mut prev = None;
+            for c in text.chars() {
+                if c == '\u{2581}'
+                    && let Some(p) = prev
+                    && p != '\u{2581}'
+                    && !bridges.contains(&p)
+                {
+                    bridges.push(p);
+                }
+                prev = Some(c);
+            }
+        }
+        SpmModel { pieces, scores, byte_ids, bridges }
+    }
+
+    /// The byte ranges `text` (in `▁` spelling) can be cut into that tokenize independently: before a `▁` that
+    /// follows a character no piece has right before a `▁`. No piece can span such a cut (it would contain that
+    /// character followed by `▁`), so merging never crosses it and the pieces' tokens, concatenated, are the text's.
+    pub fn chunks(&self, text: &str, out: &mut Vec<(usize, usize)>) {
+        let mut start = 0;
+        let mut prev: Option<char> = None;
+        for (i, c) in text.char_indices() {
+            if c == '\u{2581}'
+                && let Some(p) = prev
+                && p != '\u{2581}'
+                && !self.bridges.contains(&p)
+            {
+                out.push((start, i));
+                start = i;
+            }
+            prev = Some(c);
+        }
+        if start < text.len() {
+            out.push((start, text.len()));
+        }
     }
 
     /// The token each byte falls back to (`u32::MAX` for none).
