@@ -158,7 +158,7 @@ fn bad_user_registry_is_an_error_naming_the_file() {
     let home = tempfile::tempdir().unwrap();
     let file = home.path().join("models.toml");
     let cases: [(String, &str); 6] = [
-        ("[[model]\nname = ".to_string(), "cannot parse the model registry"),
+        ("[[model]\nname = ".to_string(), "line 1, column 9: unclosed array table"),
         (toml_entry(&url_entry("evil", "../evil.gguf", "https://example.org/e", b"e")), "plain file name"),
         (toml_entry(&url_entry("plain", "p.gguf", "http://example.org/p", b"p")), "plain http"),
         (toml_entry(&url_entry("ftp", "f.gguf", "ftp://example.org/f", b"f")), "must start with https://"),
@@ -470,6 +470,14 @@ fn cli_list_shows_the_registry_and_the_cache() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let tiny = stdout.lines().find(|l| l.starts_with("tiny ")).unwrap_or_else(|| panic!("{stdout}"));
     assert!(tiny.ends_with(&home.path().join("models/tiny.gguf").display().to_string()), "{stdout}");
+}
+
+#[test]
+fn cli_list_with_a_broken_user_registry_fails_with_one_line() {
+    let home = tempfile::tempdir().unwrap();
+    fs::write(home.path().join("models.toml"), "default = \"smollm2\"\n[[model]\nname = ").unwrap();
+    let out = infer_with_home(home.path(), &["list"]);
+    crate::common::assert_clean_failure(&out, "models.toml: line 2, column 9: unclosed array table");
 }
 
 #[test]

@@ -7,12 +7,9 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum RegistryError {
-    #[error("cannot parse the model registry {origin}")]
-    Parse {
-        origin: String,
-        #[source]
-        source: toml::de::Error,
-    },
+    /// `line` and `column` count from 1; `message` is the TOML parser's, on one line.
+    #[error("cannot parse the model registry {origin}: line {line}, column {column}: {message}")]
+    Parse { origin: String, line: usize, column: usize, message: String },
 
     #[error("model registry {origin}: {message}")]
     Invalid { origin: String, message: String },

@@ -156,8 +156,7 @@ impl Registry {
 
     /// Adds the entries of another `models.toml` text: same names replace, new names are appended.
     fn merge_toml(&mut self, text: &str, origin: &str) -> Result<(), RegistryError> {
-        let file: RegistryFile =
-            toml::from_str(text).map_err(|source| RegistryError::Parse { origin: origin.to_string(), source })?;
+        let file: RegistryFile = toml::from_str(text).map_err(|err| parse_error(text, origin, &err))?;
         let invalid = |message: String| RegistryError::Invalid { origin: origin.to_string(), message };
         let mut seen: Vec<&str> = Vec::new();
         for entry in &file.model {
@@ -216,6 +215,17 @@ impl Registry {
     pub fn known_names(&self) -> String {
         self.entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>().join(", ")
     }
+}
+
+/// A TOML error as one line (the parser's own rendering quotes the source over several lines, which does not fit
+/// the CLI's one-line errors).
+fn parse_error(text: &str, origin: &str, err: &toml::de::Error) -> RegistryError {
+    let start = err.span().map_or(0, |span| span.start).min(text.len());
+    let before = text.get(..start).unwrap_or("");
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+    let message = err.message().split_whitespace().collect::<Vec<_>>().join(" ");
+    RegistryError::Parse { origin: origin.to_string(), line, column, message }
 }
 
 /// Checks one entry and normalizes its checksum to lower case. The user's file is read with the same rules as ours:
