@@ -211,3 +211,39 @@ pub struct SpmScratch {
     syms: Vec<Sym>,
     heap: BinaryHeap<Candidate>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn model() -> SpmModel {
+        // `b▁` and `>▁<` put `b` and `>` before a `▁`: text must not be cut after them.
+        let pieces = ["<unk>", "▁", "a", "b", ">", "<", "▁a", "ab", "▁ab", ">▁<", "▁▁", "b▁", "b▁▁a", "▁b"];
+        let tokens: Vec<String> = pieces.iter().map(|s| s.to_string()).collect();
+        let scores: Vec<f32> =
+            (0..tokens.len()).map(|i| -(i as f32) * 0.5 + if i % 3 == 0 { 3.0 } else { 0.0 }).collect();
+        let mut mergeable = vec![true; tokens.len()];
+        mergeable[0] = false;
+        SpmModel::new(&tokens, scores, &mergeable, [NONE; 256])
+    }
+
+    proptest! {
+        /// Tokenizing the chunks one by one gives the same tokens as tokenizing the whole text.
+        #[test]
+        fn chunks_tokenize_like_the_whole(text in "[ab<> ]{0,24}") {
+            let m = model();
+            let text = text.replace(' ', "\u{2581}");
+            let mut scratch = SpmScratch::default();
+            let mut whole = Vec::new();
+            m.encode(&text, Some(0), &mut scratch, &mut whole);
+            let mut chunks = Vec::new();
+            m.chunks(&text, &mut chunks);
+            let mut parts = Vec::new();
+            for &(a, b) in &chunks {
+                m.encode(&text[a..b], Some(0), &mut scratch, &mut parts);
+            }
+            prop_assert_eq!(whole, parts);
+        }
+    }
+}
