@@ -19,6 +19,7 @@ struct Matcher {
     ac: AhoCorasick,
     /// Pattern index (= priority) → token id.
     ids: Vec<u32>,
+    patterns: Vec<Vec<u8>>,
 }
 
 impl Matcher {
@@ -31,7 +32,11 @@ impl Matcher {
             .match_kind(MatchKind::Standard)
             .build(cands.iter().map(|&(_, t)| t.as_bytes()))
             .ok()?;
-        Some(Matcher { ac, ids: cands.iter().map(|&(id, _)| id).collect() })
+        Some(Matcher {
+            ac,
+            ids: cands.iter().map(|&(id, _)| id).collect(),
+            patterns: cands.iter().map(|&(_, t)| t.as_bytes().to_vec()).collect(),
+        })
     }
 }
 
@@ -54,6 +59,13 @@ impl SpecialMatcher {
 
     /// Splits `text` into fragments.
     pub fn partition(&self, text: &str, parse_special: bool, out: &mut Vec<Fragment>) {
+        // Occurrences kept in memory at once: a long run of a character that several tokens repeat (Gemma has
+        // tokens for 2..=31 spaces) overlaps itself at every position; past this many, the per-token pass runs.
+        let cap = (1 << 20) + text.len() / 2;
+        self.partition_capped(text, parse_special, cap, out);
+    }
+
+    fn partition_capped(&self, text: &str, parse_special: bool, cap: usize, out: &mut Vec<Fragment>) {
         let matcher = if parse_special { self.all.as_ref() } else { self.user.as_ref() };
         let Some(m) = matcher else {
             if !text.is_empty() {
@@ -62,32 +74,21 @@ impl SpecialMatcher {
             return;
         };
         // (priority, start, end) of every occurrence, overlapping ones included.
-        let mut occ: Vec<(u32, usize, usize)> =
-            m.ac.find_overlapping_iter(text.as_bytes()).map(|h| (h.pattern().as_u32(), h.start(), h.end())).collect();
-        if occ.is_empty() {
-            if !text.is_empty() {
-                out.push(Fragment::Text(0, text.len()));
+        let mut occ: Vec<(u32, usize, usize)> = Vec::new();
+        let mut overflow = false;
+        for h in m.ac.find_overlapping_iter(text.as_bytes()) {
+            if occ.len() >= cap {
+                overflow = true;
+                break;
             }
-            return;
+            occ.push((h.pattern().as_u32(), h.start(), h.end()));
         }
-        occ.sort_unstable();
-        let mut claimed = vec![false; text.len()];
-        let mut spans: Vec<(usize, usize, u32)> = Vec::new();
-        let mut current = u32::MAX;
-        let mut last_end = 0usize;
-        for &(p, s, e) in &occ {
-            if p != current {
-                current = p;
-                last_end = 0;
-            }
-            if s < last_end || claimed[s..e].iter().any(|&c| c) {
-                continue;
-            }
-            claimed[s..e].iter_mut().for_each(|c| *c = true);
-            last_end = e;
-            spans.push((s, e, m.ids[p as usize]));
-        }
-        spans.sort_unstable();
+        let spans = if overflow {
+            drop(occ);
+            claim_per_token(m, text.as_bytes())
+        } else {
+            claim_all(m, text.len(), occ)
+        };
         let mut pos = 0;
         for (s, e, id) in spans {
             if s > pos {
@@ -102,9 +103,92 @@ impl SpecialMatcher {
     }
 }
 
+/// Claims from the list of all occurrences: in priority order, then left to right, each occurrence that overlaps
+/// nothing claimed yet. Returns the claimed (start, end, id), sorted.
+fn claim_all(m: &Matcher, len: usize, mut occ: Vec<(u32, usize, usize)>) -> Vec<(usize, usize, u32)> {
+    let mut spans = Vec::new();
+    if occ.is_empty() {
+        return spans;
+    }
+    occ.sort_unstable();
+    let mut claimed = vec![false; len];
+    for &(p, s, e) in &occ {
+        if claimed[s..e].iter().any(|&c| c) {
+            continue;
+        }
+        claimed[s..e].iter_mut().for_each(|c| *c = true);
+        spans.push((s, e, m.ids[p as usize]));
+    }
+    spans.sort_unstable();
+    spans
+}
+
+/// The same claims, one token at a time (llama.cpp's own order), for texts with too many overlapping occurrences to
+/// list: memory stays linear in the text.
+fn claim_per_token(m: &Matcher, text: &[u8]) -> Vec<(usize, usize, u32)> {
+    let n = text.len();
+    let mut present = vec![false; m.ids.len()];
+    for h in m.ac.find_overlapping_iter(text) {
+        present[h.pattern().as_usize()] = true;
+    }
+    let mut claimed = vec![false; n];
+    // next_claimed[i]: the first claimed position at or after i (n if none).
+    let mut next_claimed = vec![n; n + 1];
+    let mut spans = Vec::new();
+    for p in (0..present.len()).filter(|&p| present[p]) {
+        let pat = m.patterns[p].as_slice();
+        let Ok(finder) = AhoCorasick::new([pat]) else { continue };
+        for i in (0..n).rev() {
+            next_claimed[i] = if claimed[i] { i } else { next_claimed[i + 1] };
+        }
+        let mut pos = 0;
+        while pos + pat.len() <= n {
+            let Some(hit) = finder.find(&text[pos..]) else { break };
+            let (s, e) = (pos + hit.start(), pos + hit.end());
+            if next_claimed[s] < e {
+                pos = s + 1;
+                continue;
+            }
+            claimed[s..e].iter_mut().for_each(|c| *c = true);
+            spans.push((s, e, m.ids[p]));
+            pos = e;
+        }
+    }
+    spans.sort_unstable();
+    spans
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The per-token pass claims exactly what the all-occurrences pass claims.
+        #[test]
+        fn both_claim_orders_agree(text in "[ ab<>\\n]{0,40}", parse_special in any::<bool>()) {
+            let m = SpecialMatcher::new(vec![
+                (1, "  ", true), (2, "   ", true), (3, "    ", true), (4, "<a>", false), (5, "a>", false),
+                (6, "<a> ", false), (7, "\n\n", true), (8, " \n", true), (9, "b b", false), (10, "<", true),
+            ]);
+            let (mut fast, mut slow) = (Vec::new(), Vec::new());
+            m.partition_capped(&text, parse_special, usize::MAX, &mut fast);
+            m.partition_capped(&text, parse_special, 0, &mut slow);
+            prop_assert_eq!(fast, slow);
+        }
+    }
+
+    #[test]
+    fn long_whitespace_runs_stay_linear() {
+        let pats: Vec<String> = (2..=31).map(|n| " ".repeat(n)).collect();
+        let m = SpecialMatcher::new(pats.iter().enumerate().map(|(i, p)| (i as u32, p.as_str(), true)).collect());
+        let text = " ".repeat(1_000_000);
+        let mut out = Vec::new();
+        m.partition(&text, true, &mut out);
+        // 31-space tokens, then the rest.
+        assert_eq!(out.len(), 1_000_000 / 31 + 1);
+        assert!(out[..out.len() - 1].iter().all(|f| *f == Fragment::Token(29)));
+    }
 
     #[test]
     fn longest_first_then_left_to_right() {
