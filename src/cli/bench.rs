@@ -447,14 +447,28 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
         }
     }
+    // A value given twice (`-p 64,64`) runs once.
+    let mut seen = Vec::new();
+    tests.retain(|t| {
+        let name = t.name();
+        let fresh = !seen.contains(&name);
+        seen.push(name);
+        fresh
+    });
     if tests.is_empty() {
         bail!("nothing to run: -p and -n are both 0 and no --batch was given");
     }
-    let threads: Vec<usize> = if args.threads.is_empty() {
+    let mut threads: Vec<usize> = if args.threads.is_empty() {
         vec![std::thread::available_parallelism().map_or(1, |n| n.get())]
     } else {
         args.threads.iter().map(|n| n.get()).collect()
     };
+    let mut seen_threads = Vec::new();
+    threads.retain(|&n| {
+        let fresh = !seen_threads.contains(&n);
+        seen_threads.push(n);
+        fresh
+    });
     let plot = match &args.plot {
         Some(path) => Some(check_plot_path(path)?),
         None => None,
@@ -508,7 +522,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let runs_per_test = args.repetitions + usize::from(!args.no_warmup);
     let total = (models.len() * pools.len() * tests.len() * runs_per_test) as u64;
     let progress = if stderr_is_terminal() {
-        ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+        bar.enable_steady_tick(std::time::Duration::from_millis(250));
+        bar
     } else {
         ProgressBar::hidden()
     };
