@@ -375,3 +375,38 @@ proptest! {
         }
     }
 }
+
+/// Throughput on a few MB of real prose (Debian's license texts, repeated), printed for the record; the bound only
+/// catches pathological slowdowns (the test profile is not fully optimised and the machine is shared).
+#[test]
+fn encode_throughput_on_license_text() {
+    let mut text = String::new();
+    let Ok(dir) = std::fs::read_dir("/usr/share/common-licenses") else {
+        eprintln!("note: skipping, /usr/share/common-licenses is absent");
+        return;
+    };
+    let mut files: Vec<_> = dir.flatten().map(|e| e.path()).collect();
+    files.sort();
+    for f in files {
+        if let Ok(s) = std::fs::read_to_string(&f) {
+            text.push_str(&s);
+        }
+    }
+    if text.is_empty() {
+        return;
+    }
+    let base = text.clone();
+    while text.len() < 4_000_000 {
+        text.push_str(&base);
+    }
+    for model in ["smollm2", "gemma3"] {
+        let Some(m) = load(model) else { continue };
+        let start = std::time::Instant::now();
+        let ids = m.tok.encode(&text, false, true);
+        let secs = start.elapsed().as_secs_f64();
+        let mbs = text.len() as f64 / secs / 1e6;
+        eprintln!("{model}: {} bytes -> {} tokens in {secs:.3} s = {mbs:.1} MB/s", text.len(), ids.len());
+        assert_eq!(m.tok.decode(&ids), text, "{model}: license text round trip");
+        assert!(mbs > 1.0, "{model}: {mbs:.2} MB/s");
+    }
+}
