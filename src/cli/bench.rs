@@ -1044,7 +1044,9 @@ where
     let mut next = 0;
     if has_curve {
         // One series per model, threads, settings and lengths.
-        let mut series: Vec<(String, Vec<(f64, f64, f64)>)> = Vec::new();
+        // Per series: its label and (B, S_TG, speed-up) points.
+        type Series = (String, Vec<(f64, f64, f64)>);
+        let mut series: Vec<Series> = Vec::new();
         for r in records {
             let Some(c) = &r.curve else { continue };
             let label = format!("{} t{} {} pp{}/tg{}", r.model_type, r.n_threads, r.precision, r.n_prompt, r.n_gen);
