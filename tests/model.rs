@@ -184,3 +184,29 @@ fn gemma3_logits_stay_close_to_f32() {
     eprintln!("Gemma 3 vs f32: top-1 {top1:.4}, mean |Δ| {mean:.4} (llama.cpp: 0.957, 0.199)");
     assert!(top1 >= 0.99 && mean <= 0.02, "top-1 {top1}, mean |Δ| {mean}");
 }
+
+#[test]
+fn sliding_window_layers_keep_a_bounded_cache() {
+    // gemma-style: 5 of 6 layers slide over a window of 8 positions.
+    let spec = Spec::gemma(GgmlType::Q8_0);
+    let model = load_synthetic(spec);
+    let c = &model.config;
+    let tokens = random_tokens(100, spec.n_vocab, 21);
+    let run = |swa_capacity: usize| {
+        let mut pool = KvPool::new(c, KvDtype::F32, 128, swa_capacity);
+        let mut kv = SeqKv::new();
+        let mut scratch = ForwardScratch::new(&model);
+        for t in &tokens {
+            let step = [*t];
+            let mut items = [SeqStep { tokens: &step, kv: &mut kv, logits: Logits::Last }];
+            model.forward(&mut items, &mut pool, &mut scratch).unwrap();
+        }
+        (scratch.logits(0, c.n_vocab).to_vec(), pool.bytes())
+    };
+    // Room for two 16-position blocks in the sliding layers is enough for 100 positions: blocks that leave the
+    // window are recycled. The result equals a run whose sliding layers could have kept everything.
+    let (bounded, small_bytes) = run(32);
+    let (unbounded, big_bytes) = run(128);
+    assert!(small_bytes < big_bytes);
+    assert!(max_rel_diff(&bounded, &unbounded) < 1e-6);
+}
