@@ -227,6 +227,10 @@ fn gemma3_without_template_gets_the_builtin() {
         "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n\
          <start_of_turn>user\n?<end_of_turn>\n<start_of_turn>model\n"
     );
+    // The template writes <bos> itself: the prompt gets exactly one.
+    let ids = m.tok.encode_prompt(&tmpl.render(&conv, true).unwrap());
+    assert_eq!(&ids[..3], [2, 105, 2364]);
+    assert_eq!(m.tok.encode_prompt("Hi")[0], 2);
     let chatml = ChatTemplate::from_gguf(&m.file, Some("chatml")).unwrap();
     assert_eq!(chatml.name(), "chatml");
     let custom = ChatTemplate::from_gguf(&m.file, Some("{{ raise_exception('nope') }}")).unwrap();

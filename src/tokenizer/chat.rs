@@ -88,6 +88,8 @@ pub enum TemplateError {
     UnknownBuiltin(String),
     #[error("`{key}` = {id} is not a token id (the vocabulary has {n_vocab} tokens)")]
     BadTokenId { key: &'static str, id: u32, n_vocab: usize },
+    #[error("reading chat template {name}: {detail}")]
+    Io { name: String, detail: String },
     #[error(transparent)]
     Metadata(#[from] GgufError),
 }
@@ -170,6 +172,17 @@ impl ChatTemplate {
         }
         let arch = md.opt_str(keys::ARCHITECTURE)?.unwrap_or("");
         ChatTemplate::builtin(ChatTemplate::builtin_for_arch(arch), &bos, &eos)
+    }
+
+    /// Reads a template file (`--chat-template FILE`) for [`ChatTemplate::from_gguf`]'s override.
+    pub fn read_file(path: &std::path::Path) -> Result<String, TemplateError> {
+        let name = path.display().to_string();
+        let len =
+            std::fs::metadata(path).map_err(|e| TemplateError::Io { name: name.clone(), detail: e.to_string() })?.len();
+        if len > MAX_SOURCE as u64 {
+            return Err(TemplateError::SourceTooLarge { name, len: len as usize, limit: MAX_SOURCE });
+        }
+        std::fs::read_to_string(path).map_err(|e| TemplateError::Io { name, detail: e.to_string() })
     }
 
     pub fn name(&self) -> &str {

@@ -553,6 +553,20 @@ impl Tokenizer {
         out
     }
 
+    /// Tokenizes a rendered chat prompt: special-token text is parsed, and BOS is added as the model asks unless
+    /// the text already starts with it (Gemma's template writes `{{ bos_token }}` itself), so there is never a
+    /// doubled BOS.
+    pub fn encode_prompt(&self, rendered: &str) -> Vec<u32> {
+        let mut ids = self.encode(rendered, false, true);
+        if let Some(b) = self.bos
+            && self.add_bos
+            && ids.first() != Some(&b)
+        {
+            ids.insert(0, b);
+        }
+        ids
+    }
+
     /// The bytes one token decodes to. Out-of-range ids decode to nothing.
     pub fn token_bytes(&self, id: u32, skip_special: bool) -> &[u8] {
         let Some(p) = self.pieces.get(id as usize) else { return &[] };
