@@ -64,7 +64,8 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<()> {
             let ids = tok.encode(&text, add_special, parse_special);
             n_bytes += text.len();
             n_tokens += ids.len();
-            serde_json::to_writer(&mut out, &ids)?;
+            // Serialized first, so that a closed stdout surfaces as the io::Error it is (quiet exit on `| head`).
+            out.write_all(&serde_json::to_vec(&ids)?)?;
             out.write_all(b"\n")?;
         }
         out.flush()?;
@@ -94,7 +95,8 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<()> {
             writeln!(out, "{id:>6} -> {}", serde_json::to_string(&piece)?)?;
         }
     } else {
-        serde_json::to_writer(&mut out, &ids)?;
+        // Serialized first, so that a closed stdout surfaces as the io::Error it is (quiet exit on `| head`).
+        out.write_all(&serde_json::to_vec(&ids)?)?;
         out.write_all(b"\n")?;
     }
     out.flush()?;
