@@ -198,6 +198,46 @@ fn main() {
     println!("memory: read {r1:.1} GB/s (1 thread), {r2:.1} GB/s ({threads} threads); copy {cp:.1} GB/s (read+write)");
     println!();
 
+    // Fork/join cost: an empty two-task parallel region, back to back and after the workers fell asleep; and a
+    // small decode matmul (k/v projection, 192×576 Q4_1, 69 KB) on 1 and on all threads.
+    if filter_arg().as_deref().is_none_or(|f| f.eq_ignore_ascii_case("forkjoin")) {
+        use rayon::prelude::*;
+        let empty = || {
+            (0..threads).into_par_iter().with_max_len(1).for_each(|t| {
+                black_box(t);
+            })
+        };
+        let hot = pool.install(|| time(budget, empty));
+        let cold = pool.install(|| {
+            let mut best = f64::MAX;
+            for _ in 0..20 {
+                std::thread::sleep(Duration::from_millis(5));
+                let t = Instant::now();
+                empty();
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            best
+        });
+        let owned = Owned::new(GgmlType::Q4_1, 192, 576);
+        let w = WeightMatrix::new(GgmlType::Q4_1, owned.bytes(), 192, 576).unwrap();
+        let x = vec![0.5f32; 576];
+        let mut out = vec![0f32; 192];
+        let k = Isa::best().kernels().unwrap();
+        let mut mm = |p: &rayon::ThreadPool| {
+            let mut s = MatmulScratch::new(ActPrecision::Q8);
+            p.install(|| time(budget, || matmul_multi_with(k, &[&w], &x, 1, &mut [&mut out], &mut s)))
+        };
+        let (t1, t2) = (mm(&pool1), mm(&pool));
+        println!(
+            "fork/join ({threads} threads): {:.0} ns back to back, {:.1} µs after 5 ms idle; 192×576 Q4_1 matvec: {:.1} µs on 1 thread, {:.1} µs on {threads}",
+            hot * 1e9,
+            cold * 1e6,
+            t1 * 1e6,
+            t2 * 1e6
+        );
+        println!();
+    }
+
     // Activation quantization: ns per value, single thread.
     if filter_arg().as_deref().is_none_or(|f| f.eq_ignore_ascii_case("quant")) {
         let x: Vec<f32> = (0..576 * 64).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
