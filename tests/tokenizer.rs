@@ -414,3 +414,32 @@ fn encode_throughput_on_license_text() {
         assert!(mbs > 1.0, "{model}: {mbs:.2} MB/s");
     }
 }
+
+/// Bad tokenizer metadata in a GGUF file is a typed error naming the key, in the library and in `infer tokenize`.
+#[test]
+fn bad_tokenizer_metadata_is_a_clear_error() {
+    use infer::gguf::{GgufWriter, MetaValue};
+    let Some(m) = load("smollm2") else { return };
+    let dir = common::tempdir();
+    let write = |key: &str, value: MetaValue| {
+        let mut w = GgufWriter::new();
+        w.copy_metadata(m.file.metadata());
+        w.set(key, value);
+        let path = dir.path().join(format!("{}.gguf", key.replace('.', "_")));
+        w.write_file(&path).unwrap();
+        (GgufFile::open(&path).unwrap(), path)
+    };
+    let (file, path) = write("tokenizer.ggml.pre", MetaValue::String("bogus".into()));
+    let err = Tokenizer::from_gguf(&file).unwrap_err().to_string();
+    assert!(err.contains("tokenizer.ggml.pre") && err.contains("bogus"), "{err}");
+    let out = common::infer(&["tokenize", path.to_str().unwrap(), "-p", "x"]);
+    common::assert_clean_failure(&out, "`tokenizer.ggml.pre` = `bogus`");
+
+    let (file, _) = write("tokenizer.ggml.eos_token_id", MetaValue::U32(999_999));
+    let err = Tokenizer::from_gguf(&file).unwrap_err().to_string();
+    assert!(err.contains("tokenizer.ggml.eos_token_id") && err.contains("999999"), "{err}");
+
+    let (file, _) = write("tokenizer.chat_template", MetaValue::String("{% for m in messages %}".into()));
+    let err = ChatTemplate::from_gguf(&file, None).unwrap_err().to_string();
+    assert!(err.contains("tokenizer.chat_template") && err.contains("does not parse"), "{err}");
+}
