@@ -1044,20 +1044,23 @@ where
     let mut next = 0;
     if has_curve {
         // One series per model, threads, settings and lengths.
-        // Per series: its label and (B, S_TG, speed-up) points.
-        type Series = (String, Vec<(f64, f64, f64)>);
+        // Per series: its label and (B, S_TG, speed-up, S_TG from CPU time or NaN) points.
+        type Series = (String, Vec<(f64, f64, f64, f64)>);
         let mut series: Vec<Series> = Vec::new();
         for r in records {
             let Some(c) = &r.curve else { continue };
             let label = format!("{} t{} {} pp{}/tg{}", r.model_type, r.n_threads, r.precision, r.n_prompt, r.n_gen);
-            let point = (r.batch as f64, c.s_tg, c.speedup.unwrap_or(f64::NAN));
+            let point = (r.batch as f64, c.s_tg, c.speedup.unwrap_or(f64::NAN), r.avg_ts_cpu.unwrap_or(f64::NAN));
             match series.iter_mut().find(|(l, _)| *l == label) {
                 Some((_, pts)) => pts.push(point),
                 None => series.push((label, vec![point])),
             }
         }
         let max_b = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0)).fold(1.0, f64::max);
-        let max_tg = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.1)).fold(1.0, f64::max);
+        let max_tg = series
+            .iter()
+            .flat_map(|(_, p)| p.iter().flat_map(|q| [q.1, q.3]).filter(|v| v.is_finite()))
+            .fold(1.0, f64::max);
         let max_su = series
             .iter()
             .flat_map(|(_, p)| p.iter().map(|q| q.2).filter(|v| v.is_finite()))
@@ -1074,7 +1077,8 @@ where
         chart
             .configure_mesh()
             .x_desc("B (parallel sequences)")
-            .y_desc("S_TG (tokens/s)")
+            .y_desc("S_TG (tokens/s); dashed: from CPU time")
+            .light_line_style(TRANSPARENT)
             .x_label_formatter(&|x| format!("{x:.0}"))
             .draw()
             .map_err(err)?;
@@ -1086,6 +1090,10 @@ where
                 .label(label.as_str())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
             chart.draw_series(pts.iter().map(|p| Circle::new((p.0, p.1), 4, color.filled()))).map_err(err)?;
+            let cpu: Vec<(f64, f64)> = pts.iter().filter(|p| p.3.is_finite()).map(|p| (p.0, p.3)).collect();
+            if cpu.len() > 1 {
+                chart.draw_series(DashedLineSeries::new(cpu, 6, 4, color.stroke_width(1))).map_err(err)?;
+            }
         }
         chart
             .configure_series_labels()
@@ -1108,6 +1116,7 @@ where
             .configure_mesh()
             .x_desc("B (parallel sequences)")
             .y_desc("S_TG(B) / S_TG(1)")
+            .light_line_style(TRANSPARENT)
             .x_label_formatter(&|x| format!("{x:.0}"))
             .draw()
             .map_err(err)?;
