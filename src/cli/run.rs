@@ -111,8 +111,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let load_time = load_start.elapsed();
 
     let prompt_text = if args.chat {
-        let template = crate::tokenizer::chat::ChatTemplate::from_gguf(model.file(), args.chat_template.as_deref())
-            .context("loading the chat template")?;
+        use crate::tokenizer::chat::ChatTemplate;
+        // --chat-template names a built-in or a file; a file's contents become the template source.
+        let source = match args.chat_template.as_deref() {
+            Some(t) if std::path::Path::new(t).is_file() => Some(ChatTemplate::read_file(std::path::Path::new(t))?),
+            Some(t) if t.contains('/') || t.ends_with(".jinja") => bail!("no such chat template file: {t}"),
+            Some(t) => Some(t.to_string()),
+            None => None,
+        };
+        let template = ChatTemplate::from_gguf(model.file(), source.as_deref()).context("loading the chat template")?;
         let mut messages = Vec::new();
         if let Some(sys) = &args.system {
             messages.push(ChatMessage { role: "system".into(), content: sys.clone() });
@@ -122,8 +129,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     } else {
         prompt_text
     };
-    // A chat template writes the BOS token itself; a raw prompt gets one if the model asks for it.
-    let prompt = tokenizer.encode(&prompt_text, !args.chat, true);
+    // A raw prompt gets BOS if the model asks for it; a rendered chat prompt gets it unless the template wrote it.
+    let prompt =
+        if args.chat { tokenizer.encode_prompt(&prompt_text) } else { tokenizer.encode(&prompt_text, true, true) };
     let n_ctx = if args.ctx_size == 0 { model.config.n_ctx_train } else { args.ctx_size };
     if prompt.len() > n_ctx {
         bail!("the prompt is {} tokens, but the context holds {n_ctx}: shorten it or raise --ctx-size", prompt.len());
