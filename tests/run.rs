@@ -106,3 +106,25 @@ fn prompt_sources_and_limits() {
     std::fs::write(&bad_utf8, [0xff, 0xfe, 0x41]).unwrap();
     assert_clean_failure(&infer(&["run", m, "-f", bad_utf8.to_str().unwrap()]), "UTF-8");
 }
+
+#[test]
+fn ctrl_c_stops_generation_and_keeps_the_text() {
+    let Some(path) = real_model("smollm2") else { return };
+    let child = infer_bin()
+        .args(["run", path.to_str().unwrap(), "-p", "Once upon a time", "-n", "100000", "--ignore-eos", "-c", "8192"])
+        .args(["--temp", "0", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let killed = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+    let out = child.wait_with_output().unwrap();
+    if !killed.is_ok_and(|s| s.success()) {
+        return eprintln!("note: could not send SIGINT, skipping");
+    }
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).expect("the final JSON is still printed");
+    assert_eq!(v["finish_reason"], "cancelled");
+    assert!(!v["text"].as_str().unwrap().is_empty(), "what was generated before Ctrl-C is kept");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted"));
+}
