@@ -55,3 +55,46 @@ fn real_tensors_dequantize_like_gguf_py() {
         assert_eq!(checked, 5, "{file_name}: expected five tensors with dequant_head");
     }
 }
+
+/// The golden file has no Q4_K tensor, so Q4_K (27 of Gemma 3's tensors) is checked against gguf-py directly when it
+/// is installed (CI installs it): the first 64 values, the sum and the sum of squares of a whole tensor.
+#[test]
+fn q4_k_dequantizes_like_gguf_py() {
+    let Some(path) = real_model("gemma3") else { return };
+    let name = "blk.0.attn_output.weight";
+    let script = r#"
+import sys, json
+try:
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+except ImportError:
+    print("SKIP"); sys.exit(0)
+r = GGUFReader(sys.argv[1])
+t = [t for t in r.tensors if t.name == sys.argv[2]][0]
+x = dequantize(t.data, t.tensor_type).astype("float64").ravel()
+print(json.dumps({"type": t.tensor_type.name, "head": x[:64].tolist(), "sum": float(x.sum()), "sumsq": float((x * x).sum())}))
+"#;
+    let Ok(out) = std::process::Command::new("python3").arg("-c").arg(script).arg(&path).arg(name).output() else {
+        return eprintln!("note: python3 absent, skipping");
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "gguf-py failed: {}", String::from_utf8_lossy(&out.stderr));
+    if text.trim() == "SKIP" {
+        return eprintln!("note: gguf-py not installed, skipping");
+    }
+    let want: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(want["type"], "Q4_K");
+    let file = GgufFile::open(&path).unwrap();
+    let info = file.tensor(name).unwrap();
+    let mut x = vec![0.0f32; info.n_elements as usize];
+    dequantize(info.ty, file.tensor_data(info), &mut x).unwrap();
+    for (w, &g) in want["head"].as_array().unwrap().iter().zip(&x) {
+        let w = w.as_f64().unwrap();
+        assert!((w - g as f64).abs() <= 1e-6 * w.abs().max(1e-3), "{name}: {g} vs gguf-py {w}");
+    }
+    let sum: f64 = x.iter().map(|&v| v as f64).sum();
+    let sumsq: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let (ws, wq) = (want["sum"].as_f64().unwrap(), want["sumsq"].as_f64().unwrap());
+    assert!((sum - ws).abs() <= 1e-6 * wq.sqrt().max(1.0) * 10.0, "sum {sum} vs {ws}");
+    assert!((sumsq - wq).abs() <= 1e-6 * wq, "sumsq {sumsq} vs {wq}");
+}
