@@ -184,13 +184,9 @@ impl Model {
                 s.plan.push(TokenSlot { item: i, pos: item.kv.len() + j, token });
             }
         }
-        for (i, item) in items.iter_mut().enumerate() {
-            if let Err(e) = pool.reserve(item.kv, item.tokens.len()) {
-                // Give back what earlier items reserved in this call? Their blocks stay in their tables and are
-                // reused by their next call, so nothing leaks; just report.
-                let _ = i;
-                return Err(e.into());
-            }
+        // A sequence that reserved blocks before a later one failed keeps them in its table for its next call.
+        for item in items.iter_mut() {
+            pool.reserve(item.kv, item.tokens.len())?;
         }
         let t_count = s.plan.len();
         if t_count == 0 {
