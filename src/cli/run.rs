@@ -1,7 +1,7 @@
 //! `infer run [MODEL] -p PROMPT`: one-shot generation, streamed to stdout as it is produced.
 //!
 //! stdout carries only the model's text (or, with `--json`, one JSON object at the end); timings and notes go to
-//! stderr, and only when stderr is a terminal unless `--verbose` asks for them.
+//! stderr, and only when stdout is a terminal (a person is watching) unless `--verbose` asks for them.
 
 use std::io::{IsTerminal, Read};
 use std::sync::Arc;
@@ -50,7 +50,7 @@ pub struct RunArgs {
     /// Print one JSON object at the end (text, tokens, finish_reason, seed, timings) instead of streaming text.
     #[arg(long)]
     pub json: bool,
-    /// Print timings and details on stderr even when it is not a terminal.
+    /// Print timings on stderr even when stdout is not a terminal.
     #[arg(short = 'v', long)]
     pub verbose: bool,
     #[command(flatten)]
@@ -103,7 +103,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     params.validate()?;
     let stop_matcher_check = args.stop.matcher()?;
     drop(stop_matcher_check);
-    let show_stats = args.verbose || std::io::stderr().is_terminal();
+    // Timings are for a person watching the text: quiet when stdout goes to a pipe or file, unless -v asks.
+    let show_stats = args.verbose || std::io::stdout().is_terminal();
 
     let load_start = Instant::now();
     let loaded = super::load(args.model.as_deref(), &args.engine)?;
