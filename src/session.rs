@@ -194,8 +194,12 @@ impl<'m> Session<'m> {
 
         // Decode.
         let start = Instant::now();
-        let mut history = req.prompt.clone();
-        let mut tokens = Vec::new();
+        // Sized up front so the decode loop itself does not allocate.
+        let room = req.max_tokens.min(self.n_ctx).saturating_add(1);
+        let mut history = Vec::with_capacity(req.prompt.len() + room);
+        history.extend_from_slice(&req.prompt);
+        let mut tokens = Vec::with_capacity(room);
+        let mut piece = String::with_capacity(64);
         let mut text = String::new();
         let mut decoder = self.tokenizer.stream_decoder(true);
         let mut finish = FinishReason::Length;
@@ -215,7 +219,8 @@ impl<'m> Session<'m> {
             }
             tokens.push(next);
             history.push(next);
-            let piece = decoder.push(next);
+            piece.clear();
+            decoder.push_into(next, &mut piece);
             match stop.push(&piece) {
                 StopStep::Continue(t) => {
                     text.push_str(t);

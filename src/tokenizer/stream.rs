@@ -22,10 +22,18 @@ impl<'a> StreamDecoder<'a> {
 
     /// Adds one token; returns the text that is now complete (possibly empty).
     pub fn push(&mut self, id: u32) -> String {
+        let mut out = String::new();
+        self.push_into(id, &mut out);
+        out
+    }
+
+    /// As [`push`](Self::push), appending the completed text to `out`: a decode loop that reuses one buffer does not
+    /// allocate per token.
+    pub fn push_into(&mut self, id: u32, out: &mut String) {
         let piece = self.tok.piece_for_decode(id, self.skip_special, self.first);
         self.first = false;
         self.pending.extend_from_slice(piece);
-        self.drain_complete()
+        self.drain_complete(out);
     }
 
     /// Ends the stream: whatever is held back (an incomplete character) comes out as U+FFFD.
@@ -41,8 +49,7 @@ impl<'a> StreamDecoder<'a> {
         !self.pending.is_empty()
     }
 
-    fn drain_complete(&mut self) -> String {
-        let mut out = String::new();
+    fn drain_complete(&mut self, out: &mut String) {
         let mut start = 0;
         loop {
             match std::str::from_utf8(&self.pending[start..]) {
@@ -54,7 +61,7 @@ impl<'a> StreamDecoder<'a> {
                 Err(e) => {
                     let valid = e.valid_up_to();
                     // The prefix is valid UTF-8 by the error's own account.
-                    out.push_str(&String::from_utf8_lossy(&self.pending[start..start + valid]));
+                    out.push_str(std::str::from_utf8(&self.pending[start..start + valid]).unwrap_or_default());
                     start += valid;
                     match e.error_len() {
                         Some(n) => {
@@ -68,6 +75,5 @@ impl<'a> StreamDecoder<'a> {
             }
         }
         self.pending.drain(..start);
-        out
     }
 }
