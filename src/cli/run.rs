@@ -101,8 +101,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let prompt_text = read_prompt(&args)?;
     let params = args.sampling.to_params();
     params.validate()?;
-    let stop_matcher_check = args.stop.matcher()?;
-    drop(stop_matcher_check);
     // Timings are for a person watching the text: quiet when stdout goes to a pipe or file, unless -v asks.
     let show_stats = args.verbose || std::io::stdout().is_terminal();
 

@@ -363,9 +363,8 @@ impl Model {
             let dr = &d[t * n_embd..(t + 1) * n_embd];
             match post_norm {
                 Some(w) => {
-                    // Normalise into a small stack buffer per chunk to avoid a second pass over `delta`.
-                    let ss: f64 = dr.iter().map(|&v| (v as f64) * (v as f64)).sum();
-                    let inv = (1.0 / (ss / n_embd as f64 + eps as f64).sqrt()) as f32;
+                    // Normalise and add in one pass: `delta` itself is never rewritten.
+                    let inv = ops::inv_rms(dr, eps);
                     for ((xv, &dv), &g) in row.iter_mut().zip(dr).zip(w) {
                         *xv += dv * inv * g;
                     }

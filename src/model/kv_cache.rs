@@ -266,13 +266,6 @@ impl KvPool {
         g.v.write(row * g.v_row, v);
     }
 
-    /// The cached key and value rows of position `pos` for `layer`.
-    pub fn rows(&self, seq: &SeqKv, layer: usize, pos: usize) -> (KvRow<'_>, KvRow<'_>) {
-        let (gi, row) = self.offset(seq, layer, pos);
-        let g = &self.groups[gi];
-        (g.k.slice(row * g.k_row, g.k_row), g.v.slice(row * g.v_row, g.v_row))
-    }
-
     /// A contiguous run of positions `[pos, pos + n)` within one block, for one layer: `n·row` values.
     pub fn block_run(&self, seq: &SeqKv, layer: usize, pos: usize, n: usize) -> (KvRow<'_>, KvRow<'_>) {
         debug_assert!(pos % self.block_size + n <= self.block_size);

@@ -6,11 +6,16 @@
 
 use super::config::RopeStyle;
 
-/// `out = x / rms(x) * w`, with `rms(x) = sqrt(mean(x²) + eps)`.
+/// `1 / rms(x)`, with `rms(x) = sqrt(mean(x²) + eps)`; the sum of squares runs in f64.
+pub fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32
+}
+
+/// `out = x / rms(x) * w`.
 pub fn rmsnorm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
     debug_assert!(out.len() == x.len() && x.len() == w.len());
-    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    let inv = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    let inv = inv_rms(x, eps);
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
         *o = v * inv * g;
     }
@@ -18,8 +23,7 @@ pub fn rmsnorm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
 
 /// RMSNorm in place.
 pub fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
-    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    let inv = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    let inv = inv_rms(x, eps);
     for (v, &g) in x.iter_mut().zip(w) {
         *v = *v * inv * g;
     }
