@@ -13,24 +13,20 @@ pub fn infer(args: &[&str]) -> Output {
     infer_bin().args(args).output().expect("spawn infer")
 }
 
-/// The model cache the tests use: `$INFER_HOME` (CI points it into the project) or `~/.cache/infer`.
-pub fn infer_home() -> PathBuf {
-    match std::env::var_os("INFER_HOME") {
-        Some(h) => PathBuf::from(h),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/infer"),
-    }
+/// Lower-case hex sha256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A real model from the registry, fetched on first use through `infer pull` (so `cargo test` works on a fresh
 /// machine). Returns `None`, with a note, only when fetching is impossible here and `INFER_REQUIRE_MODELS` is
 /// unset; CI sets it so that a missing model fails loudly instead of skipping.
 pub fn real_model(name: &str) -> Option<PathBuf> {
-    let file = match name {
-        "smollm2" => "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "gemma3" => "gemma-3-270m-q4_k_m.gguf",
-        other => panic!("unknown test model {other}"),
-    };
-    let path = infer_home().join("models").join(file);
+    // The same cache and file name as `infer pull` uses (the registry is the one place that knows them).
+    let registry = infer::registry::Registry::load().expect("the registry loads");
+    let entry = registry.get(name).unwrap_or_else(|| panic!("unknown test model {name}"));
+    let path = infer::registry::models_dir(&infer::registry::infer_home()).join(&entry.file);
     if path.exists() {
         return Some(path);
     }

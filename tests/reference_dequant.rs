@@ -5,9 +5,8 @@
 
 use infer::gguf::GgufFile;
 use infer::kernels::dequantize;
-use sha2::{Digest, Sha256};
 
-use crate::common::{real_model, reference};
+use crate::common::{real_model, reference, sha256_hex};
 
 #[test]
 fn real_tensors_dequantize_like_gguf_py() {
@@ -26,7 +25,7 @@ fn real_tensors_dequantize_like_gguf_py() {
             let Some(head) = g.get("dequant_head").and_then(|h| h.as_array()) else { continue };
             let info = file.tensor(name).expect("tensor present");
             let data = file.tensor_data(info);
-            let sha: String = Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect();
+            let sha = sha256_hex(data);
             assert_eq!(
                 Some(sha.as_str()),
                 g["sha256"].as_str(),

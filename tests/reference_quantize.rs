@@ -12,13 +12,8 @@ use infer::gguf::GgufFile;
 use infer::kernels::quant::{blocks_as_bytes, quantize};
 use infer::kernels::{GgmlType, dequantize};
 use rayon::prelude::*;
-use sha2::{Digest, Sha256};
 
-use crate::common::{real_model, reference};
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
+use crate::common::{real_model, reference, sha256_hex};
 
 /// `x` quantized to `ty` with our byte-level entry point (the `quantize_row_ref`s underneath).
 fn quantize_bytes(ty: GgmlType, x: &[f32]) -> Vec<u8> {

@@ -9,14 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use crate::common::sha256_hex;
 use infer::registry::{
     self, CacheState, ModelEntry, Registry, RegistryError, Source, cache_state, pull_into, resolve_model_in,
 };
-use sha2::{Digest, Sha256};
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
 
 /// Some bytes standing in for a model (not a real GGUF: the registry never looks inside).
 fn fake_model(len: usize, seed: u8) -> Vec<u8> {
