@@ -7,10 +7,10 @@
 pub mod cli;
 pub mod gguf;
 pub mod model;
+pub mod registry;
 pub mod sampling;
 pub mod session;
 pub mod stop;
-pub mod registry;
 pub mod tokenizer;
 
 pub use infer_kernels as kernels;

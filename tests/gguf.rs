@@ -166,7 +166,7 @@ fn handcrafted(kv: &[u8], tensor: &[u8], data_len: usize) -> Vec<u8> {
     b.extend((if kv.is_empty() { 0u64 } else { 1 }).to_le_bytes());
     b.extend(kv);
     b.extend(tensor);
-    while b.len() % 32 != 0 {
+    while !b.len().is_multiple_of(32) {
         b.push(0);
     }
     b.extend(vec![0u8; data_len]);

@@ -1,13 +1,13 @@
 //! The integration tests: one binary, one module per area.
 
+mod bench;
 mod common;
 mod gguf;
-mod sampling;
 mod model;
-mod synthetic;
-mod registry;
 mod reference_dequant;
 mod reference_quantize;
-mod tokenizer;
-mod bench;
+mod registry;
 mod run;
+mod sampling;
+mod synthetic;
+mod tokenizer;

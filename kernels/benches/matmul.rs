@@ -9,6 +9,7 @@ use half::f16;
 use infer_kernels::GgmlType;
 use infer_kernels::dispatch::{Isa, Kernels};
 use infer_kernels::matmul::{ActPrecision, MatmulScratch, WeightMatrix, matmul_multi_with};
+use infer_kernels::packed::{self, PackedMatrix};
 use infer_kernels::quant::{self, BlockQ2K, BlockQ4K, BlockQ6K, BlockQ8_0, blocks_as_bytes};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -145,10 +146,13 @@ fn memory_bandwidth(pool: &rayon::ThreadPool, budget: Duration) -> (f64, f64, f6
 
 /// SmolLM2-135M's per-token matmuls (30 layers: q/k/v 576→576/192/192, o 576→576, gate/up 576→1536, down
 /// 1536→576) with every layer's weights in their own memory (≈66 MB in Q4_1, more than the L3), as the model runs
-/// them: q/k/v and gate/up through `matmul_multi`. Returns (wall s, CPU s of this thread) per call for `m` tokens.
+/// them: q/k/v and gate/up through `matmul_multi`; with `packs`, the weights repacked into panels. Returns (wall s,
+/// CPU s of this thread) per call for `m` tokens.
+#[allow(clippy::too_many_arguments)]
 fn smollm2_sweep(
     k: &Kernels,
     layers: &[Vec<Owned>],
+    packs: Option<&[Vec<PackedMatrix>]>,
     ty: GgmlType,
     pool: &rayon::ThreadPool,
     m: usize,
@@ -156,10 +160,13 @@ fn smollm2_sweep(
     budget: Duration,
 ) -> (f64, f64) {
     let shapes = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
-    let ws: Vec<Vec<WeightMatrix>> = layers
-        .iter()
-        .map(|l| l.iter().zip(shapes).map(|(o, (r, c))| WeightMatrix::new(ty, o.bytes(), r, c).unwrap()).collect())
-        .collect();
+    let ws: Vec<Vec<WeightMatrix>> = match packs {
+        Some(p) => p.iter().map(|l| l.iter().map(WeightMatrix::packed).collect()).collect(),
+        None => layers
+            .iter()
+            .map(|l| l.iter().zip(shapes).map(|(o, (r, c))| WeightMatrix::new(ty, o.bytes(), r, c).unwrap()).collect())
+            .collect(),
+    };
     let x = vec![0.5f32; m * 576];
     let xi = vec![0.25f32; m * 1536];
     let (mut q, mut kk, mut v, mut o) =
@@ -285,42 +292,59 @@ fn main() {
             let layer: Vec<Owned> = shapes.iter().map(|&(r, c)| Owned::new(ty, r, c)).collect();
             let layers: Vec<Vec<Owned>> = (0..30).map(|_| layer.iter().map(Owned::clone_owned).collect()).collect();
             let mb: f64 = layers.iter().flatten().map(|o| o.bytes().len() as f64).sum::<f64>() / 1e6;
+            let shapes = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
+            let packs: Vec<Vec<PackedMatrix>> = layers
+                .iter()
+                .map(|l| l.iter().zip(shapes).map(|(o, (r, c))| packed::pack(ty, o.bytes(), r, c).unwrap()).collect())
+                .collect();
             println!("SmolLM2-135M matmuls, {ty} weights ({mb:.0} MB, 30 layers; no attention, no lm_head): tokens/s");
+            println!("  (x2: Q8x2 activations; +panels: weights repacked into 16-row panels)");
             println!(
-                "  {:<7} {:>9} {:>9} {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9}",
-                "isa", "decode", "batch16", "b16/dec", "prefill", "pf Q8x2", "decode", "batch16", "prefill"
+                "  {:<14} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8}",
+                "isa", "decode", "dec x2", "b16", "b16 x2", "pf", "pf x2", "decode", "dec x2", "b16 x2", "b16/dec"
             );
-            println!("  {:<7} single thread, tokens per CPU-second{:14}| {threads} threads, wall clock", "", "");
-            for isa in Isa::available() {
+            println!("  {:<14} single thread, tokens per CPU-second{:17}| {threads} threads, wall clock", "", "");
+            let variants = Isa::available().into_iter().flat_map(|isa| {
                 let k = isa.kernels().unwrap();
+                let p = k.packed.is_some().then_some((isa, true));
+                [Some((isa, false)), p].into_iter().flatten()
+            });
+            for (isa, use_packs) in variants {
+                let k = isa.kernels().unwrap();
+                let pk = use_packs.then_some(&packs[..]);
                 let sw = |pool: &rayon::ThreadPool, m: usize, prec: ActPrecision| {
-                    let (w, c) = smollm2_sweep(k, &layers, ty, pool, m, prec, budget);
+                    let (w, c) = smollm2_sweep(k, &layers, pk, ty, pool, m, prec, budget);
                     (m as f64 / w, m as f64 / c)
                 };
-                let d1 = sw(&pool1, 1, ActPrecision::Q8).1;
-                let b1 = sw(&pool1, 16, ActPrecision::Q8).1;
-                let (p1, px, d2, b2, p2) = if isa == Isa::Scalar {
-                    (f64::NAN, f64::NAN, sw(&pool, 1, ActPrecision::Q8).0, sw(&pool, 16, ActPrecision::Q8).0, f64::NAN)
+                let (q8, x2) = (ActPrecision::Q8, ActPrecision::Q8x2);
+                let d1 = sw(&pool1, 1, q8).1;
+                let dx1 = sw(&pool1, 1, x2).1;
+                let b1 = sw(&pool1, 16, q8).1;
+                let bx1 = sw(&pool1, 16, x2).1;
+                let (p1, px, d2, dx2, bx2) = if isa == Isa::Scalar {
+                    (f64::NAN, f64::NAN, sw(&pool, 1, q8).0, f64::NAN, f64::NAN)
                 } else {
                     (
-                        sw(&pool1, 128, ActPrecision::Q8).1,
-                        sw(&pool1, 128, ActPrecision::Q8x2).1,
-                        sw(&pool, 1, ActPrecision::Q8).0,
-                        sw(&pool, 16, ActPrecision::Q8).0,
-                        sw(&pool, 128, ActPrecision::Q8).0,
+                        sw(&pool1, 128, q8).1,
+                        sw(&pool1, 128, x2).1,
+                        sw(&pool, 1, q8).0,
+                        sw(&pool, 1, x2).0,
+                        sw(&pool, 16, x2).0,
                     )
                 };
                 println!(
-                    "  {:<7} {:>9.0} {:>9.0} {:>9.2} {:>9.0} {:>9.0} | {:>9.0} {:>9.0} {:>9.0}",
-                    isa.name(),
+                    "  {:<14} {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0} | {:>8.0} {:>8.0} {:>8.0} {:>8.2}",
+                    format!("{}{}", isa.name(), if use_packs { "+panels" } else { "" }),
                     d1,
+                    dx1,
                     b1,
-                    b1 / d1,
+                    bx1,
                     p1,
                     px,
                     d2,
-                    b2,
-                    p2
+                    dx2,
+                    bx2,
+                    bx2 / dx2
                 );
             }
             println!();

@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 
 use half::f16;
 
+use crate::packed::PackedView;
 use crate::quant::{BlockQ2K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, BlockQ8K};
 
 /// An instruction-set level the kernels are written for.
@@ -231,6 +232,18 @@ impl<'a> OutSink<'a> {
         OutSink { ptr, len, stride, cols, _life: PhantomData }
     }
 
+    /// Writes `out[i][j0..j0 + v.len()] = v`.
+    #[inline]
+    pub fn put_row(&self, i: usize, j0: usize, v: &[f32]) {
+        let idx = i * self.stride + j0;
+        assert!(
+            j0 >= self.cols.start && j0 + v.len() <= self.cols.end && idx + v.len() <= self.len,
+            "output index out of the sink's range"
+        );
+        // SAFETY: idx + v.len() ≤ len and the columns j0..j0 + v.len() are this sink's, exclusive to it.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(idx), v.len()) }
+    }
+
     /// Writes `out[i][j] = v`.
     #[inline]
     pub fn put(&self, i: usize, j: usize, v: f32) {
@@ -252,6 +265,11 @@ pub type PanelK<B> =
     fn(w: &[B], nb: usize, rows: Range<usize>, act: &[BlockQ8K], n_act: usize, group: usize, out: &OutSink<'_>);
 /// F32/F16 weights (`cols` per row) against f32 activation rows (`x[a*cols..][..cols]`).
 pub type PanelF<T> = fn(w: &[T], cols: usize, rows: Range<usize>, x: &[f32], n_act: usize, out: &OutSink<'_>);
+
+/// Panels `panels` of a [`crate::packed`] matrix against `n_act` activation rows in groups of `group`, as
+/// [`Panel32`] (output column `16·panel + row`).
+pub type PanelPacked =
+    fn(w: PackedView<'_>, panels: Range<usize>, act: Act32<'_>, n_act: usize, group: usize, out: &OutSink<'_>);
 
 /// [`quantize_row32`]'s signature: (x, group, qs, d, s, isum).
 pub type Quantize32 = fn(&[f32], usize, &mut [i8], &mut [f32], &mut [f32], &mut [i32]);
@@ -278,6 +296,12 @@ pub struct Kernels {
     pub q2_k: PanelK<BlockQ2K>,
     pub q4_k: PanelK<BlockQ4K>,
     pub q6_k: PanelK<BlockQ6K>,
+    /// The kernel for [`crate::packed`] panels, on levels that have one; weights are packed at load only then.
+    pub packed: Option<PanelPacked>,
+    /// [`crate::vec_f32::swiglu`].
+    pub swiglu: fn(&mut [f32], &[f32]),
+    /// [`crate::vec_f32::geglu`].
+    pub geglu: fn(&mut [f32], &[f32]),
     /// [`quantize_row32`].
     pub quantize32: Quantize32,
     /// [`crate::matmul::quantize_row_q8k`].

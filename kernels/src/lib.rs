@@ -11,6 +11,7 @@ pub mod quant;
 mod arch;
 pub mod dispatch;
 pub mod matmul;
+pub mod packed;
 pub mod vec_f32;
 
 pub use dequant::{DequantError, dequantize};

@@ -15,6 +15,7 @@ use rayon::prelude::*;
 
 use crate::GgmlType;
 use crate::dispatch::{Act32, Kernels, OutSink, kernels};
+use crate::packed::{PANEL_ROWS, PackedMatrix, PackedView};
 use crate::quant::{
     Block, BlockQ2K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, BlockQ8K, QK_K, cast_blocks,
 };
@@ -60,6 +61,8 @@ enum WData<'a> {
     Q2K(&'a [BlockQ2K]),
     Q4K(&'a [BlockQ4K]),
     Q6K(&'a [BlockQ6K]),
+    /// Repacked at load into 16-row panels ([`crate::packed`]).
+    Packed(PackedView<'a>),
 }
 
 /// Which activation format a weight type is dotted with.
@@ -74,7 +77,7 @@ impl WData<'_> {
     fn act_kind(&self) -> ActKind {
         match self {
             WData::F32(_) | WData::F16(_) => ActKind::F32,
-            WData::Q8_0(_) | WData::Q4_0(_) | WData::Q4_1(_) | WData::Q5_0(_) => ActKind::B32,
+            WData::Q8_0(_) | WData::Q4_0(_) | WData::Q4_1(_) | WData::Q5_0(_) | WData::Packed(_) => ActKind::B32,
             WData::Q2K(_) | WData::Q4K(_) | WData::Q6K(_) => ActKind::K,
         }
     }
@@ -124,6 +127,16 @@ impl<'a> WeightMatrix<'a> {
         Ok(WeightMatrix { ty, data, rows, cols })
     }
 
+    /// The kernel view of a repacked matrix.
+    pub fn packed(p: &'a PackedMatrix) -> Self {
+        WeightMatrix { ty: p.source(), data: WData::Packed(p.view()), rows: p.rows(), cols: p.cols() }
+    }
+
+    /// Whether the matrix is in panels rather than the GGUF layout.
+    pub fn is_packed(&self) -> bool {
+        matches!(self.data, WData::Packed(_))
+    }
+
     /// Output features.
     pub fn rows(&self) -> usize {
         self.rows
@@ -140,7 +153,10 @@ impl<'a> WeightMatrix<'a> {
 
     /// Bytes of weight data.
     pub fn bytes(&self) -> usize {
-        self.rows * self.cols / self.ty.block_size() * self.ty.type_size()
+        match self.data {
+            WData::Packed(v) => v.n_panels * v.panel_bytes,
+            _ => self.rows * self.cols / self.ty.block_size() * self.ty.type_size(),
+        }
     }
 }
 
@@ -376,14 +392,20 @@ pub fn matmul_multi_with(
     let outs_raw: &[(usize, usize)] = &scratch.outs;
 
     let task = |t: usize| {
-        // Rows [lo, hi) of the concatenation of all matrices, cut at multiples of 4 so tiles stay whole.
-        let cut = |t: usize| if t == n_tasks { total_rows } else { (total_rows * t / n_tasks) / 4 * 4 };
+        // Rows [lo, hi) of the concatenation of all matrices. Within each matrix the bounds are then rounded down
+        // to whole panels (16 rows, which also keeps the 4-row tiles whole), except at the matrix's end: neighbouring
+        // tasks round their shared bound the same way, so the ranges stay disjoint and cover every row.
+        let cut = |t: usize| if t == n_tasks { total_rows } else { total_rows * t / n_tasks };
         let (lo, hi) = (cut(t), cut(t + 1));
         let mut base = 0;
         for (i, w) in ws.iter().enumerate() {
-            let (a, b) = (lo.max(base), hi.min(base + w.rows));
+            let local = |g: usize| {
+                let r = g.clamp(base, base + w.rows) - base;
+                if r == w.rows { r } else { r / PANEL_ROWS * PANEL_ROWS }
+            };
+            let (a, b) = (local(lo), local(hi));
             if a < b {
-                let rows = a - base..b - base;
+                let rows = a..b;
                 let (ptr, len) = outs_raw[i];
                 // SAFETY: `ptr/len` come from `outs[i]`, a live `&mut [f32]` borrowed for this whole call; tasks get
                 // disjoint row ranges of the concatenated matrices, so within `outs[i]` each task writes only the
@@ -426,5 +448,14 @@ fn run_panel(
         WData::Q2K(d) => (k.q2_k)(d, nbk, rows, actk, n_act, group, out),
         WData::Q4K(d) => (k.q4_k)(d, nbk, rows, actk, n_act, group, out),
         WData::Q6K(d) => (k.q6_k)(d, nbk, rows, actk, n_act, group, out),
+        WData::Packed(v) => {
+            assert!(rows.start.is_multiple_of(PANEL_ROWS) && rows.end.is_multiple_of(PANEL_ROWS));
+            let panels = rows.start / PANEL_ROWS..rows.end / PANEL_ROWS;
+            match k.packed {
+                Some(f) => f(v, panels, act32, n_act, group, out),
+                // A level without a panel kernel (tests compare levels within one process).
+                None => crate::packed::panel_ref(v, panels, act32, n_act, group, out),
+            }
+        }
     }
 }

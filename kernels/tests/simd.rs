@@ -505,3 +505,45 @@ fn activation_quantizers_give_the_same_bytes_on_every_level() {
         assert_eq!(a, b, "quantize_k {}", k.isa);
     }
 }
+
+#[test]
+fn activations_match_the_libm_definitions_on_every_level() {
+    // Values across the whole useful range, the saturated tails, zeros and the odd lengths of the SIMD tails.
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    let mut gate: Vec<f32> = (0..1001).map(|i| (i as f32 - 500.0) * 0.05).collect();
+    gate.extend(randv(&mut rng, 333, 12.0));
+    gate.extend([0.0, -0.0, 1e-30, -1e-30, 80.0, -80.0, 200.0, -200.0, 1e30, -1e30]);
+    let up: Vec<f32> = (0..gate.len()).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+    let silu = |x: f64| x / (1.0 + (-x).exp());
+    // 0.5·x·(1 + tanh z) written as x·σ(2z), which f64 evaluates without cancelling to 0 in the far tail.
+    let gelu = |x: f64| x / (1.0 + (-2.0 * 0.797_884_560_802_865_4 * (x + 0.044715 * x * x * x)).exp());
+    for k in levels() {
+        for len in [gate.len(), 1, 15, 17] {
+            for (name, f, want) in
+                [("swiglu", k.swiglu, &silu as &dyn Fn(f64) -> f64), ("geglu", k.geglu, &gelu as &dyn Fn(f64) -> f64)]
+            {
+                let mut g = gate[..len].to_vec();
+                f(&mut g, &up[..len]);
+                for i in 0..len {
+                    let w = want(gate[i] as f64) * up[i] as f64;
+                    // Relative to the value, widened by the f32 rounding of exp's argument (one ulp of it moves
+                    // e^arg by |arg|·6e-8 relative), plus an absolute floor for the far tail.
+                    let x = gate[i] as f64;
+                    let arg = if name == "swiglu" { x.abs() } else { (1.6 * (x + 0.044715 * x * x * x)).abs() };
+                    let tol = (4e-7 + 1.2e-7 * arg) * w.abs() + 1e-30;
+                    assert!(
+                        (g[i] as f64 - w).abs() <= tol || (!w.is_finite() && g[i].is_finite() == w.is_finite()),
+                        "{} {name}({}) · {} = {} , want {w}",
+                        k.isa,
+                        gate[i],
+                        up[i],
+                        g[i]
+                    );
+                }
+            }
+        }
+        let mut nan = vec![f32::NAN; 3];
+        (k.swiglu)(&mut nan, &[1.0; 3]);
+        assert!(nan.iter().all(|v| v.is_nan()), "{}: NaN must stay NaN", k.isa);
+    }
+}

@@ -12,8 +12,8 @@ pub mod list;
 pub mod logits;
 pub mod output;
 pub mod pull;
-pub mod tokenize;
 pub mod run;
+pub mod tokenize;
 
 /// Run GGUF language models on ordinary CPUs.
 #[derive(Parser, Debug)]
@@ -105,7 +105,6 @@ pub fn load(spec: Option<&str>, engine: &EngineArgs) -> anyhow::Result<Loaded> {
         .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
     Ok(Loaded { model, tokenizer })
 }
-
 
 /// Engine settings shared by every command that runs a model.
 #[derive(clap::Args, Debug, Clone, Default)]

@@ -162,7 +162,7 @@ impl Model {
         self.precision
     }
 
-    fn mat(&self, l: &super::weights::Linear) -> WeightMatrix<'_> {
+    fn mat<'a>(&'a self, l: &'a super::weights::Linear) -> WeightMatrix<'a> {
         l.matrix(&self.file)
     }
 

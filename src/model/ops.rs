@@ -63,18 +63,12 @@ pub fn rope_apply(head: &mut [f32], n_rot: usize, style: RopeStyle, cos: &[f32],
 
 /// SiLU (x·σ(x)) of the gate times the up projection, into `gate`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
+    infer_kernels::vec_f32::swiglu(gate, up)
 }
 
 /// GELU (tanh approximation) of the gate times the up projection, into `gate`.
 pub fn geglu(gate: &mut [f32], up: &[f32]) {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    for (g, &u) in gate.iter_mut().zip(up) {
-        let x = *g;
-        *g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh()) * u;
-    }
+    infer_kernels::vec_f32::geglu(gate, up)
 }
 
 /// `cap · tanh(x / cap)` on every logit.

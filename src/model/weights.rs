@@ -1,12 +1,17 @@
 //! The model's tensors, looked up by name with their expected shapes and types checked once at load.
 //!
 //! Matrices stay in the memory map: a [`Linear`] records where a weight matrix lies and how it is encoded, and
-//! hands the kernels a zero-copy view per call. Small vectors (norm weights) are copied out as f32.
+//! hands the kernels a zero-copy view per call. When the CPU's kernel level has a panel kernel, the matrices it
+//! can hold are repacked once at load into 16-row panels ([`infer_kernels::packed`]) and the kernels read those
+//! instead; the memory map then only serves embedding lookups. Small vectors (norm weights) are copied out as f32.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use infer_kernels::GgmlType;
 use infer_kernels::matmul::WeightMatrix;
+use infer_kernels::packed::{self, PackedMatrix};
+use rayon::prelude::*;
 
 use crate::gguf::{GgufError, GgufFile, TensorInfo};
 
@@ -20,13 +25,33 @@ pub struct Linear {
     pub rows: usize,
     pub cols: usize,
     bytes: Range<usize>,
+    /// The same weights in panels, when the kernels have a panel form for them.
+    packed: Option<Arc<PackedMatrix>>,
 }
 
 impl Linear {
-    /// The zero-copy kernel view of this matrix inside `file` (the file it was loaded from).
-    pub fn matrix<'a>(&self, file: &'a GgufFile) -> WeightMatrix<'a> {
+    /// The kernel view of this matrix: its panels if it was repacked, else zero-copy inside `file` (the file it
+    /// was loaded from).
+    pub fn matrix<'a>(&'a self, file: &'a GgufFile) -> WeightMatrix<'a> {
+        if let Some(p) = &self.packed {
+            return WeightMatrix::packed(p);
+        }
         let data = &file_bytes(file)[self.bytes.clone()];
         WeightMatrix::new(self.ty, data, self.rows, self.cols).expect("shape checked at load")
+    }
+
+    /// Whether the kernels read this matrix from panels.
+    pub fn is_packed(&self) -> bool {
+        self.packed.is_some()
+    }
+
+    /// Repacks the matrix into panels if the kernel level and the format allow it.
+    fn pack(&mut self, file: &GgufFile) {
+        if infer_kernels::dispatch::kernels().packed.is_none() {
+            return;
+        }
+        let data = &file_bytes(file)[self.bytes.clone()];
+        self.packed = packed::pack(self.ty, data, self.rows, self.cols).map(Arc::new);
     }
 
     /// The raw bytes of row `r` (for embedding lookups).
@@ -99,7 +124,30 @@ impl ModelWeights {
                 ffn_post_norm: opt_vec("post_ffw_norm", c.n_embd, c.post_norms)?,
             });
         }
-        Ok(ModelWeights { token_embd, layers, output_norm, output })
+        let mut w = ModelWeights { token_embd, layers, output_norm, output };
+        w.pack(file);
+        Ok(w)
+    }
+
+    /// Repacks every matrix the kernels read (not the token embedding, which is only looked up by row, unless it
+    /// doubles as the output projection: then `output` gets its own panels).
+    fn pack(&mut self, file: &GgufFile) {
+        let mut all: Vec<&mut Linear> = vec![&mut self.output];
+        for l in &mut self.layers {
+            all.extend([&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.ffn_gate, &mut l.ffn_up, &mut l.ffn_down]);
+        }
+        all.par_iter_mut().for_each(|l| l.pack(file));
+    }
+
+    /// Bytes of repacked panels held in memory (on top of the memory map).
+    pub fn packed_bytes(&self) -> usize {
+        let mut n = self.output.packed.as_ref().map_or(0, |p| p.bytes());
+        for l in &self.layers {
+            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down] {
+                n += m.packed.as_ref().map_or(0, |p| p.bytes());
+            }
+        }
+        n
     }
 }
 
@@ -118,7 +166,7 @@ fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linea
         return Err(GgufError::UnsupportedType { name: name.to_string(), ty: t.ty });
     }
     let start = (file.data_offset() + t.offset) as usize;
-    Ok(Linear { name: name.to_string(), ty: t.ty, rows, cols, bytes: start..start + t.n_bytes as usize })
+    Ok(Linear { name: name.to_string(), ty: t.ty, rows, cols, bytes: start..start + t.n_bytes as usize, packed: None })
 }
 
 /// A 1-D tensor of `len` values, converted to f32.

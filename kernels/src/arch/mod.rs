@@ -17,6 +17,9 @@ pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 #[path = "x86_64/avx512.rs"]
 pub mod avx512;
+#[cfg(target_arch = "x86_64")]
+#[path = "x86_64/packed512.rs"]
+pub(crate) mod packed512;
 
 use crate::quant::{BlockQ2K, BlockQ4K, BlockQ5_0, BlockQ6K};
 

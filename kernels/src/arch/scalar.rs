@@ -26,6 +26,11 @@ pub(crate) static KERNELS: Kernels = Kernels {
     q2_k: panel_q2_k,
     q4_k: panel_q4_k,
     q6_k: panel_q6_k,
+    // The panel layout exists for wide registers; the scalar level keeps the GGUF layout (and
+    // `packed::panel_ref` states the panel kernels' arithmetic for tests).
+    packed: None,
+    swiglu: crate::vec_f32::swiglu_impl,
+    geglu: crate::vec_f32::geglu_impl,
     quantize32: crate::dispatch::quantize_row32_impl,
     quantize_k: crate::matmul::quantize_row_k_impl,
 };

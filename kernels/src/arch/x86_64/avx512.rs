@@ -33,7 +33,11 @@ x86_kernels!(
     isa = crate::dispatch::Isa::Avx512,
     tile32 = 4 x 4,
     kernel32 = tile32z: W32Z,
-    tilek = 2 x 4
+    tilek = 2 x 4,
+    packed = Some(|w, panels, act, n, g, out| {
+        // SAFETY: see KERNELS.
+        unsafe { crate::arch::packed512::panel(w, panels, act, n, g, out) }
+    })
 );
 
 // -------------------------------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ macro_rules! x86_kernels {
         isa = $isa:expr,
         tile32 = $R32:literal x $C32:literal,
         kernel32 = $tile32:ident: $W32b:ident,
-        tilek = $RK:literal x $CK:literal
+        tilek = $RK:literal x $CK:literal,
+        packed = $packed:expr
     ) => {
         use std::ops::Range;
 
@@ -86,6 +87,15 @@ macro_rules! x86_kernels {
             q6_k: |w, nb, rows, act, n, g, out| {
                 // SAFETY: see KERNELS.
                 unsafe { panelk::<BlockQ6K>(w, nb, rows, act, n, g, out) }
+            },
+            packed: $packed,
+            swiglu: |g, u| {
+                // SAFETY: see KERNELS.
+                unsafe { swiglu(g, u) }
+            },
+            geglu: |g, u| {
+                // SAFETY: see KERNELS.
+                unsafe { geglu(g, u) }
             },
             quantize32: |x, g, q, d, s, i| {
                 // SAFETY: see KERNELS.
@@ -160,6 +170,18 @@ macro_rules! x86_kernels {
                     s[b] = d1 * sum1 as f32 + d2 * sum2 as f32;
                 }
             }
+        }
+
+        /// [`crate::vec_f32::swiglu`], vectorised for this level.
+        #[target_feature(enable = $feat)]
+        fn swiglu(g: &mut [f32], u: &[f32]) {
+            crate::vec_f32::swiglu_impl(g, u)
+        }
+
+        /// [`crate::vec_f32::geglu`], vectorised for this level.
+        #[target_feature(enable = $feat)]
+        fn geglu(g: &mut [f32], u: &[f32]) {
+            crate::vec_f32::geglu_impl(g, u)
         }
 
         /// As `quantize32`, for Q8_K.

@@ -1,0 +1,231 @@
+//! The AVX-512 VNNI kernel for 16-row panels ([`crate::packed`]): every 512-bit register holds one value per
+//! panel row, so a `vpdpbusd` with four activation bytes broadcast from memory advances 16 dot products at once.
+//!
+//! A tile is one panel × `C` output rows. Per block it unpacks the panel's quants once (8 registers of 16 rows ×
+//! 4 weights) and converts the 16 scales (and offsets) once, then for each output row runs 8 (Q8x2: 16)
+//! `vpdpbusd` and a float epilogue of 16 lanes. The order of operations per output element is the one
+//! [`crate::packed::panel_ref`] states, whatever `C` is, so results do not depend on the batch or the tiling.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use crate::dispatch::{Act32, OutSink};
+use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, check_args};
+
+/// Output rows sharing one unpack of a panel block, by activation group: the C·G integer accumulators, C float
+/// accumulators, 8 unpacked quant vectors and the scales must fit in 32 zmm registers.
+const fn tile_rows(group: usize) -> usize {
+    if group == 1 { 8 } else { 4 }
+}
+
+/// How far ahead of the quants being read decode prefetches, in bytes.
+const PREFETCH: usize = 4096;
+
+/// Output rows whose activations stay in L1/L2 while all of a task's panels pass (as in the GGUF-layout kernels).
+const ACT_CHUNK: usize = 64;
+
+/// The format-specific part of a tile: how a block's quants become 8 registers of unsigned bytes.
+trait Quants {
+    const FORMAT: PackedFormat;
+    /// # Safety
+    /// `qs` must point to one block's `FORMAT.qs_bytes()` bytes, 64-byte aligned; the CPU must have AVX-512 F/BW.
+    unsafe fn unpack(qs: *const u8) -> [__m512i; 8];
+}
+
+struct Q4;
+struct Q8;
+
+impl Quants for Q4 {
+    const FORMAT: PackedFormat = PackedFormat::Q4;
+    #[inline(always)]
+    unsafe fn unpack(qs: *const u8) -> [__m512i; 8] {
+        // SAFETY: the caller guarantees 256 aligned bytes and the features.
+        unsafe {
+            let mask = _mm512_set1_epi8(0x0F);
+            let v: [__m512i; 4] = std::array::from_fn(|j| _mm512_load_si512(qs.add(64 * j).cast()));
+            std::array::from_fn(|j| {
+                if j < 4 {
+                    _mm512_and_si512(v[j], mask)
+                } else {
+                    _mm512_and_si512(_mm512_srli_epi16(v[j - 4], 4), mask)
+                }
+            })
+        }
+    }
+}
+
+impl Quants for Q8 {
+    const FORMAT: PackedFormat = PackedFormat::Q8;
+    #[inline(always)]
+    unsafe fn unpack(qs: *const u8) -> [__m512i; 8] {
+        // SAFETY: the caller guarantees 512 aligned bytes and the features.
+        unsafe { std::array::from_fn(|j| _mm512_load_si512(qs.add(64 * j).cast())) }
+    }
+}
+
+/// # Safety
+/// The CPU must have AVX-512 F, BW, VL and VNNI plus F16C and FMA.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn panel(
+    w: PackedView<'_>,
+    panels: Range<usize>,
+    act: Act32<'_>,
+    n_act: usize,
+    group: usize,
+    out: &OutSink<'_>,
+) {
+    check_args(&w, &panels, &act, n_act, group);
+    // SAFETY (all four): the arguments were checked above and the caller has the features.
+    unsafe {
+        match (w.format, group) {
+            (PackedFormat::Q4, 1) => run::<Q4, 1>(&w, panels, &act, n_act, out),
+            (PackedFormat::Q4, _) => run::<Q4, 2>(&w, panels, &act, n_act / 2, out),
+            (PackedFormat::Q8, 1) => run::<Q8, 1>(&w, panels, &act, n_act, out),
+            (PackedFormat::Q8, _) => run::<Q8, 2>(&w, panels, &act, n_act / 2, out),
+        }
+    }
+}
+
+/// # Safety
+/// As [`panel`], with its arguments checked by [`check_args`]; `n_out` output rows of `G` activation rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn run<F: Quants, const G: usize>(
+    w: &PackedView<'_>,
+    panels: Range<usize>,
+    act: &Act32<'_>,
+    n_out: usize,
+    out: &OutSink<'_>,
+) {
+    let chunk = ACT_CHUNK / G;
+    let mut o0 = 0;
+    while o0 < n_out {
+        let o1 = (o0 + chunk).min(n_out);
+        for p in panels.clone() {
+            let mut o = o0;
+            // SAFETY (all): o + C ≤ o1 ≤ n_out in every call; the rest is the caller's.
+            while o < o1 {
+                let left = o1 - o;
+                if left >= 8 && tile_rows(G) == 8 {
+                    unsafe { tile::<F, G, 8>(w, p, act, o, out) };
+                    o += 8;
+                } else if left >= 4 {
+                    unsafe { tile::<F, G, 4>(w, p, act, o, out) };
+                    o += 4;
+                } else if left >= 2 {
+                    unsafe { tile::<F, G, 2>(w, p, act, o, out) };
+                    o += 2;
+                } else {
+                    unsafe { tile::<F, G, 1>(w, p, act, o, out) };
+                    o += 1;
+                }
+            }
+        }
+        o0 = o1;
+    }
+}
+
+/// Repeats `body` with `c` bound to each constant `0..C` (`C` ≤ 8) so that `[_; C]` accumulators indexed by `c`
+/// become registers: LLVM does not unroll the output-row loop on its own, and then keeps them in memory.
+macro_rules! for_each_c {
+    ($C:ident, $c:ident, $body:block) => {
+        for_each_c!(@ $C, $c, $body, 0 1 2 3 4 5 6 7)
+    };
+    (@ $C:ident, $c:ident, $body:block, $($i:literal)*) => {
+        $( if $i < $C { let $c: usize = $i; $body } )*
+    };
+}
+
+/// Panel `p` against output rows `o..o + C`.
+///
+/// # Safety
+/// As [`run`], with `p` < `w.n_panels` and `(o + C)·G` activation rows present.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile<F: Quants, const G: usize, const C: usize>(
+    w: &PackedView<'_>,
+    p: usize,
+    act: &Act32<'_>,
+    o: usize,
+    out: &OutSink<'_>,
+) {
+    const { assert!(C >= 1 && C <= 8 && (G == 1 || G == 2)) };
+    let nb = w.nb;
+    let qsb = F::FORMAT.qs_bytes();
+    let row_q = nb * 32; // bytes of one activation row's quants
+    // SAFETY: all pointer arithmetic stays inside panel `p` (nb blocks of quants, then nb·16 scales and, for Q4,
+    // nb·16 offsets: `panel_bytes` covers them, checked by `check_args`) and inside the activation rows
+    // `o·G..(o + C)·G` of `nb` blocks each, which the caller guarantees exist. In the block loop offsets are
+    // shifts and pointer steps, not checked multiplications (overflow checks are on in release builds).
+    unsafe {
+        let base = w.bytes.as_ptr().add(p * w.panel_bytes);
+        let d_ptr = base.add(nb * qsb).cast::<__m256i>();
+        let m_ptr = d_ptr.add(nb);
+        // Output row c's first activation row: quants, Σq and s; its last row's scale d (the residual's for Q8x2).
+        let first = |c: usize| (o + c) * G;
+        let aq: [*const u8; C] = std::array::from_fn(|c| act.qs.as_ptr().add(first(c) * row_q).cast::<u8>());
+        let ai: [*const i32; C] = std::array::from_fn(|c| act.isum.as_ptr().add(first(c) * nb));
+        let asum: [*const f32; C] = std::array::from_fn(|c| act.s.as_ptr().add(first(c) * nb));
+        let ad: [*const f32; C] = std::array::from_fn(|c| act.d.as_ptr().add((first(c) + G - 1) * nb));
+        let off = F::FORMAT.offset();
+        let mut acc = [_mm512_setzero_ps(); C];
+        let mut qp = base;
+        for b in 0..nb {
+            if C * G <= 2 {
+                // Decode streams the weights from DRAM once; the hardware prefetcher alone leaves the cores
+                // waiting. A hint cannot fault, and `wrapping_add` keeps the address computation defined.
+                for line in 0..qsb / 64 {
+                    _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PREFETCH + 64 * line).cast());
+                }
+            }
+            let u = F::unpack(qp);
+            qp = qp.add(qsb);
+            let dw = _mm512_cvtph_ps(_mm256_load_si256(d_ptr.add(b)));
+            let mw = if F::FORMAT.has_min() { _mm512_cvtph_ps(_mm256_load_si256(m_ptr.add(b))) } else { dw };
+            // The integer dot products of all C·G activation rows advance together, weight group j by weight
+            // group j: consecutive `vpdpbusd` are independent, so their latency hides behind each other without
+            // relying on a deep out-of-order window.
+            // With few rows (decode) each row's chain is also split in two (even and odd groups), so at least four
+            // chains are in flight; integer sums are exact, so the split does not change the result.
+            let split = if C * G <= 2 { 2 } else { 1 };
+            let mut iv = [[[_mm512_setzero_si512(); C]; G]; 2];
+            if off != 0 {
+                for_each_c!(C, c, {
+                    for g in 0..G {
+                        iv[0][g][c] = _mm512_set1_epi32((-off).wrapping_mul(*ai[c].add(g * nb).add(b)));
+                    }
+                });
+            }
+            for (j, uj) in u.iter().enumerate() {
+                for_each_c!(C, c, {
+                    for g in 0..G {
+                        let q = aq[c].add(g * row_q).add(b << 5).add(4 * j).cast::<i32>();
+                        let v = &mut iv[j % split][g][c];
+                        *v = _mm512_dpbusd_epi32(*v, *uj, _mm512_set1_epi32(q.read_unaligned()));
+                    }
+                });
+            }
+            if split == 2 {
+                for_each_c!(C, c, {
+                    for g in 0..G {
+                        iv[0][g][c] = _mm512_add_epi32(iv[0][g][c], iv[1][g][c]);
+                    }
+                });
+            }
+            let iv = iv[0];
+            for_each_c!(C, c, {
+                let v = if G == 2 { _mm512_add_epi32(_mm512_slli_epi32(iv[0][c], 8), iv[G - 1][c]) } else { iv[0][c] };
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*ad[c].add(b)));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, acc[c]);
+                if F::FORMAT.has_min() {
+                    acc[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(*asum[c].add(b)), acc[c]);
+                }
+            });
+        }
+        for (c, v) in acc.iter().enumerate() {
+            let mut lanes = [0f32; PANEL_ROWS];
+            _mm512_storeu_ps(lanes.as_mut_ptr(), *v);
+            out.put_row(o + c, p * PANEL_ROWS, &lanes);
+        }
+    }
+}

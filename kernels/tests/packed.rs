@@ -1,0 +1,236 @@
+//! 16-row panels: packing keeps every weight, each level's panel kernel equals `packed::panel_ref` bit for bit,
+//! and a packed matrix multiplies like its GGUF layout (same rows at any batch size, on any thread count).
+
+use half::f16;
+use infer_kernels::GgmlType;
+use infer_kernels::dispatch::{Act32, Isa, OutSink, quantize_row32};
+use infer_kernels::matmul::{ActPrecision, MatmulScratch, WeightMatrix, matmul, matmul_multi};
+use infer_kernels::packed::{self, PANEL_ROWS, PackedMatrix};
+use infer_kernels::quant::{self, BlockQ4_0, BlockQ4_1, BlockQ8_0, blocks_as_bytes};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+
+fn randv(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0) * scale).collect()
+}
+
+/// Random weights quantized to `ty`: (GGUF bytes, dequantized values).
+fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let x = randv(&mut rng, rows * cols, 1.0);
+    let n = rows * cols / 32;
+    let bytes = match ty {
+        GgmlType::Q4_0 => {
+            let mut b = vec![BlockQ4_0::default(); n];
+            quant::q4_0::quantize_row_ref(&x, &mut b);
+            blocks_as_bytes(&b).to_vec()
+        }
+        GgmlType::Q4_1 => {
+            let mut b = vec![BlockQ4_1::default(); n];
+            quant::q4_1::quantize_row_ref(&x, &mut b);
+            blocks_as_bytes(&b).to_vec()
+        }
+        GgmlType::Q8_0 => {
+            let mut b = vec![BlockQ8_0::default(); n];
+            quant::q8_0::quantize_row_ref(&x, &mut b);
+            blocks_as_bytes(&b).to_vec()
+        }
+        _ => unreachable!(),
+    };
+    let mut deq = vec![0f32; rows * cols];
+    infer_kernels::dequantize(ty, &bytes, &mut deq).unwrap();
+    (bytes, deq)
+}
+
+/// `Vec<u8>` has no alignment guarantee; the block types need 2 (f16 scales), so copy into f16s.
+fn aligned(bytes: &[u8]) -> Vec<f16> {
+    bytes.chunks(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], *c.get(1).unwrap_or(&0)]))).collect()
+}
+
+fn as_bytes(v: &[f16], len: usize) -> &[u8] {
+    &blocks_as_bytes(v)[..len]
+}
+
+fn pack(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<f16>, usize, Vec<f32>, PackedMatrix) {
+    let (bytes, deq) = weights(ty, rows, cols, seed);
+    let al = aligned(&bytes);
+    let p = packed::pack(ty, as_bytes(&al, bytes.len()), rows, cols).expect("packable");
+    (al, bytes.len(), deq, p)
+}
+
+/// Activation rows in the kernels' layout (`group` 2: high + residual pairs).
+struct Act {
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+    isum: Vec<i32>,
+}
+
+impl Act {
+    fn new(x: &[f32], cols: usize, group: usize) -> Act {
+        let (nb, m) = (cols / 32, x.len() / cols);
+        let mut a = Act {
+            qs: vec![0; m * group * cols],
+            d: vec![0.0; m * group * nb],
+            s: vec![0.0; m * group * nb],
+            isum: vec![0; m * group * nb],
+        };
+        for (i, row) in x.chunks(cols).enumerate() {
+            let (q, b) = (i * group * cols, i * group * nb);
+            quantize_row32(
+                row,
+                group,
+                &mut a.qs[q..q + group * cols],
+                &mut a.d[b..b + group * nb],
+                &mut a.s[b..b + group * nb],
+                &mut a.isum[b..b + group * nb],
+            );
+        }
+        a
+    }
+    fn view(&self) -> Act32<'_> {
+        Act32 { qs: &self.qs, d: &self.d, s: &self.s, isum: &self.isum }
+    }
+}
+
+#[test]
+fn packing_keeps_every_weight() {
+    for ty in TYPES {
+        let (rows, cols) = (48, 96);
+        let (_, _, deq, p) = pack(ty, rows, cols, 3);
+        let v = p.view();
+        assert_eq!((v.n_panels, v.nb), (3, 3));
+        for row in 0..rows {
+            for k in 0..cols {
+                let (pi, r, b, kk) = (row / PANEL_ROWS, row % PANEL_ROWS, k / 32, k % 32);
+                let u = v.quant(pi, b, r, kk) as f32;
+                let got = match ty {
+                    GgmlType::Q8_0 => v.d(pi, b, r) * (u - 128.0),
+                    _ => v.d(pi, b, r) * u + v.m(pi, b, r),
+                };
+                let want = deq[row * cols + k];
+                assert!((got - want).abs() <= 1e-6 * (1.0 + want.abs()), "{ty} ({row},{k}): {got} vs {want}");
+            }
+        }
+    }
+}
+
+#[test]
+fn pack_refuses_what_it_cannot_hold() {
+    let (bytes, _) = weights(GgmlType::Q4_1, 32, 64, 1);
+    let al = aligned(&bytes);
+    let b = as_bytes(&al, bytes.len());
+    assert!(packed::pack(GgmlType::Q4_1, b, 32, 64).is_some());
+    assert!(packed::pack(GgmlType::Q4_1, &b[..b.len() - 20], 31, 64).is_none(), "rows not a multiple of 16");
+    assert!(packed::pack(GgmlType::Q4_1, &b[..b.len() - 20], 32, 64).is_none(), "short data");
+    assert!(packed::pack(GgmlType::Q5_0, b, 32, 64).is_none(), "no panel form for Q5_0");
+    // A Q4_0 scale whose offset −8·d overflows f16 keeps the GGUF layout.
+    let mut blocks = vec![BlockQ4_0::default(); 32];
+    quant::q4_0::quantize_row_ref(&vec![1.0; 32 * 32], &mut blocks);
+    blocks[5].d = f16::from_f32(60000.0);
+    assert!(packed::pack(GgmlType::Q4_0, blocks_as_bytes(&blocks), 16, 64).is_none());
+}
+
+#[test]
+fn every_level_equals_the_reference_bit_for_bit() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for isa in Isa::available() {
+        let Some(kernel) = isa.kernels().unwrap().packed else { continue };
+        for ty in TYPES {
+            for nb in [1, 2, 5] {
+                let (rows, cols) = (48, 32 * nb);
+                let (_, _, _, p) = pack(ty, rows, cols, nb as u64);
+                for group in [1, 2] {
+                    for n_out in [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 70] {
+                        let mut x = randv(&mut rng, n_out * cols, 3.0);
+                        x[..32].fill(0.0); // an all-zero block: d = 0
+                        x[cols - 1] = 1e4; // an outlier
+                        let act = Act::new(&x, cols, group);
+                        for panels in [0..3, 1..2, 2..3] {
+                            let run = |f: &dyn Fn(&OutSink<'_>)| {
+                                let mut out = vec![f32::NAN; n_out * rows];
+                                f(&OutSink::new(&mut out, rows));
+                                out
+                            };
+                            let n_act = n_out * group;
+                            let got = run(&|o| kernel(p.view(), panels.clone(), act.view(), n_act, group, o));
+                            let want =
+                                run(&|o| packed::panel_ref(p.view(), panels.clone(), act.view(), n_act, group, o));
+                            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                                assert!(
+                                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                                    "{isa} {ty} nb={nb} group={group} n_out={n_out} panels={panels:?} [{i}]: {g} vs {w}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_matmul_equals_the_gguf_layout_and_keeps_rows_independent() {
+    for ty in TYPES {
+        let (rows, cols) = (64, 288);
+        let (al, len, deq, p) = pack(ty, rows, cols, 5);
+        let gguf = WeightMatrix::new(ty, as_bytes(&al, len), rows, cols).unwrap();
+        let pw = WeightMatrix::packed(&p);
+        assert!(pw.is_packed() && pw.rows() == rows && pw.cols() == cols && pw.ty() == ty);
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        for m in [1, 3, 17] {
+            let x = randv(&mut rng, m * cols, 2.0);
+            for prec in [ActPrecision::Q8, ActPrecision::Q8x2] {
+                let mut s = MatmulScratch::new(prec);
+                let (mut a, mut b) = (vec![f32::NAN; m * rows], vec![f32::NAN; m * rows]);
+                matmul(&pw, &x, m, &mut a, &mut s);
+                matmul(&gguf, &x, m, &mut b, &mut s);
+                for i in 0..m {
+                    let xr = &x[i * cols..(i + 1) * cols];
+                    let mut one = vec![f32::NAN; rows];
+                    matmul(&pw, xr, 1, &mut one, &mut s);
+                    for j in 0..rows {
+                        let (got, gg) = (a[i * rows + j], b[i * rows + j]);
+                        assert_eq!(got.to_bits(), one[j].to_bits(), "{ty} {prec:?} m={m}: row {i} differs from m=1");
+                        let mag: f32 = deq[j * cols..(j + 1) * cols].iter().zip(xr).map(|(w, x)| (w * x).abs()).sum();
+                        // Same integers, same scales; only the order of the float epilogue differs.
+                        assert!((got - gg).abs() <= 1e-5 * (1.0 + mag), "{ty} {prec:?} m={m} ({i},{j}): {got} vs {gg}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_matmul_is_the_same_on_one_and_two_threads() {
+    let pool1 = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let pool2 = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    for ty in TYPES {
+        // Two matrices whose concatenation is cut mid-panel by an even split (304 + 160 rows).
+        let cols = 576;
+        let (_, _, _, p1) = pack(ty, 304, cols, 1);
+        let (al2, len2, _, _) = pack(ty, 160, cols, 2);
+        let w1 = WeightMatrix::packed(&p1);
+        let w2 = WeightMatrix::new(ty, as_bytes(&al2, len2), 160, cols).unwrap();
+        for m in [1, 6] {
+            let x = randv(&mut ChaCha8Rng::seed_from_u64(m as u64), m * cols, 1.0);
+            let run = |pool: &rayon::ThreadPool| {
+                pool.install(|| {
+                    let mut s = MatmulScratch::new(ActPrecision::Q8x2);
+                    let (mut o1, mut o2) = (vec![f32::NAN; m * 304], vec![f32::NAN; m * 160]);
+                    matmul_multi(&[&w1, &w2], &x, m, &mut [&mut o1, &mut o2], &mut s);
+                    (o1, o2)
+                })
+            };
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let (a, b) = (run(&pool1), run(&pool2));
+            assert!(a.0.iter().chain(&a.1).all(|v| v.is_finite()), "{ty}: every output written");
+            assert_eq!(bits(&a.0), bits(&b.0), "{ty} m={m}: packed, 1 vs 2 threads");
+            assert_eq!(bits(&a.1), bits(&b.1), "{ty} m={m}: GGUF layout after a packed matrix, 1 vs 2 threads");
+        }
+    }
+}
