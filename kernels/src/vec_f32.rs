@@ -53,10 +53,13 @@ fn exp_approx(x0: f32) -> f32 {
     const LN2_LO: f32 = 1.428_606_8e-6;
     const MAGIC: f32 = 12_582_912.0; // 1.5·2^23: adding and subtracting it rounds to an integer
     let x = x0.clamp(-87.0, 88.0);
-    let n = (x * LOG2E + MAGIC) - MAGIC;
+    let y = x * LOG2E + MAGIC;
+    let n = y - MAGIC;
     let r = (x - n * LN2_HI) - n * LN2_LO;
     let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    let v = p * f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // `y`'s low mantissa bits hold n (MAGIC's own low 9 bits are zero), so shifting `bits(y) + 127` left by 23
+    // leaves exactly the exponent field of 2ⁿ: no float-to-int conversion, nothing for the compiler to check.
+    let v = p * f32::from_bits(y.to_bits().wrapping_add(127) << 23);
     if x0 > 88.0 {
         f32::INFINITY
     } else if x0 < -87.0 {
