@@ -298,6 +298,16 @@ pub struct Kernels {
     pub q6_k: PanelK<BlockQ6K>,
     /// The kernel for [`crate::packed`] panels, on levels that have one; weights are packed at load only then.
     pub packed: Option<PanelPacked>,
+    /// [`crate::vec_f32::dot_rows`].
+    pub dot_rows_f32: fn(&[f32], &[f32], usize, &mut [f32]),
+    /// [`crate::vec_f32::dot_rows_f16`].
+    pub dot_rows_f16: fn(&[f32], &[f16], usize, &mut [f32]),
+    /// [`crate::vec_f32::axpy_rows`].
+    pub axpy_rows_f32: fn(&[f32], &[f32], usize, &mut [f32]),
+    /// [`crate::vec_f32::axpy_rows_f16`].
+    pub axpy_rows_f16: fn(&[f32], &[f16], usize, &mut [f32]),
+    /// [`crate::vec_f32::exp_shift_sum`].
+    pub exp_shift_sum: fn(&mut [f32], f32) -> f32,
     /// [`crate::vec_f32::swiglu`].
     pub swiglu: fn(&mut [f32], &[f32]),
     /// [`crate::vec_f32::geglu`].

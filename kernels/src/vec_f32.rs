@@ -30,6 +30,42 @@ pub fn axpy_f16(alpha: f32, x: &[f16], y: &mut [f32]) {
     (kernels().axpy_f16)(alpha, x, y)
 }
 
+/// Attention scores over a run of cached keys: `out[j] = q · k[j·stride..][..q.len()]` for each `j` in
+/// `0..out.len()` (key rows `stride` apart, e.g. one head's slice of each cached position). One call per run,
+/// not one per key.
+pub fn dot_rows(q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
+    (kernels().dot_rows_f32)(q, k, stride, out)
+}
+
+/// [`dot_rows`] with keys in f16.
+pub fn dot_rows_f16(q: &[f32], k: &[f16], stride: usize, out: &mut [f32]) {
+    (kernels().dot_rows_f16)(q, k, stride, out)
+}
+
+/// The weighted sum of a run of cached values: `out += Σ_j w[j] · v[j·stride..][..out.len()]`.
+pub fn axpy_rows(w: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
+    (kernels().axpy_rows_f32)(w, v, stride, out)
+}
+
+/// [`axpy_rows`] with values in f16.
+pub fn axpy_rows_f16(w: &[f32], v: &[f16], stride: usize, out: &mut [f32]) {
+    (kernels().axpy_rows_f16)(w, v, stride, out)
+}
+
+/// Softmax weights in place: `x[i] = e^(x[i] − m)`, returning their sum (summed in index order).
+pub fn exp_shift_sum(x: &mut [f32], m: f32) -> f32 {
+    (kernels().exp_shift_sum)(x, m)
+}
+
+/// The body of [`exp_shift_sum`]: the exponentials in one vectorisable pass, then the sum.
+#[inline(always)]
+pub(crate) fn exp_shift_sum_impl(x: &mut [f32], m: f32) -> f32 {
+    for v in x.iter_mut() {
+        *v = exp_approx(*v - m);
+    }
+    x.iter().sum()
+}
+
 /// `gate[i] = silu(gate[i]) · up[i]` (SwiGLU). Panics if the lengths differ.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     (kernels().swiglu)(gate, up)

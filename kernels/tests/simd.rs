@@ -547,3 +547,54 @@ fn activations_match_the_libm_definitions_on_every_level() {
         assert!(nan.iter().all(|v| v.is_nan()), "{}: NaN must stay NaN", k.isa);
     }
 }
+
+#[test]
+fn attention_row_kernels_equal_their_one_row_forms() {
+    let mut rng = ChaCha8Rng::seed_from_u64(33);
+    for k in levels() {
+        for hd in [1, 7, 8, 31, 32, 64, 100] {
+            for n in [0, 1, 5, 16] {
+                let stride = hd + 13;
+                let rows = randv(&mut rng, n.max(1) * stride, 2.0);
+                let rows16: Vec<f16> = rows.iter().map(|&v| f16::from_f32(v)).collect();
+                let q = randv(&mut rng, hd, 1.0);
+                let w = randv(&mut rng, n, 1.0);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+
+                let mut got = vec![f32::NAN; n];
+                (k.dot_rows_f32)(&q, &rows, stride, &mut got);
+                let want: Vec<f32> = (0..n).map(|j| (k.dot_f32)(&q, &rows[j * stride..j * stride + hd])).collect();
+                assert_eq!(bits(&got), bits(&want), "{} dot_rows_f32 hd={hd} n={n}", k.isa);
+                (k.dot_rows_f16)(&q, &rows16, stride, &mut got);
+                let want: Vec<f32> = (0..n).map(|j| (k.dot_f16)(&q, &rows16[j * stride..j * stride + hd])).collect();
+                assert_eq!(bits(&got), bits(&want), "{} dot_rows_f16 hd={hd} n={n}", k.isa);
+
+                // The register-blocked sum does the same fmas in the same order as one axpy per row.
+                let start = randv(&mut rng, hd, 1.0);
+                let (mut got, mut want) = (start.clone(), start.clone());
+                (k.axpy_rows_f32)(&w, &rows, stride, &mut got);
+                for j in 0..n {
+                    (k.axpy_f32)(w[j], &rows[j * stride..j * stride + hd], &mut want);
+                }
+                assert_eq!(bits(&got), bits(&want), "{} axpy_rows_f32 hd={hd} n={n}", k.isa);
+                let (mut got, mut want) = (start.clone(), start);
+                (k.axpy_rows_f16)(&w, &rows16, stride, &mut got);
+                for j in 0..n {
+                    (k.axpy_f16)(w[j], &rows16[j * stride..j * stride + hd], &mut want);
+                }
+                assert_eq!(bits(&got), bits(&want), "{} axpy_rows_f16 hd={hd} n={n}", k.isa);
+            }
+        }
+        // Softmax weights: e^(x − m) to about an ulp, the sum of what was written, tails to exactly 0.
+        let mut x = randv(&mut rng, 37, 20.0);
+        x.extend([f32::NEG_INFINITY, -1e30, 0.0]);
+        let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let orig = x.clone();
+        let sum = (k.exp_shift_sum)(&mut x, m);
+        for (g, o) in x.iter().zip(&orig) {
+            let want = ((*o - m) as f64).exp(); // of the f32 difference, as the kernel sees it
+            assert!((*g as f64 - want).abs() <= 3e-7 * want + 1e-37, "{} exp({o} - {m}) = {g}, want {want}", k.isa);
+        }
+        assert_eq!(sum, x.iter().sum::<f32>(), "{}: the sum is of the values written", k.isa);
+    }
+}

@@ -402,14 +402,14 @@ impl Model {
             while p <= slot.pos {
                 let n = (bs - p % bs).min(slot.pos + 1 - p);
                 let (krun, vrun) = pool.block_run(kv, il, p, n);
+                let scores = &mut scores[..n];
+                match krun {
+                    KvRow::F32(k) => vec_f32::dot_rows(qh, &k[kvh * hd..], k_row, scores),
+                    KvRow::F16(k) => vec_f32::dot_rows_f16(qh, &k[kvh * hd..], k_row, scores),
+                }
                 let mut m_blk = f32::NEG_INFINITY;
-                for (j, sc) in scores[..n].iter_mut().enumerate() {
-                    let off = j * k_row + kvh * hd;
-                    let d = match krun {
-                        KvRow::F32(k) => vec_f32::dot(qh, &k[off..off + hd]),
-                        KvRow::F16(k) => vec_f32::dot_f16(qh, &k[off..off + hd]),
-                    };
-                    *sc = d * scale;
+                for sc in scores.iter_mut() {
+                    *sc *= scale;
                     m_blk = m_blk.max(*sc);
                 }
                 let m_new = m.max(m_blk);
@@ -422,14 +422,11 @@ impl Model {
                     l *= r;
                     m = m_new;
                 }
-                for (j, &sc) in scores[..n].iter().enumerate() {
-                    let w = (sc - m).exp();
-                    l += w;
-                    let off = j * v_row + kvh * hdv;
-                    match vrun {
-                        KvRow::F32(v) => vec_f32::axpy(w, &v[off..off + hdv], out),
-                        KvRow::F16(v) => vec_f32::axpy_f16(w, &v[off..off + hdv], out),
-                    }
+                // Scores become softmax weights in place.
+                l += vec_f32::exp_shift_sum(scores, m);
+                match vrun {
+                    KvRow::F32(v) => vec_f32::axpy_rows(scores, &v[kvh * hdv..], v_row, out),
+                    KvRow::F16(v) => vec_f32::axpy_rows_f16(scores, &v[kvh * hdv..], v_row, out),
                 }
                 p += n;
             }

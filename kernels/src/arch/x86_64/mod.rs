@@ -89,6 +89,26 @@ macro_rules! x86_kernels {
                 unsafe { panelk::<BlockQ6K>(w, nb, rows, act, n, g, out) }
             },
             packed: $packed,
+            dot_rows_f32: |q, k, stride, out| {
+                // SAFETY: see KERNELS.
+                unsafe { dot_rows_f32(q, k, stride, out) }
+            },
+            dot_rows_f16: |q, k, stride, out| {
+                // SAFETY: see KERNELS.
+                unsafe { dot_rows_f16(q, k, stride, out) }
+            },
+            axpy_rows_f32: |w, v, stride, out| {
+                // SAFETY: see KERNELS.
+                unsafe { axpy_rows_f32(w, v, stride, out) }
+            },
+            axpy_rows_f16: |w, v, stride, out| {
+                // SAFETY: see KERNELS.
+                unsafe { axpy_rows_f16(w, v, stride, out) }
+            },
+            exp_shift_sum: |x, m| {
+                // SAFETY: see KERNELS.
+                unsafe { exp_shift_sum(x, m) }
+            },
             swiglu: |g, u| {
                 // SAFETY: see KERNELS.
                 unsafe { swiglu(g, u) }
@@ -170,6 +190,85 @@ macro_rules! x86_kernels {
                     s[b] = d1 * sum1 as f32 + d2 * sum2 as f32;
                 }
             }
+        }
+
+        /// [`crate::vec_f32::dot_rows`]: the per-row dot inlined, no call through the table per row.
+        #[target_feature(enable = $feat)]
+        fn dot_rows_f32(q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = dot_f32(q, &k[j * stride..j * stride + q.len()]);
+            }
+        }
+
+        /// [`crate::vec_f32::dot_rows_f16`].
+        #[target_feature(enable = $feat)]
+        fn dot_rows_f16(q: &[f32], k: &[f16], stride: usize, out: &mut [f32]) {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = dot_f16(q, &k[j * stride..j * stride + q.len()]);
+            }
+        }
+
+        /// [`crate::vec_f32::axpy_rows`]: 32 outputs at a time stay in registers while every row of the run is
+        /// added, instead of a load and a store of `out` per row. Per element the fmas come in row order, as a
+        /// sequence of `axpy` calls would do them.
+        ///
+        /// # Safety
+        /// The CPU must have this level's features.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn axpy_rows<W: WF>(w: &[f32], v: &[W], stride: usize, out: &mut [f32]) {
+            let n = out.len();
+            let Some(last) = w.len().checked_sub(1) else { return };
+            assert!(last * stride + n <= v.len(), "axpy_rows: value rows out of range");
+            let mut i = 0;
+            while i + 32 <= n {
+                let mut acc: [__m256; 4] = std::array::from_fn(|k| ld8f(out, i + 8 * k));
+                for (j, &a) in w.iter().enumerate() {
+                    let av = _mm256_set1_ps(a);
+                    for k in 0..4 {
+                        // SAFETY: the caller has this level's features; `ld` checks its bounds.
+                        acc[k] = _mm256_fmadd_ps(av, unsafe { W::ld(v, j * stride + i + 8 * k) }, acc[k]);
+                    }
+                }
+                for k in 0..4 {
+                    st8f(out, i + 8 * k, acc[k]);
+                }
+                i += 32;
+            }
+            while i + 8 <= n {
+                let mut acc = ld8f(out, i);
+                for (j, &a) in w.iter().enumerate() {
+                    // SAFETY: as above.
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(a), unsafe { W::ld(v, j * stride + i) }, acc);
+                }
+                st8f(out, i, acc);
+                i += 8;
+            }
+            while i < n {
+                for (j, &a) in w.iter().enumerate() {
+                    // SAFETY: as above.
+                    out[i] = a.mul_add(unsafe { W::get(v, j * stride + i) }, out[i]);
+                }
+                i += 1;
+            }
+        }
+
+        #[target_feature(enable = $feat)]
+        fn axpy_rows_f32(w: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
+            // SAFETY: this function has the level's features.
+            unsafe { axpy_rows::<f32>(w, v, stride, out) }
+        }
+
+        #[target_feature(enable = $feat)]
+        fn axpy_rows_f16(w: &[f32], v: &[f16], stride: usize, out: &mut [f32]) {
+            // SAFETY: this function has the level's features.
+            unsafe { axpy_rows::<f16>(w, v, stride, out) }
+        }
+
+        /// [`crate::vec_f32::exp_shift_sum`], vectorised for this level.
+        #[target_feature(enable = $feat)]
+        fn exp_shift_sum(x: &mut [f32], m: f32) -> f32 {
+            crate::vec_f32::exp_shift_sum_impl(x, m)
         }
 
         /// [`crate::vec_f32::swiglu`], vectorised for this level.
