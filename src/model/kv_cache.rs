@@ -12,6 +12,7 @@
 //! or f16. A block's rows for one layer are contiguous, which is what attention streams through.
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use super::config::ModelConfig;
 
@@ -64,11 +65,9 @@ impl KvStore {
     fn write(&mut self, at: usize, values: &[f32]) {
         match self {
             KvStore::F32(s) => s[at..at + values.len()].copy_from_slice(values),
-            KvStore::F16(s) => {
-                for (d, v) in s[at..at + values.len()].iter_mut().zip(values) {
-                    *d = f16::from_f32(*v);
-                }
-            }
+            // `half` converts whole slices with F16C when the CPU has it (one value at a time was 3% of a
+            // batched decode step).
+            KvStore::F16(s) => s[at..at + values.len()].convert_from_f32_slice(values),
         }
     }
 
