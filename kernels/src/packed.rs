@@ -19,6 +19,9 @@
 //! - [`PackedFormat::Q4`] (from Q4_0 and Q4_1): chunk `j` (0..4) holds the nibble bytes `4j..4j+4` of each row,
 //!   so its low nibbles are weights `4j..4j+4` and its high nibbles weights `16+4j..16+4j+4`, exactly as in the
 //!   GGUF block. Weight = `d·u + m` with `u` the nibble; Q4_0's `m` is `-8·d`.
+//! - [`PackedFormat::Q5`] (from Q5_0): the Q4 chunks, then a fifth 64-byte chunk holding each row's 32 high bits
+//!   (the GGUF `qh`, bit k for weight k) at bytes 4r..4r+4. Weight = `d·u + m` with `u` the 5-bit value and
+//!   `m = -16·d`.
 //! - [`PackedFormat::Q8`] (from Q8_0): chunk `j` (0..8) holds weights `4j..4j+4` of each row, biased by +128 so
 //!   they are unsigned (`vpdpbusd` multiplies unsigned by signed bytes); the kernel takes `128·Σq` back out in the
 //!   integers. Weight = `d·(u − 128)`.
@@ -35,7 +38,7 @@ use rayon::prelude::*;
 
 use crate::GgmlType;
 use crate::dispatch::{Act32, OutSink};
-use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ8_0, cast_blocks};
+use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, cast_blocks};
 
 /// Rows per panel: one i32 lane each in a 512-bit register.
 pub const PANEL_ROWS: usize = 16;
@@ -45,6 +48,8 @@ pub const PANEL_ROWS: usize = 16;
 pub enum PackedFormat {
     /// Unsigned nibbles with a scale and an offset per row and block (Q4_0, Q4_1).
     Q4,
+    /// Nibbles plus a plane of high bits, with a scale and an offset (Q5_0).
+    Q5,
     /// Bytes biased to unsigned, with a scale per row and block (Q8_0).
     Q8,
 }
@@ -54,19 +59,20 @@ impl PackedFormat {
     pub const fn qs_bytes(self) -> usize {
         match self {
             PackedFormat::Q4 => PANEL_ROWS * 16,
+            PackedFormat::Q5 => PANEL_ROWS * 20,
             PackedFormat::Q8 => PANEL_ROWS * 32,
         }
     }
 
     /// Whether the panel carries per-block offsets `m`.
     pub const fn has_min(self) -> bool {
-        matches!(self, PackedFormat::Q4)
+        matches!(self, PackedFormat::Q4 | PackedFormat::Q5)
     }
 
     /// The bias the integer dot product must take back out, times Σq.
     pub const fn offset(self) -> i32 {
         match self {
-            PackedFormat::Q4 => 0,
+            PackedFormat::Q4 | PackedFormat::Q5 => 0,
             PackedFormat::Q8 => 128,
         }
     }
@@ -75,6 +81,7 @@ impl PackedFormat {
     pub fn for_type(ty: GgmlType) -> Option<PackedFormat> {
         match ty {
             GgmlType::Q4_0 | GgmlType::Q4_1 => Some(PackedFormat::Q4),
+            GgmlType::Q5_0 => Some(PackedFormat::Q5),
             GgmlType::Q8_0 => Some(PackedFormat::Q8),
             _ => None,
         }
@@ -139,29 +146,35 @@ pub fn pack(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Option<Packe
     }
     let pb = panel_bytes(format, nb);
     let mut lines = vec![Line([0; 64]); rows / PANEL_ROWS * pb / 64];
+    // Scaling by a power of two is exact in f16 unless it overflows; such a block keeps the GGUF layout.
+    let offset = |d: f16, by: f32| Some(f16::from_f32(by * d.to_f32())).filter(|m| m.is_finite());
     let ok = match ty {
         GgmlType::Q4_1 => {
             let blocks: &[BlockQ4_1] = cast_blocks(data)?;
-            fill(&mut lines, pb, nb, |r, b| {
+            fill(&mut lines, format, pb, nb, |r, b| {
                 let blk = &blocks[r * nb + b];
-                Some((blk.qs.as_slice(), blk.d, blk.m))
+                Some(Src { qs: &blk.qs, qh: None, d: blk.d, m: blk.m })
             })
         }
         GgmlType::Q4_0 => {
             let blocks: &[BlockQ4_0] = cast_blocks(data)?;
-            fill(&mut lines, pb, nb, |r, b| {
+            fill(&mut lines, format, pb, nb, |r, b| {
                 let blk = &blocks[r * nb + b];
-                // Scaling by 8 is exact in f16 unless it overflows.
-                let m = f16::from_f32(-8.0 * blk.d.to_f32());
-                m.is_finite().then_some((blk.qs.as_slice(), blk.d, m))
+                Some(Src { qs: &blk.qs, qh: None, d: blk.d, m: offset(blk.d, -8.0)? })
+            })
+        }
+        GgmlType::Q5_0 => {
+            let blocks: &[BlockQ5_0] = cast_blocks(data)?;
+            fill(&mut lines, format, pb, nb, |r, b| {
+                let blk = &blocks[r * nb + b];
+                Some(Src { qs: &blk.qs, qh: Some(blk.qh), d: blk.d, m: offset(blk.d, -16.0)? })
             })
         }
         GgmlType::Q8_0 => {
             let blocks: &[BlockQ8_0] = cast_blocks(data)?;
-            fill(&mut lines, pb, nb, |r, b| {
+            fill(&mut lines, format, pb, nb, |r, b| {
                 let blk = &blocks[r * nb + b];
-                // The +128 bias is applied when the bytes are copied (32-byte blocks are the biased ones).
-                Some((i8_bytes(&blk.qs), blk.d, f16::ZERO))
+                Some(Src { qs: i8_bytes(&blk.qs), qh: None, d: blk.d, m: f16::ZERO })
             })
         }
         _ => return None,
@@ -175,34 +188,47 @@ fn i8_bytes(q: &[i8; 32]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(q.as_ptr().cast::<u8>(), 32) }
 }
 
-/// Fills every panel from `get(row, block) -> (quant bytes, d, m)`, in parallel over panels. False if `get`
-/// refused a block.
+/// One GGUF block's parts, as [`fill`] takes them.
+struct Src<'a> {
+    /// Nibble bytes (Q4/Q5) or the signed bytes (Q8).
+    qs: &'a [u8],
+    /// Q5's 32 high bits.
+    qh: Option<[u8; 4]>,
+    d: f16,
+    m: f16,
+}
+
+/// Fills every panel from `get(row, block)`, in parallel over panels. False if `get` refused a block.
 fn fill<'a>(
     lines: &mut [Line],
+    format: PackedFormat,
     pb: usize,
     nb: usize,
-    get: impl Fn(usize, usize) -> Option<(&'a [u8], f16, f16)> + Sync,
+    get: impl Fn(usize, usize) -> Option<Src<'a>> + Sync,
 ) -> bool {
+    let qsb = format.qs_bytes();
     lines.par_chunks_mut(pb / 64).enumerate().all(|(p, panel)| {
         let bytes = lines_as_bytes_mut(panel);
         for b in 0..nb {
             for r in 0..PANEL_ROWS {
-                let Some((q, d, m)) = get(p * PANEL_ROWS + r, b) else { return false };
-                let biased = q.len() == 32;
-                let qs_bytes = q.len() * PANEL_ROWS;
-                let blk = &mut bytes[b * qs_bytes..(b + 1) * qs_bytes];
-                for (j, group) in q.chunks_exact(4).enumerate() {
+                let Some(src) = get(p * PANEL_ROWS + r, b) else { return false };
+                let blk = &mut bytes[b * qsb..(b + 1) * qsb];
+                // Each 4-byte group of the row goes to chunk j, at the row's 4 bytes.
+                for (j, group) in src.qs.chunks_exact(4).enumerate() {
                     let dst = &mut blk[j * 64 + 4 * r..j * 64 + 4 * r + 4];
                     for (o, &v) in dst.iter_mut().zip(group) {
-                        *o = if biased { v ^ 0x80 } else { v };
+                        *o = if format == PackedFormat::Q8 { v ^ 0x80 } else { v };
                     }
                 }
-                let scales = nb * qs_bytes;
+                if let Some(qh) = src.qh {
+                    blk[256 + 4 * r..256 + 4 * r + 4].copy_from_slice(&qh);
+                }
+                let scales = nb * qsb;
                 let di = scales + (b * PANEL_ROWS + r) * 2;
-                bytes[di..di + 2].copy_from_slice(&d.to_le_bytes());
-                if !biased {
+                bytes[di..di + 2].copy_from_slice(&src.d.to_le_bytes());
+                if format.has_min() {
                     let mi = scales + (nb * PANEL_ROWS + b * PANEL_ROWS + r) * 2;
-                    bytes[mi..mi + 2].copy_from_slice(&m.to_le_bytes());
+                    bytes[mi..mi + 2].copy_from_slice(&src.m.to_le_bytes());
                 }
             }
         }
@@ -262,10 +288,16 @@ impl<'a> PackedView<'a> {
         let qsb = self.format.qs_bytes();
         let blk = &self.panel(p)[b * qsb..(b + 1) * qsb];
         match self.format {
-            PackedFormat::Q4 => {
+            PackedFormat::Q4 | PackedFormat::Q5 => {
                 let (j, i, high) = if k < 16 { (k / 4, k % 4, false) } else { ((k - 16) / 4, k % 4, true) };
                 let v = blk[j * 64 + 4 * r + i];
-                if high { v >> 4 } else { v & 0x0F }
+                let low4 = if high { v >> 4 } else { v & 0x0F };
+                if self.format == PackedFormat::Q5 {
+                    let qh = u32::from_le_bytes(blk[256 + 4 * r..256 + 4 * r + 4].try_into().unwrap());
+                    low4 | (((qh >> k) & 1) as u8) << 4
+                } else {
+                    low4
+                }
             }
             PackedFormat::Q8 => blk[(k / 4) * 64 + 4 * r + k % 4],
         }

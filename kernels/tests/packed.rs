@@ -6,11 +6,11 @@ use infer_kernels::GgmlType;
 use infer_kernels::dispatch::{Act32, Isa, OutSink, quantize_row32};
 use infer_kernels::matmul::{ActPrecision, MatmulScratch, WeightMatrix, matmul, matmul_multi};
 use infer_kernels::packed::{self, PANEL_ROWS, PackedMatrix};
-use infer_kernels::quant::{self, BlockQ4_0, BlockQ4_1, BlockQ8_0, blocks_as_bytes};
+use infer_kernels::quant::{self, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, blocks_as_bytes};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-const TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+const TYPES: [GgmlType; 4] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0];
 
 fn randv(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-1.0f32..1.0) * scale).collect()
@@ -30,6 +30,11 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f
         GgmlType::Q4_1 => {
             let mut b = vec![BlockQ4_1::default(); n];
             quant::q4_1::quantize_row_ref(&x, &mut b);
+            blocks_as_bytes(&b).to_vec()
+        }
+        GgmlType::Q5_0 => {
+            let mut b = vec![BlockQ5_0::default(); n];
+            quant::q5_0::quantize_row_ref(&x, &mut b);
             blocks_as_bytes(&b).to_vec()
         }
         GgmlType::Q8_0 => {
@@ -125,7 +130,7 @@ fn pack_refuses_what_it_cannot_hold() {
     assert!(packed::pack(GgmlType::Q4_1, b, 32, 64).is_some());
     assert!(packed::pack(GgmlType::Q4_1, &b[..b.len() - 20], 31, 64).is_none(), "rows not a multiple of 16");
     assert!(packed::pack(GgmlType::Q4_1, &b[..b.len() - 20], 32, 64).is_none(), "short data");
-    assert!(packed::pack(GgmlType::Q5_0, b, 32, 64).is_none(), "no panel form for Q5_0");
+    assert!(packed::pack(GgmlType::Q6_K, &[0u8; 16 * 210], 16, 256).is_none(), "no panel form for Q6_K");
     // A Q4_0 scale whose offset −8·d overflows f16 keeps the GGUF layout.
     let mut blocks = vec![BlockQ4_0::default(); 32];
     quant::q4_0::quantize_row_ref(&vec![1.0; 32 * 32], &mut blocks);

@@ -33,6 +33,7 @@ trait Quants {
 }
 
 struct Q4;
+struct Q5;
 struct Q8;
 
 impl Quants for Q4 {
@@ -53,6 +54,35 @@ impl Quants for Q4 {
         }
     }
 }
+
+impl Quants for Q5 {
+    const FORMAT: PackedFormat = PackedFormat::Q5;
+    #[inline(always)]
+    unsafe fn unpack(qs: *const u8) -> [__m512i; 8] {
+        // SAFETY: the caller guarantees 320 aligned bytes and the features.
+        unsafe {
+            let mut u = Q4::unpack(qs);
+            let qh = _mm512_load_si512(qs.add(256).cast());
+            let sixteen = _mm512_set1_epi8(16);
+            // `vpshufb` indexes bytes within each 128-bit lane: dword w of a lane starts at byte 4w.
+            let (a, b, c) = (0x0404_0404, 0x0808_0808, 0x0C0C_0C0C);
+            let dword_base = _mm512_set_epi32(c, b, a, 0, c, b, a, 0, c, b, a, 0, c, b, a, 0);
+            for (j, uj) in u.iter_mut().enumerate() {
+                // Weights of u[j] start at bit s of the row's qh: byte s/8 holds their four bits at s%8.. .
+                let s = if j < 4 { 4 * j } else { 16 + 4 * (j - 4) };
+                // Copy that byte of each row's dword to all four of its bytes (the shuffle stays within
+                // 128-bit lanes, as each dword does), test one bit per byte, and add 16 where it is set.
+                let spread = _mm512_shuffle_epi8(qh, _mm512_add_epi8(dword_base, _mm512_set1_epi8((s / 8) as i8)));
+                let hit = _mm512_test_epi8_mask(spread, _mm512_set1_epi32(BITS[(s % 8) / 4]));
+                *uj = _mm512_mask_add_epi8(*uj, hit, *uj, sixteen);
+            }
+            u
+        }
+    }
+}
+
+/// Per-byte test masks: bit `i` (or `4 + i`) in byte `i`.
+const BITS: [i32; 2] = [0x0804_0201, 0x8040_2010_u32 as i32];
 
 impl Quants for Q8 {
     const FORMAT: PackedFormat = PackedFormat::Q8;
@@ -75,11 +105,13 @@ pub(crate) unsafe fn panel(
     out: &OutSink<'_>,
 ) {
     check_args(&w, &panels, &act, n_act, group);
-    // SAFETY (all four): the arguments were checked above and the caller has the features.
+    // SAFETY (all six): the arguments were checked above and the caller has the features.
     unsafe {
         match (w.format, group) {
             (PackedFormat::Q4, 1) => run::<Q4, 1>(&w, panels, &act, n_act, out),
             (PackedFormat::Q4, _) => run::<Q4, 2>(&w, panels, &act, n_act / 2, out),
+            (PackedFormat::Q5, 1) => run::<Q5, 1>(&w, panels, &act, n_act, out),
+            (PackedFormat::Q5, _) => run::<Q5, 2>(&w, panels, &act, n_act / 2, out),
             (PackedFormat::Q8, 1) => run::<Q8, 1>(&w, panels, &act, n_act, out),
             (PackedFormat::Q8, _) => run::<Q8, 2>(&w, panels, &act, n_act / 2, out),
         }
