@@ -12,10 +12,14 @@ use std::ops::Range;
 use crate::dispatch::{Act32, OutSink};
 use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, check_args};
 
-/// Output rows sharing one unpack of a panel block, by activation group: the C·G integer accumulators, C float
-/// accumulators, 8 unpacked quant vectors and the scales must fit in 32 zmm registers.
-const fn tile_rows(group: usize) -> usize {
-    if group == 1 { 8 } else { 4 }
+/// Output rows sharing one unpack of a block of `panels` panels, by activation group: the P·C·G integer
+/// accumulators, P·C float accumulators, the unpacked weight pairs and the scales must fit in 32 zmm registers.
+const fn tile_rows(group: usize, panels: usize) -> usize {
+    match (group, panels) {
+        (1, 1) => 8,
+        (2, 1) | (1, _) => 4,
+        _ => 2,
+    }
 }
 
 /// How far ahead of the quants being read decode prefetches, in bytes.
@@ -24,12 +28,23 @@ const PREFETCH: usize = 4096;
 /// Output rows whose activations stay in L1/L2 while all of a task's panels pass (as in the GGUF-layout kernels).
 const ACT_CHUNK: usize = 64;
 
-/// The format-specific part of a tile: how a block's quants become 8 registers of unsigned bytes.
+/// The format-specific part of a tile: how a block's quants become registers of unsigned bytes, a pair at a
+/// time (weight groups `jj` and `jj + 4`, which share a nibble chunk in the 4-bit formats).
 trait Quants {
     const FORMAT: PackedFormat;
+    /// Whatever the pairs need from the block besides their chunk (Q5's high bits), loaded once per block.
+    ///
     /// # Safety
     /// `qs` must point to one block's `FORMAT.qs_bytes()` bytes, 64-byte aligned; the CPU must have AVX-512 F/BW.
-    unsafe fn unpack(qs: *const u8) -> [__m512i; 8];
+    unsafe fn extra(_qs: *const u8) -> __m512i {
+        // SAFETY: the caller has the features.
+        unsafe { _mm512_setzero_si512() }
+    }
+    /// Weight groups `jj` and `jj + 4` (`jj` < 4) of the block: for each of the 16 rows, four unsigned bytes.
+    ///
+    /// # Safety
+    /// As [`Quants::extra`]; `extra` is what it returned for this block.
+    unsafe fn unpack_pair(qs: *const u8, jj: usize, extra: __m512i) -> [__m512i; 2];
 }
 
 struct Q4;
@@ -39,18 +54,12 @@ struct Q8;
 impl Quants for Q4 {
     const FORMAT: PackedFormat = PackedFormat::Q4;
     #[inline(always)]
-    unsafe fn unpack(qs: *const u8) -> [__m512i; 8] {
-        // SAFETY: the caller guarantees 256 aligned bytes and the features.
+    unsafe fn unpack_pair(qs: *const u8, jj: usize, _: __m512i) -> [__m512i; 2] {
+        // SAFETY: the caller guarantees the block's 256 aligned bytes and the features.
         unsafe {
             let mask = _mm512_set1_epi8(0x0F);
-            let v: [__m512i; 4] = std::array::from_fn(|j| _mm512_load_si512(qs.add(64 * j).cast()));
-            std::array::from_fn(|j| {
-                if j < 4 {
-                    _mm512_and_si512(v[j], mask)
-                } else {
-                    _mm512_and_si512(_mm512_srli_epi16(v[j - 4], 4), mask)
-                }
-            })
+            let v = _mm512_load_si512(qs.add(64 * jj).cast());
+            [_mm512_and_si512(v, mask), _mm512_and_si512(_mm512_srli_epi16(v, 4), mask)]
         }
     }
 }
@@ -58,23 +67,26 @@ impl Quants for Q4 {
 impl Quants for Q5 {
     const FORMAT: PackedFormat = PackedFormat::Q5;
     #[inline(always)]
-    unsafe fn unpack(qs: *const u8) -> [__m512i; 8] {
-        // SAFETY: the caller guarantees 320 aligned bytes and the features.
+    unsafe fn extra(qs: *const u8) -> __m512i {
+        // SAFETY: the caller guarantees the block's 320 aligned bytes and the features.
+        unsafe { _mm512_load_si512(qs.add(256).cast()) }
+    }
+    #[inline(always)]
+    unsafe fn unpack_pair(qs: *const u8, jj: usize, qh: __m512i) -> [__m512i; 2] {
+        // SAFETY: as for Q4; the high bits come from `qh`.
         unsafe {
-            let mut u = Q4::unpack(qs);
-            let qh = _mm512_load_si512(qs.add(256).cast());
-            let sixteen = _mm512_set1_epi8(16);
+            let mut u = Q4::unpack_pair(qs, jj, qh);
             // `vpshufb` indexes bytes within each 128-bit lane: dword w of a lane starts at byte 4w.
             let (a, b, c) = (0x0404_0404, 0x0808_0808, 0x0C0C_0C0C);
             let dword_base = _mm512_set_epi32(c, b, a, 0, c, b, a, 0, c, b, a, 0, c, b, a, 0);
-            for (j, uj) in u.iter_mut().enumerate() {
-                // Weights of u[j] start at bit s of the row's qh: byte s/8 holds their four bits at s%8.. .
-                let s = if j < 4 { 4 * j } else { 16 + 4 * (j - 4) };
+            for (half, uj) in u.iter_mut().enumerate() {
+                // The group's weights start at bit s of the row's qh: byte s/8 holds their four bits at s%8.. .
+                let s = 4 * jj + 16 * half;
                 // Copy that byte of each row's dword to all four of its bytes (the shuffle stays within
                 // 128-bit lanes, as each dword does), test one bit per byte, and add 16 where it is set.
                 let spread = _mm512_shuffle_epi8(qh, _mm512_add_epi8(dword_base, _mm512_set1_epi8((s / 8) as i8)));
                 let hit = _mm512_test_epi8_mask(spread, _mm512_set1_epi32(BITS[(s % 8) / 4]));
-                *uj = _mm512_mask_add_epi8(*uj, hit, *uj, sixteen);
+                *uj = _mm512_mask_add_epi8(*uj, hit, *uj, _mm512_set1_epi8(16));
             }
             u
         }
@@ -87,9 +99,9 @@ const BITS: [i32; 2] = [0x0804_0201, 0x8040_2010_u32 as i32];
 impl Quants for Q8 {
     const FORMAT: PackedFormat = PackedFormat::Q8;
     #[inline(always)]
-    unsafe fn unpack(qs: *const u8) -> [__m512i; 8] {
-        // SAFETY: the caller guarantees 512 aligned bytes and the features.
-        unsafe { std::array::from_fn(|j| _mm512_load_si512(qs.add(64 * j).cast())) }
+    unsafe fn unpack_pair(qs: *const u8, jj: usize, _: __m512i) -> [__m512i; 2] {
+        // SAFETY: the caller guarantees the block's 512 aligned bytes and the features.
+        unsafe { [_mm512_load_si512(qs.add(64 * jj).cast()), _mm512_load_si512(qs.add(64 * (jj + 4)).cast())] }
     }
 }
 
@@ -133,27 +145,51 @@ unsafe fn run<F: Quants, const G: usize>(
     let mut o0 = 0;
     while o0 < n_out {
         let o1 = (o0 + chunk).min(n_out);
-        for p in panels.clone() {
-            let mut o = o0;
-            // SAFETY (all): o + C ≤ o1 ≤ n_out in every call; the rest is the caller's.
-            while o < o1 {
-                let left = o1 - o;
-                if left >= 8 && tile_rows(G) == 8 {
-                    unsafe { tile::<F, G, 8>(w, p, act, o, out) };
-                    o += 8;
-                } else if left >= 4 {
-                    unsafe { tile::<F, G, 4>(w, p, act, o, out) };
-                    o += 4;
-                } else if left >= 2 {
-                    unsafe { tile::<F, G, 2>(w, p, act, o, out) };
-                    o += 2;
-                } else {
-                    unsafe { tile::<F, G, 1>(w, p, act, o, out) };
-                    o += 1;
-                }
+        let mut p = panels.start;
+        while p < panels.end {
+            // SAFETY (both): p + P ≤ panels.end; the rest is the caller's.
+            if panels.end - p >= 2 {
+                unsafe { rows::<F, G, 2>(w, p, act, o0..o1, out) };
+                p += 2;
+            } else {
+                unsafe { rows::<F, G, 1>(w, p, act, o0..o1, out) };
+                p += 1;
             }
         }
         o0 = o1;
+    }
+}
+
+/// Panels `p..p + P` against output rows `outs`, in tiles of as many rows as fit the registers.
+///
+/// # Safety
+/// As [`run`], with `p + P` ≤ `w.n_panels` and `outs` within the `n_out` output rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows<F: Quants, const G: usize, const P: usize>(
+    w: &PackedView<'_>,
+    p: usize,
+    act: &Act32<'_>,
+    outs: Range<usize>,
+    out: &OutSink<'_>,
+) {
+    let mut o = outs.start;
+    // SAFETY (all): o + C ≤ outs.end in every call; the rest is the caller's.
+    while o < outs.end {
+        let left = outs.end - o;
+        if left >= 8 && tile_rows(G, P) >= 8 {
+            unsafe { tile::<F, G, 8, P>(w, p, act, o, out) };
+            o += 8;
+        } else if left >= 4 && tile_rows(G, P) >= 4 {
+            unsafe { tile::<F, G, 4, P>(w, p, act, o, out) };
+            o += 4;
+        } else if left >= 2 {
+            unsafe { tile::<F, G, 2, P>(w, p, act, o, out) };
+            o += 2;
+        } else {
+            unsafe { tile::<F, G, 1, P>(w, p, act, o, out) };
+            o += 1;
+        }
     }
 }
 
@@ -168,31 +204,31 @@ macro_rules! for_each_c {
     };
 }
 
-/// Panel `p` against output rows `o..o + C`.
+/// Panels `p..p + P` against output rows `o..o + C`. Two panels share every broadcast activation group, halving
+/// the loads per `vpdpbusd` (with one panel the broadcasts, one load per `vpdpbusd`, compete with it).
 ///
 /// # Safety
-/// As [`run`], with `p` < `w.n_panels` and `(o + C)·G` activation rows present.
+/// As [`run`], with `p + P` ≤ `w.n_panels` and `(o + C)·G` activation rows present.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<F: Quants, const G: usize, const C: usize>(
+unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize>(
     w: &PackedView<'_>,
     p: usize,
     act: &Act32<'_>,
     o: usize,
     out: &OutSink<'_>,
 ) {
-    const { assert!(C >= 1 && C <= 8 && (G == 1 || G == 2)) };
+    const { assert!(C >= 1 && C <= 8 && (G == 1 || G == 2) && (P == 1 || P == 2)) };
     let nb = w.nb;
     let qsb = F::FORMAT.qs_bytes();
     let row_q = nb * 32; // bytes of one activation row's quants
-    // SAFETY: all pointer arithmetic stays inside panel `p` (nb blocks of quants, then nb·16 scales and, for Q4,
-    // nb·16 offsets: `panel_bytes` covers them, checked by `check_args`) and inside the activation rows
-    // `o·G..(o + C)·G` of `nb` blocks each, which the caller guarantees exist. In the block loop offsets are
-    // shifts and pointer steps, not checked multiplications (overflow checks are on in release builds).
+    // SAFETY: all pointer arithmetic stays inside panels `p..p + P` (nb blocks of quants, then nb·16 scales and,
+    // for Q4/Q5, nb·16 offsets: `panel_bytes` covers them, checked by `check_args`) and inside the activation
+    // rows `o·G..(o + C)·G` of `nb` blocks each, which the caller guarantees exist. In the block loop offsets
+    // are shifts and pointer steps, not checked multiplications (overflow checks are on in release builds).
     unsafe {
-        let base = w.bytes.as_ptr().add(p * w.panel_bytes);
-        let d_ptr = base.add(nb * qsb).cast::<__m256i>();
-        let m_ptr = d_ptr.add(nb);
+        let base: [*const u8; P] = std::array::from_fn(|i| w.bytes.as_ptr().add((p + i) * w.panel_bytes));
+        let d_ptr: [*const __m256i; P] = std::array::from_fn(|i| base[i].add(nb * qsb).cast::<__m256i>());
         // Output row c's first activation row: quants, Σq and s; its last row's scale d (the residual's for Q8x2).
         let first = |c: usize| (o + c) * G;
         let aq: [*const u8; C] = std::array::from_fn(|c| act.qs.as_ptr().add(first(c) * row_q).cast::<u8>());
@@ -200,64 +236,79 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize>(
         let asum: [*const f32; C] = std::array::from_fn(|c| act.s.as_ptr().add(first(c) * nb));
         let ad: [*const f32; C] = std::array::from_fn(|c| act.d.as_ptr().add((first(c) + G - 1) * nb));
         let off = F::FORMAT.offset();
-        let mut acc = [_mm512_setzero_ps(); C];
+        let mut acc = [[_mm512_setzero_ps(); C]; P];
         let mut qp = base;
         for b in 0..nb {
             if C * G <= 2 {
                 // Decode streams the weights from DRAM once; the hardware prefetcher alone leaves the cores
                 // waiting. A hint cannot fault, and `wrapping_add` keeps the address computation defined.
-                for line in 0..qsb / 64 {
-                    _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PREFETCH + 64 * line).cast());
+                for q in qp {
+                    for line in 0..qsb / 64 {
+                        _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 64 * line).cast());
+                    }
                 }
             }
-            let u = F::unpack(qp);
-            qp = qp.add(qsb);
-            let dw = _mm512_cvtph_ps(_mm256_load_si256(d_ptr.add(b)));
-            let mw = if F::FORMAT.has_min() { _mm512_cvtph_ps(_mm256_load_si256(m_ptr.add(b))) } else { dw };
-            // The integer dot products of all C·G activation rows advance together, weight group j by weight
-            // group j: consecutive `vpdpbusd` are independent, so their latency hides behind each other without
-            // relying on a deep out-of-order window.
-            // With few rows (decode) each row's chain is also split in two (even and odd groups), so at least four
-            // chains are in flight; integer sums are exact, so the split does not change the result.
-            let split = if C * G <= 2 { 2 } else { 1 };
-            let mut iv = [[[_mm512_setzero_si512(); C]; G]; 2];
+            let extra: [__m512i; P] = std::array::from_fn(|i| F::extra(qp[i]));
+            // The integer dot products of all P·C·G (panel, activation row) pairs advance together, weight group
+            // by weight group: consecutive `vpdpbusd` are independent, so their latency hides behind each other.
+            // With few rows (decode) each chain is also split in two, so at least four are in flight; integer
+            // sums are exact, so neither the split nor the group order changes the result.
+            let split = if P * C * G <= 2 { 2 } else { 1 };
+            let mut iv = [[[[_mm512_setzero_si512(); C]; G]; P]; 2];
             if off != 0 {
                 for_each_c!(C, c, {
                     for g in 0..G {
-                        iv[0][g][c] = _mm512_set1_epi32((-off).wrapping_mul(*ai[c].add(g * nb).add(b)));
+                        let init = _mm512_set1_epi32((-off).wrapping_mul(*ai[c].add(g * nb).add(b)));
+                        for i in 0..P {
+                            iv[0][i][g][c] = init;
+                        }
                     }
                 });
             }
-            for (j, uj) in u.iter().enumerate() {
+            for jj in 0..4 {
+                let u: [[__m512i; 2]; P] = std::array::from_fn(|i| F::unpack_pair(qp[i], jj, extra[i]));
                 for_each_c!(C, c, {
                     for g in 0..G {
-                        let q = aq[c].add(g * row_q).add(b << 5).add(4 * j).cast::<i32>();
-                        let v = &mut iv[j % split][g][c];
-                        *v = _mm512_dpbusd_epi32(*v, *uj, _mm512_set1_epi32(q.read_unaligned()));
+                        let q = aq[c].add(g * row_q).add(b << 5);
+                        for half in 0..2 {
+                            let j = jj + 4 * half;
+                            let bc = _mm512_set1_epi32(q.add(4 * j).cast::<i32>().read_unaligned());
+                            for i in 0..P {
+                                let v = &mut iv[half % split][i][g][c];
+                                *v = _mm512_dpbusd_epi32(*v, u[i][half], bc);
+                            }
+                        }
                     }
                 });
             }
-            if split == 2 {
+            for i in 0..P {
+                let dw = _mm512_cvtph_ps(_mm256_load_si256(d_ptr[i].add(b)));
+                let mw =
+                    if F::FORMAT.has_min() { _mm512_cvtph_ps(_mm256_load_si256(d_ptr[i].add(nb + b))) } else { dw };
                 for_each_c!(C, c, {
+                    let mut part = [_mm512_setzero_si512(); G];
                     for g in 0..G {
-                        iv[0][g][c] = _mm512_add_epi32(iv[0][g][c], iv[1][g][c]);
+                        part[g] =
+                            if split == 2 { _mm512_add_epi32(iv[0][i][g][c], iv[1][i][g][c]) } else { iv[0][i][g][c] };
+                    }
+                    let v = if G == 2 { _mm512_add_epi32(_mm512_slli_epi32(part[0], 8), part[G - 1]) } else { part[0] };
+                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*ad[c].add(b)));
+                    acc[i][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, acc[i][c]);
+                    if F::FORMAT.has_min() {
+                        acc[i][c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(*asum[c].add(b)), acc[i][c]);
                     }
                 });
             }
-            let iv = iv[0];
-            for_each_c!(C, c, {
-                let v = if G == 2 { _mm512_add_epi32(_mm512_slli_epi32(iv[0][c], 8), iv[G - 1][c]) } else { iv[0][c] };
-                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*ad[c].add(b)));
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, acc[c]);
-                if F::FORMAT.has_min() {
-                    acc[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(*asum[c].add(b)), acc[c]);
-                }
-            });
+            for q in qp.iter_mut() {
+                *q = q.add(qsb);
+            }
         }
-        for (c, v) in acc.iter().enumerate() {
-            let mut lanes = [0f32; PANEL_ROWS];
-            _mm512_storeu_ps(lanes.as_mut_ptr(), *v);
-            out.put_row(o + c, p * PANEL_ROWS, &lanes);
+        for (i, panel_acc) in acc.iter().enumerate() {
+            for (c, v) in panel_acc.iter().enumerate() {
+                let mut lanes = [0f32; PANEL_ROWS];
+                _mm512_storeu_ps(lanes.as_mut_ptr(), *v);
+                out.put_row(o + c, (p + i) * PANEL_ROWS, &lanes);
+            }
         }
     }
 }
