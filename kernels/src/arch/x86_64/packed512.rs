@@ -178,16 +178,16 @@ unsafe fn rows<F: Quants, const G: usize, const P: usize>(
     while o < outs.end {
         let left = outs.end - o;
         if left >= 8 && tile_rows(G, P) >= 8 {
-            unsafe { tile::<F, G, 8, P>(w, p, act, o, out) };
+            unsafe { tile::<F, G, 8, P>(w, p, act, o, o == outs.start, out) };
             o += 8;
         } else if left >= 4 && tile_rows(G, P) >= 4 {
-            unsafe { tile::<F, G, 4, P>(w, p, act, o, out) };
+            unsafe { tile::<F, G, 4, P>(w, p, act, o, o == outs.start, out) };
             o += 4;
         } else if left >= 2 {
-            unsafe { tile::<F, G, 2, P>(w, p, act, o, out) };
+            unsafe { tile::<F, G, 2, P>(w, p, act, o, o == outs.start, out) };
             o += 2;
         } else {
-            unsafe { tile::<F, G, 1, P>(w, p, act, o, out) };
+            unsafe { tile::<F, G, 1, P>(w, p, act, o, o == outs.start, out) };
             o += 1;
         }
     }
@@ -216,6 +216,7 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize>(
     p: usize,
     act: &Act32<'_>,
     o: usize,
+    first_tile: bool,
     out: &OutSink<'_>,
 ) {
     const { assert!(C >= 1 && C <= 8 && (G == 1 || G == 2) && (P == 1 || P == 2)) };
@@ -245,6 +246,14 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize>(
                 for q in qp {
                     for line in 0..qsb / 64 {
                         _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 64 * line).cast());
+                    }
+                }
+            } else if first_tile {
+                // Batched: the first tile of a panel group reads it from DRAM, the following tiles from L1. It
+                // fetches the next group's block as it goes, so that group starts in cache.
+                for q in qp {
+                    for line in 0..qsb / 64 {
+                        _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(P * w.panel_bytes + 64 * line).cast());
                     }
                 }
             }
