@@ -367,7 +367,7 @@ fn main() {
     let filter = filter_arg();
     let m_prefill = 512;
     println!(
-        "{:<6} {:<7} {:>11} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>8} | {:>9} {:>9}",
+        "{:<6} {:<8} {:>11} {:>7} | {:>9} {:>9} {:>9} {:>9} {:>8} | {:>9} {:>9}",
         "type",
         "isa",
         "rows×cols",
@@ -380,18 +380,30 @@ fn main() {
         "dec2 GB/s",
         "pf2 GOP/s"
     );
-    println!("{:37}| single thread, per CPU-second                      | {threads} threads, wall clock", "");
+    println!("{:38}| single thread, per CPU-second                      | {threads} threads, wall clock", "");
     for case in &cases {
         if filter.as_ref().is_some_and(|f| !case.ty.name().eq_ignore_ascii_case(f)) {
             continue;
         }
         for &(rows, cols) in case.shapes {
             let owned = Owned::new(case.ty, rows, cols);
-            let w = WeightMatrix::new(case.ty, owned.bytes(), rows, cols).unwrap();
+            let gguf = WeightMatrix::new(case.ty, owned.bytes(), rows, cols).unwrap();
+            let pack = packed::pack(case.ty, owned.bytes(), rows, cols);
             let mut rng = ChaCha8Rng::seed_from_u64(2);
             let x: Vec<f32> = (0..m_prefill * cols).map(|_| rng.random_range(-1.0f32..1.0)).collect();
             let mut out = vec![0f32; m_prefill * rows];
-            for isa in Isa::available() {
+            // Every level on the GGUF layout, then the levels with a panel kernel on the repacked matrix.
+            let variants = Isa::available().into_iter().map(|i| (i, false)).chain(
+                Isa::available()
+                    .into_iter()
+                    .filter(|i| pack.is_some() && i.kernels().unwrap().packed.is_some())
+                    .map(|i| (i, true)),
+            );
+            for (isa, use_pack) in variants {
+                let w = match (&pack, use_pack) {
+                    (Some(p), true) => WeightMatrix::packed(p),
+                    _ => gguf,
+                };
                 let k: &Kernels = isa.kernels().unwrap();
                 let mut run = |pool: &rayon::ThreadPool, m: usize, prec: ActPrecision, budget: Duration| {
                     let mut s = MatmulScratch::new(prec);
@@ -422,9 +434,9 @@ fn main() {
                     (ops(mpf) / t1 / 1e9, ops(mpf) / tx2 / 1e9, ops(mpf) / t2 / 1e9)
                 };
                 println!(
-                    "{:<6} {:<7} {:>11} {:>7.2} | {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.2} | {:>9.1} {:>9.1}",
+                    "{:<6} {:<8} {:>11} {:>7.2} | {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.2} | {:>9.1} {:>9.1}",
                     case.ty.name(),
-                    isa.name(),
+                    format!("{}{}", isa.name(), if use_pack { "+p" } else { "" }),
                     format!("{rows}×{cols}"),
                     bytes / 1e6,
                     bytes / dec1 / 1e9,
