@@ -123,6 +123,22 @@ impl ForwardScratch {
 /// values over threads costs more than it saves.
 const PAR_ROWS: usize = 16;
 
+/// Row `t` of two matrices at once (`a` rows of `wa` values, `b` rows of `wb`, the same number of rows), in one
+/// parallel region where [`for_rows`] would use one.
+fn for_rows2(
+    a: &mut [f32],
+    wa: usize,
+    b: &mut [f32],
+    wb: usize,
+    f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync + Send,
+) {
+    if a.len() / wa.max(1) >= PAR_ROWS {
+        a.par_chunks_mut(wa).zip(b.par_chunks_mut(wb)).enumerate().for_each(|(t, (ra, rb))| f(t, ra, rb));
+    } else {
+        a.chunks_mut(wa).zip(b.chunks_mut(wb)).enumerate().for_each(|(t, (ra, rb))| f(t, ra, rb));
+    }
+}
+
 fn for_rows(buf: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     if buf.len() / width.max(1) >= PAR_ROWS {
         buf.par_chunks_mut(width).enumerate().for_each(|(t, row)| f(t, row));
@@ -231,13 +247,14 @@ impl Model {
         grow(&mut s.gate, t_count * n_ff);
         grow(&mut s.up, t_count * n_ff);
 
-        for (il, lw) in self.weights.layers.iter().enumerate() {
+        // The first layer's input norm; every later one is fused with the residual that ends the layer before.
+        if let Some(l0) = self.weights.layers.first() {
             let x = &s.x[..t_count * n_embd];
-            let xb = &mut s.xb[..t_count * n_embd];
-            for_rows(xb, n_embd, |t, row| {
-                ops::rmsnorm(row, &x[t * n_embd..(t + 1) * n_embd], &lw.attn_norm, c.rms_eps)
+            for_rows(&mut s.xb[..t_count * n_embd], n_embd, |t, row| {
+                ops::rmsnorm(row, &x[t * n_embd..(t + 1) * n_embd], &l0.attn_norm, c.rms_eps)
             });
-
+        }
+        for (il, lw) in self.weights.layers.iter().enumerate() {
             // Q, K, V from one pass over the normed input.
             {
                 let (wq, wk, wv) = (self.mat(&lw.wq), self.mat(&lw.wk), self.mat(&lw.wv));
@@ -259,8 +276,10 @@ impl Model {
                         ops::rope_apply(head, c.n_rot, c.rope_style, &cos[r.clone()], &sin[r]);
                     }
                 };
-                for_rows(&mut s.q[..t_count * q_dim], q_dim, |t, row| rotate(row, t, lw.q_norm.as_ref()));
-                for_rows(&mut s.k[..t_count * k_dim], k_dim, |t, row| rotate(row, t, lw.k_norm.as_ref()));
+                for_rows2(&mut s.q[..t_count * q_dim], q_dim, &mut s.k[..t_count * k_dim], k_dim, |t, qr, kr| {
+                    rotate(qr, t, lw.q_norm.as_ref());
+                    rotate(kr, t, lw.k_norm.as_ref());
+                });
             }
 
             // Cache the new keys and values, then attend.
@@ -283,12 +302,15 @@ impl Model {
                 &mut s.xb2[..t_count * n_embd],
                 &mut s.matmul,
             );
-            self.residual(&mut s.x[..t_count * n_embd], &mut s.xb2[..t_count * n_embd], lw.attn_post_norm.as_deref());
+            // Residual, then the feed-forward's input norm, in one pass.
+            self.residual(
+                &mut s.x[..t_count * n_embd],
+                &s.xb2[..t_count * n_embd],
+                lw.attn_post_norm.as_deref(),
+                Some((&lw.ffn_norm, &mut s.xb[..t_count * n_embd])),
+            );
 
             // Feed-forward.
-            let x = &s.x[..t_count * n_embd];
-            let xb = &mut s.xb[..t_count * n_embd];
-            for_rows(xb, n_embd, |t, row| ops::rmsnorm(row, &x[t * n_embd..(t + 1) * n_embd], &lw.ffn_norm, c.rms_eps));
             {
                 let (wg, wu) = (self.mat(&lw.ffn_gate), self.mat(&lw.ffn_up));
                 let mut outs: [&mut [f32]; 2] = [&mut s.gate[..t_count * n_ff], &mut s.up[..t_count * n_ff]];
@@ -312,7 +334,9 @@ impl Model {
                 &mut s.xb2[..t_count * n_embd],
                 &mut s.matmul,
             );
-            self.residual(&mut s.x[..t_count * n_embd], &mut s.xb2[..t_count * n_embd], lw.ffn_post_norm.as_deref());
+            // Residual, then the next layer's input norm.
+            let next = self.weights.layers.get(il + 1).map(|l| (&l.attn_norm, &mut s.xb[..t_count * n_embd]));
+            self.residual(&mut s.x[..t_count * n_embd], &s.xb2[..t_count * n_embd], lw.ffn_post_norm.as_deref(), next);
         }
 
         // Logits, only where asked.
@@ -355,11 +379,12 @@ impl Model {
         Ok(())
     }
 
-    /// `x += norm(delta)` (or `x += delta` without a post-norm).
-    fn residual(&self, x: &mut [f32], delta: &mut [f32], post_norm: Option<&[f32]>) {
+    /// `x += norm(delta)` (or `x += delta` without a post-norm); with `then = (w, xb)`, also `xb = rmsnorm(x)·w`
+    /// for the next block, in the same pass over the rows.
+    fn residual(&self, x: &mut [f32], delta: &[f32], post_norm: Option<&[f32]>, then: Option<(&Vec<f32>, &mut [f32])>) {
         let (n_embd, eps) = (self.config.n_embd, self.config.rms_eps);
         let d: &[f32] = delta;
-        for_rows(x, n_embd, |t, row| {
+        let add = |t: usize, row: &mut [f32]| {
             let dr = &d[t * n_embd..(t + 1) * n_embd];
             match post_norm {
                 Some(w) => {
@@ -375,7 +400,14 @@ impl Model {
                     }
                 }
             }
-        });
+        };
+        match then {
+            Some((w, xb)) => for_rows2(x, n_embd, xb, n_embd, |t, row, out| {
+                add(t, row);
+                ops::rmsnorm(out, row, w, eps);
+            }),
+            None => for_rows(x, n_embd, add),
+        }
     }
 
     /// Causal attention of every new token over its sequence's cache (which already holds the new keys and values),
