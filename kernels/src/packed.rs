@@ -13,7 +13,7 @@
 //! qs   nb × QS bytes   block b: QS/64 chunks of 64 bytes; chunk j holds, for rows r = 0..16, a 4-byte group of
 //!                      row r at bytes 4r..4r+4
 //! d    nb × 16 f16     block b: the 16 rows' scales
-//! m    nb × 16 f16     block b: the 16 rows' offsets (4-bit formats only)
+//! m    nb × 16 f16     block b: the 16 rows' offsets (Q4 and Q5 only)
 //! ```
 //!
 //! - [`PackedFormat::Q4`] (from Q4_0 and Q4_1): chunk `j` (0..4) holds the nibble bytes `4j..4j+4` of each row,
@@ -335,7 +335,7 @@ pub(crate) fn check_args(w: &PackedView<'_>, panels: &Range<usize>, act: &Act32<
 /// `group` (see [`crate::dispatch::Panel32`]); output row `a / group`, column `16·p + r`.
 ///
 /// Per output, per block, in this order: the integer dot product `i = Σ u·q − OFF·Σq` (for a Q8x2 pair
-/// `256·i₁ + i₂`), then `acc = fma(i, d·d_a, acc)` with `d_a` the (last) activation row's scale, then for Q4
+/// `256·i₁ + i₂`), then `acc = fma(i, d·d_a, acc)` with `d_a` the (last) activation row's scale, then for Q4/Q5
 /// `acc = fma(m, s_a, acc)` with `s_a` the first row's `s`.
 pub fn panel_ref(
     w: PackedView<'_>,

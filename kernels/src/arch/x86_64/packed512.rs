@@ -1,10 +1,12 @@
 //! The AVX-512 VNNI kernel for 16-row panels ([`crate::packed`]): every 512-bit register holds one value per
 //! panel row, so a `vpdpbusd` with four activation bytes broadcast from memory advances 16 dot products at once.
 //!
-//! A tile is one panel × `C` output rows. Per block it unpacks the panel's quants once (8 registers of 16 rows ×
-//! 4 weights) and converts the 16 scales (and offsets) once, then for each output row runs 8 (Q8x2: 16)
-//! `vpdpbusd` and a float epilogue of 16 lanes. The order of operations per output element is the one
-//! [`crate::packed::panel_ref`] states, whatever `C` is, so results do not depend on the batch or the tiling.
+//! A tile is `P` panels (two when two remain) × `C` output rows. Per block it unpacks each panel's quants once, a
+//! pair of weight groups at a time (registers of 16 rows × 4 weights), broadcasts each group of four activation
+//! bytes once for all `P` panels, runs 8 (Q8x2: 16) `vpdpbusd` per panel and output row, then a float epilogue of
+//! 16 lanes with the block's scales (and offsets). The order of operations per output element is the one
+//! [`crate::packed::panel_ref`] states, whatever `P` and `C` are, so results do not depend on the batch or the
+//! tiling.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
