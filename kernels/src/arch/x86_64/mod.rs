@@ -193,19 +193,28 @@ macro_rules! x86_kernels {
         }
 
         /// [`crate::vec_f32::dot_rows`]: the per-row dot inlined, no call through the table per row.
+        ///
+        /// # Safety
+        /// The CPU must have this level's features.
+        #[inline]
         #[target_feature(enable = $feat)]
-        fn dot_rows_f32(q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
+        unsafe fn dot_rows<W: WF>(q: &[f32], k: &[W], stride: usize, out: &mut [f32]) {
             for (j, o) in out.iter_mut().enumerate() {
-                *o = dot_f32(q, &k[j * stride..j * stride + q.len()]);
+                // SAFETY: the caller has this level's features.
+                *o = unsafe { dot(q, &k[j * stride..j * stride + q.len()]) };
             }
         }
 
-        /// [`crate::vec_f32::dot_rows_f16`].
+        #[target_feature(enable = $feat)]
+        fn dot_rows_f32(q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
+            // SAFETY: this function has the level's features.
+            unsafe { dot_rows(q, k, stride, out) }
+        }
+
         #[target_feature(enable = $feat)]
         fn dot_rows_f16(q: &[f32], k: &[f16], stride: usize, out: &mut [f32]) {
-            for (j, o) in out.iter_mut().enumerate() {
-                *o = dot_f16(q, &k[j * stride..j * stride + q.len()]);
-            }
+            // SAFETY: this function has the level's features.
+            unsafe { dot_rows(q, k, stride, out) }
         }
 
         /// [`crate::vec_f32::axpy_rows`]: 32 outputs at a time stay in registers while every row of the run is
@@ -352,84 +361,80 @@ macro_rules! x86_kernels {
         // f32 helpers (attention). Four accumulators over 32-element steps, then 8-element steps, then a scalar
         // tail; the order is fixed, so results are deterministic.
 
+        /// Σ a·b with `b` in f32 or f16 (`W`).
+        ///
+        /// # Safety
+        /// The CPU must have this level's features.
+        #[inline]
         #[target_feature(enable = $feat)]
-        fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        unsafe fn dot<W: WF>(a: &[f32], b: &[W]) -> f32 {
             assert_eq!(a.len(), b.len());
             let n = a.len();
             let mut acc = [_mm256_setzero_ps(); 4];
             let mut i = 0;
+            // SAFETY (all `ld`/`get`): the caller has this level's features; they check their bounds.
             while i + 32 <= n {
                 for k in 0..4 {
-                    acc[k] = _mm256_fmadd_ps(ld8f(a, i + 8 * k), ld8f(b, i + 8 * k), acc[k]);
+                    acc[k] = _mm256_fmadd_ps(ld8f(a, i + 8 * k), unsafe { W::ld(b, i + 8 * k) }, acc[k]);
                 }
                 i += 32;
             }
             while i + 8 <= n {
-                acc[0] = _mm256_fmadd_ps(ld8f(a, i), ld8f(b, i), acc[0]);
+                acc[0] = _mm256_fmadd_ps(ld8f(a, i), unsafe { W::ld(b, i) }, acc[0]);
                 i += 8;
             }
             let mut s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
             while i < n {
-                s += a[i] * b[i];
+                s += a[i] * unsafe { W::get(b, i) };
                 i += 1;
             }
             s
+        }
+
+        #[target_feature(enable = $feat)]
+        fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+            // SAFETY: this function has the level's features.
+            unsafe { dot(a, b) }
         }
 
         #[target_feature(enable = $feat)]
         fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
-            assert_eq!(a.len(), b.len());
-            let n = a.len();
-            let mut acc = [_mm256_setzero_ps(); 4];
-            let mut i = 0;
-            while i + 32 <= n {
-                for k in 0..4 {
-                    acc[k] = _mm256_fmadd_ps(ld8f(a, i + 8 * k), ld8h(b, i + 8 * k), acc[k]);
-                }
-                i += 32;
-            }
-            while i + 8 <= n {
-                acc[0] = _mm256_fmadd_ps(ld8f(a, i), ld8h(b, i), acc[0]);
-                i += 8;
-            }
-            let mut s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-            while i < n {
-                s += a[i] * h2f(b[i]);
-                i += 1;
-            }
-            s
+            // SAFETY: this function has the level's features.
+            unsafe { dot(a, b) }
         }
 
+        /// y += alpha·x with `x` in f32 or f16 (`W`).
+        ///
+        /// # Safety
+        /// The CPU must have this level's features.
+        #[inline]
         #[target_feature(enable = $feat)]
-        fn axpy_f32(alpha: f32, x: &[f32], y: &mut [f32]) {
+        unsafe fn axpy<W: WF>(alpha: f32, x: &[W], y: &mut [f32]) {
             assert_eq!(x.len(), y.len());
             let n = x.len();
             let av = _mm256_set1_ps(alpha);
             let mut i = 0;
+            // SAFETY (all `ld`/`get`): as in `dot`.
             while i + 8 <= n {
-                st8f(y, i, _mm256_fmadd_ps(av, ld8f(x, i), ld8f(y, i)));
+                st8f(y, i, _mm256_fmadd_ps(av, unsafe { W::ld(x, i) }, ld8f(y, i)));
                 i += 8;
             }
             while i < n {
-                y[i] = alpha.mul_add(x[i], y[i]);
+                y[i] = alpha.mul_add(unsafe { W::get(x, i) }, y[i]);
                 i += 1;
             }
+        }
+
+        #[target_feature(enable = $feat)]
+        fn axpy_f32(alpha: f32, x: &[f32], y: &mut [f32]) {
+            // SAFETY: this function has the level's features.
+            unsafe { axpy(alpha, x, y) }
         }
 
         #[target_feature(enable = $feat)]
         fn axpy_f16(alpha: f32, x: &[f16], y: &mut [f32]) {
-            assert_eq!(x.len(), y.len());
-            let n = x.len();
-            let av = _mm256_set1_ps(alpha);
-            let mut i = 0;
-            while i + 8 <= n {
-                st8f(y, i, _mm256_fmadd_ps(av, ld8h(x, i), ld8f(y, i)));
-                i += 8;
-            }
-            while i < n {
-                y[i] = alpha.mul_add(h2f(x[i]), y[i]);
-                i += 1;
-            }
+            // SAFETY: this function has the level's features.
+            unsafe { axpy(alpha, x, y) }
         }
 
         #[target_feature(enable = $feat)]
