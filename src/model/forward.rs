@@ -307,7 +307,7 @@ impl Model {
                 &mut s.x[..t_count * n_embd],
                 &s.xb2[..t_count * n_embd],
                 lw.attn_post_norm.as_deref(),
-                Some((&lw.ffn_norm, &mut s.xb[..t_count * n_embd])),
+                Some((lw.ffn_norm.as_slice(), &mut s.xb[..t_count * n_embd])),
             );
 
             // Feed-forward.
@@ -335,7 +335,7 @@ impl Model {
                 &mut s.matmul,
             );
             // Residual, then the next layer's input norm.
-            let next = self.weights.layers.get(il + 1).map(|l| (&l.attn_norm, &mut s.xb[..t_count * n_embd]));
+            let next = self.weights.layers.get(il + 1).map(|l| (l.attn_norm.as_slice(), &mut s.xb[..t_count * n_embd]));
             self.residual(&mut s.x[..t_count * n_embd], &s.xb2[..t_count * n_embd], lw.ffn_post_norm.as_deref(), next);
         }
 
@@ -381,7 +381,7 @@ impl Model {
 
     /// `x += norm(delta)` (or `x += delta` without a post-norm); with `then = (w, xb)`, also `xb = rmsnorm(x)·w`
     /// for the next block, in the same pass over the rows.
-    fn residual(&self, x: &mut [f32], delta: &[f32], post_norm: Option<&[f32]>, then: Option<(&Vec<f32>, &mut [f32])>) {
+    fn residual(&self, x: &mut [f32], delta: &[f32], post_norm: Option<&[f32]>, then: Option<(&[f32], &mut [f32])>) {
         let (n_embd, eps) = (self.config.n_embd, self.config.rms_eps);
         let d: &[f32] = delta;
         let add = |t: usize, row: &mut [f32]| {

@@ -40,11 +40,6 @@ impl Linear {
         WeightMatrix::new(self.ty, data, self.rows, self.cols).expect("shape checked at load")
     }
 
-    /// Whether the kernels read this matrix from panels.
-    pub fn is_packed(&self) -> bool {
-        self.packed.is_some()
-    }
-
     /// Repacks the matrix into panels if the kernel level and the format allow it.
     fn pack(&mut self, file: &GgufFile) {
         if infer_kernels::dispatch::kernels().packed.is_none() {
@@ -137,17 +132,6 @@ impl ModelWeights {
             all.extend([&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.ffn_gate, &mut l.ffn_up, &mut l.ffn_down]);
         }
         all.par_iter_mut().for_each(|l| l.pack(file));
-    }
-
-    /// Bytes of repacked panels held in memory (on top of the memory map).
-    pub fn packed_bytes(&self) -> usize {
-        let mut n = self.output.packed.as_ref().map_or(0, |p| p.bytes());
-        for l in &self.layers {
-            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down] {
-                n += m.packed.as_ref().map_or(0, |p| p.bytes());
-            }
-        }
-        n
     }
 }
 
