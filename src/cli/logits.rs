@@ -10,7 +10,7 @@ use clap::Args;
 
 use crate::cli::args::ThreadArgs;
 use crate::cli::output::print_line;
-use crate::model::{ForwardScratch, KvPool, Logits, Model, SeqKv, SeqStep};
+use crate::model::{ForwardScratch, KvPool, Logits, SeqKv, SeqStep};
 
 use super::EngineArgs;
 
@@ -31,9 +31,7 @@ pub struct LogitsArgs {
 const CHUNK: usize = 512;
 
 pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
-    let path = crate::cli::resolve_model_arg(args.model.as_deref())?;
-    let mut model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
-    model.set_precision(args.engine.precision());
+    let (_, model) = crate::cli::load_model(args.model.as_deref(), &args.engine)?;
     let pool = args.threads.build_pool().context("starting worker threads")?;
     let c = model.config.clone();
     let stdin = std::io::stdin();

@@ -94,13 +94,24 @@ pub struct Loaded {
     pub tokenizer: crate::tokenizer::Tokenizer,
 }
 
-/// Resolves MODEL, checks the kernel level, and loads model and tokenizer, with errors naming the file.
-pub fn load(spec: Option<&str>, engine: &EngineArgs) -> anyhow::Result<Loaded> {
+/// Resolves MODEL, checks the kernel level (loading already repacks weights for it, so a bad `INFER_ISA` must be
+/// reported before), and loads the model with the engine settings, with errors naming the file.
+pub fn load_model(
+    spec: Option<&str>,
+    engine: &EngineArgs,
+) -> anyhow::Result<(std::path::PathBuf, crate::model::Model)> {
     use anyhow::Context;
     infer_kernels::dispatch::try_isa().context("INFER_ISA")?;
     let path = resolve_model_arg(spec)?;
     let mut model = crate::model::Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
     model.set_precision(engine.precision());
+    Ok((path, model))
+}
+
+/// [`load_model`] plus the model's tokenizer.
+pub fn load(spec: Option<&str>, engine: &EngineArgs) -> anyhow::Result<Loaded> {
+    use anyhow::Context;
+    let (path, model) = load_model(spec, engine)?;
     let tokenizer = crate::tokenizer::Tokenizer::from_gguf(model.file())
         .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
     Ok(Loaded { model, tokenizer })
