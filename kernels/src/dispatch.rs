@@ -18,6 +18,7 @@ use half::f16;
 
 use crate::packed::PackedView;
 use crate::quant::{BlockQ2K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, BlockQ8K};
+use crate::vec_f32::{AxpyRows, SoftmaxState};
 
 /// An instruction-set level the kernels are written for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -298,16 +299,16 @@ pub struct Kernels {
     pub q6_k: PanelK<BlockQ6K>,
     /// The kernel for [`crate::packed`] panels, on levels that have one; weights are packed at load only then.
     pub packed: Option<PanelPacked>,
-    /// [`crate::vec_f32::dot_rows`].
-    pub dot_rows_f32: fn(&[f32], &[f32], usize, &mut [f32]),
-    /// [`crate::vec_f32::dot_rows_f16`].
-    pub dot_rows_f16: fn(&[f32], &[f16], usize, &mut [f32]),
+    /// [`crate::vec_f32::dot_cols`].
+    pub dot_cols_f32: fn(&[f32], &[f32], usize, &mut [f32]),
+    /// [`crate::vec_f32::dot_cols_f16`].
+    pub dot_cols_f16: fn(&[f32], &[f16], usize, &mut [f32]),
     /// [`crate::vec_f32::axpy_rows`].
-    pub axpy_rows_f32: fn(&[f32], &[f32], usize, &mut [f32]),
+    pub axpy_rows_f32: fn(AxpyRows<'_>, &[f32], &mut [f32]),
     /// [`crate::vec_f32::axpy_rows_f16`].
-    pub axpy_rows_f16: fn(&[f32], &[f16], usize, &mut [f32]),
-    /// [`crate::vec_f32::exp_shift_sum`].
-    pub exp_shift_sum: fn(&mut [f32], f32) -> f32,
+    pub axpy_rows_f16: fn(AxpyRows<'_>, &[f16], &mut [f32]),
+    /// [`crate::vec_f32::softmax_block`].
+    pub softmax_block: fn(&mut [f32], f32, &mut SoftmaxState) -> f32,
     /// [`crate::vec_f32::swiglu`].
     pub swiglu: fn(&mut [f32], &[f32]),
     /// [`crate::vec_f32::geglu`].

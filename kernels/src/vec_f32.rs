@@ -30,40 +30,163 @@ pub fn axpy_f16(alpha: f32, x: &[f16], y: &mut [f32]) {
     (kernels().axpy_f16)(alpha, x, y)
 }
 
-/// Attention scores over a run of cached keys: `out[j] = q · k[j·stride..][..q.len()]` for each `j` in
-/// `0..out.len()` (key rows `stride` apart, e.g. one head's slice of each cached position). One call per run,
-/// not one per key.
-pub fn dot_rows(q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
-    (kernels().dot_rows_f32)(q, k, stride, out)
+/// Attention scores of one or more query heads against one cache block whose keys are stored transposed:
+/// `kt[d·lanes + j]` is dimension `d` of the block's position `j`, so a key dimension's values for all the block's
+/// positions are contiguous and the scores come out as column sums, with no horizontal additions.
+///
+/// `out[h·lanes + j] = Σ_d q[h·hd + d] · kt[d·lanes + j]` for every head `h` in `q` (`hd = kt.len() / lanes`) and
+/// every lane `j`. Heads that share a key head share each key load. `lanes` must be a multiple of 8.
+///
+/// Arithmetic, the same on every level (so SIMD equals [`dot_cols_ref`] bit for bit): per output, fused
+/// multiply-adds in increasing `d` into two partial sums, one for even and one for odd `d`, then their sum.
+pub fn dot_cols(q: &[f32], kt: &[f32], lanes: usize, out: &mut [f32]) {
+    (kernels().dot_cols_f32)(q, kt, lanes, out)
 }
 
-/// [`dot_rows`] with keys in f16.
-pub fn dot_rows_f16(q: &[f32], k: &[f16], stride: usize, out: &mut [f32]) {
-    (kernels().dot_rows_f16)(q, k, stride, out)
+/// [`dot_cols`] with keys in f16.
+pub fn dot_cols_f16(q: &[f32], kt: &[f16], lanes: usize, out: &mut [f32]) {
+    (kernels().dot_cols_f16)(q, kt, lanes, out)
 }
 
-/// The weighted sum of a run of cached values: `out += Σ_j w[j] · v[j·stride..][..out.len()]`.
-pub fn axpy_rows(w: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
-    (kernels().axpy_rows_f32)(w, v, stride, out)
+/// Checks [`dot_cols`]' arguments; returns (head dimension, heads).
+pub(crate) fn dot_cols_shape(q_len: usize, kt_len: usize, lanes: usize, out_len: usize) -> (usize, usize) {
+    assert!(lanes > 0 && lanes.is_multiple_of(8), "dot_cols: {lanes} lanes, not a multiple of 8");
+    assert!(kt_len.is_multiple_of(lanes) && kt_len > 0, "dot_cols: {kt_len} keys are not whole columns of {lanes}");
+    let hd = kt_len / lanes;
+    assert!(q_len.is_multiple_of(hd), "dot_cols: {q_len} query values are not whole heads of {hd}");
+    let heads = q_len / hd;
+    assert_eq!(out_len, heads * lanes, "dot_cols: output holds {out_len} values, expected heads·lanes");
+    (hd, heads)
+}
+
+/// The scalar statement of [`dot_cols`]' arithmetic (keys as f32 or f16 through `get`).
+pub fn dot_cols_ref<T: Copy>(q: &[f32], kt: &[T], lanes: usize, out: &mut [f32], get: impl Fn(T) -> f32) {
+    let (hd, heads) = dot_cols_shape(q.len(), kt.len(), lanes, out.len());
+    for h in 0..heads {
+        for j in 0..lanes {
+            let mut part = [0f32; 2];
+            for d in 0..hd {
+                part[d & 1] = q[h * hd + d].mul_add(get(kt[d * lanes + j]), part[d & 1]);
+            }
+            out[h * lanes + j] = part[0] + part[1];
+        }
+    }
+}
+
+/// The weighted sums of a run of `n` cached values for one or more heads that share them: for each head `h`,
+/// `out[h·width..][..width] += Σ_j w[h·w_stride + j] · v[j·v_stride..][..width]`, `j` in `0..n`. Each value row is
+/// loaded once for all heads. Per element, fused multiply-adds in row order, as one [`axpy`] per row would do.
+pub fn axpy_rows(n: usize, w: &[f32], w_stride: usize, v: &[f32], v_stride: usize, out: &mut [f32], width: usize) {
+    (kernels().axpy_rows_f32)(AxpyRows { n, w, w_stride, v_stride, width }, v, out)
 }
 
 /// [`axpy_rows`] with values in f16.
-pub fn axpy_rows_f16(w: &[f32], v: &[f16], stride: usize, out: &mut [f32]) {
-    (kernels().axpy_rows_f16)(w, v, stride, out)
+pub fn axpy_rows_f16(n: usize, w: &[f32], w_stride: usize, v: &[f16], v_stride: usize, out: &mut [f32], width: usize) {
+    (kernels().axpy_rows_f16)(AxpyRows { n, w, w_stride, v_stride, width }, v, out)
 }
 
-/// Softmax weights in place: `x[i] = e^(x[i] − m)`, returning their sum (summed in index order).
-pub fn exp_shift_sum(x: &mut [f32], m: f32) -> f32 {
-    (kernels().exp_shift_sum)(x, m)
+/// The shape of an [`axpy_rows`] call: rows, weights and their per-head stride, the value rows' stride and the
+/// output width per head.
+#[derive(Clone, Copy, Debug)]
+pub struct AxpyRows<'a> {
+    pub n: usize,
+    pub w: &'a [f32],
+    pub w_stride: usize,
+    pub v_stride: usize,
+    pub width: usize,
 }
 
-/// The body of [`exp_shift_sum`]: the exponentials in one vectorisable pass, then the sum.
+impl AxpyRows<'_> {
+    /// Checks the lengths against `v` and `out`; returns the number of heads.
+    pub(crate) fn heads(&self, v_len: usize, out_len: usize) -> usize {
+        assert!(self.width > 0 && out_len.is_multiple_of(self.width), "axpy_rows: output is not whole heads");
+        let heads = out_len / self.width;
+        if self.n > 0 && heads > 0 {
+            assert!(self.w.len() >= (heads - 1) * self.w_stride + self.n, "axpy_rows: weights out of range");
+            assert!(self.w_stride >= self.n || heads == 1, "axpy_rows: heads' weights overlap");
+            assert!(v_len >= (self.n - 1) * self.v_stride + self.width, "axpy_rows: value rows out of range");
+        }
+        heads
+    }
+}
+
+/// The scalar statement of [`axpy_rows`]' arithmetic.
+pub fn axpy_rows_ref<T: Copy>(a: AxpyRows<'_>, v: &[T], out: &mut [f32], get: impl Fn(T) -> f32) {
+    let heads = a.heads(v.len(), out.len());
+    for h in 0..heads {
+        for j in 0..a.n {
+            let wj = a.w[h * a.w_stride + j];
+            for (i, o) in out[h * a.width..(h + 1) * a.width].iter_mut().enumerate() {
+                *o = wj.mul_add(get(v[j * a.v_stride + i]), *o);
+            }
+        }
+    }
+}
+
+/// The running state of a streaming softmax: the largest score so far and the sum of `e^(score − max)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SoftmaxState {
+    pub max: f32,
+    pub sum: f32,
+}
+
+impl SoftmaxState {
+    pub const EMPTY: SoftmaxState = SoftmaxState { max: f32::NEG_INFINITY, sum: 0.0 };
+}
+
+/// One block of a streaming (online) softmax over attention scores: multiplies `x` by `scale`, raises the running
+/// maximum to cover them, turns `x` into the weights `e^(x − max)` and adds their sum (after rescaling the old sum
+/// to the new maximum). Returns the factor `e^(old max − new max)` by which sums weighted under the old maximum must
+/// be rescaled: exactly 1 when the maximum did not grow.
+///
+/// The weights' sum is taken as 8 interleaved partial sums (value `i` into sum `i mod 8`, in order), combined
+/// pairwise; every level does the same arithmetic, so results agree bit for bit.
+pub fn softmax_block(x: &mut [f32], scale: f32, state: &mut SoftmaxState) -> f32 {
+    (kernels().softmax_block)(x, scale, state)
+}
+
+/// The body of [`softmax_block`], inlined into each level's entry point: fixed 8-wide arrays the compiler keeps in
+/// one or two vector registers.
 #[inline(always)]
-pub(crate) fn exp_shift_sum_impl(x: &mut [f32], m: f32) -> f32 {
+pub(crate) fn softmax_block_impl(x: &mut [f32], scale: f32, state: &mut SoftmaxState) -> f32 {
+    let mut mx = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for k in 0..8 {
+            c[k] *= scale;
+            mx[k] = mx[k].max(c[k]);
+        }
+    }
+    for (k, v) in chunks.into_remainder().iter_mut().enumerate() {
+        *v *= scale;
+        mx[k] = mx[k].max(*v);
+    }
+    let block_max = mx.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let rescale = if block_max > state.max {
+        let r = exp_approx(state.max - block_max);
+        state.max = block_max;
+        state.sum *= r;
+        r
+    } else {
+        1.0
+    };
+    let m = state.max;
+    // The exponentials in a plain loop (which the compiler vectorises), then the sums.
     for v in x.iter_mut() {
         *v = exp_approx(*v - m);
     }
-    x.iter().sum()
+    let mut part = [0f32; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for k in 0..8 {
+            part[k] += c[k];
+        }
+    }
+    for (k, v) in chunks.remainder().iter().enumerate() {
+        part[k] += *v;
+    }
+    state.sum += ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+    rescale
 }
 
 /// `gate[i] = silu(gate[i]) · up[i]` (SwiGLU). Panics if the lengths differ.

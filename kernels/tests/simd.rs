@@ -4,6 +4,7 @@
 use half::f16;
 use infer_kernels::dispatch::{Act32, Isa, Kernels, OutSink, act32_from_q8_0, quantize_row32};
 use infer_kernels::quant::{self, BlockQ8_0, BlockQ8K, QK_K};
+use infer_kernels::vec_f32::{self, AxpyRows, SoftmaxState};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -549,52 +550,87 @@ fn activations_match_the_libm_definitions_on_every_level() {
 }
 
 #[test]
-fn attention_row_kernels_equal_their_one_row_forms() {
+fn attention_kernels_equal_their_scalar_statements() {
     let mut rng = ChaCha8Rng::seed_from_u64(33);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let scalar = Isa::Scalar.kernels().unwrap();
     for k in levels() {
-        for hd in [1, 7, 8, 31, 32, 64, 100] {
-            for n in [0, 1, 5, 16] {
-                let stride = hd + 13;
-                let rows = randv(&mut rng, n.max(1) * stride, 2.0);
-                let rows16: Vec<f16> = rows.iter().map(|&v| f16::from_f32(v)).collect();
-                let q = randv(&mut rng, hd, 1.0);
-                let w = randv(&mut rng, n, 1.0);
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-
-                let mut got = vec![f32::NAN; n];
-                (k.dot_rows_f32)(&q, &rows, stride, &mut got);
-                let want: Vec<f32> = (0..n).map(|j| (k.dot_f32)(&q, &rows[j * stride..j * stride + hd])).collect();
-                assert_eq!(bits(&got), bits(&want), "{} dot_rows_f32 hd={hd} n={n}", k.isa);
-                (k.dot_rows_f16)(&q, &rows16, stride, &mut got);
-                let want: Vec<f32> = (0..n).map(|j| (k.dot_f16)(&q, &rows16[j * stride..j * stride + hd])).collect();
-                assert_eq!(bits(&got), bits(&want), "{} dot_rows_f16 hd={hd} n={n}", k.isa);
-
-                // The register-blocked sum does the same fmas in the same order as one axpy per row.
-                let start = randv(&mut rng, hd, 1.0);
-                let (mut got, mut want) = (start.clone(), start.clone());
-                (k.axpy_rows_f32)(&w, &rows, stride, &mut got);
-                for j in 0..n {
-                    (k.axpy_f32)(w[j], &rows[j * stride..j * stride + hd], &mut want);
+        // Scores against a transposed key block: every head count the tiles split (1..=3 per tile), 8- and
+        // 16-lane tails, odd head dimensions (an unpaired last dimension).
+        for hd in [1, 7, 8, 31, 64, 100] {
+            for lanes in [8, 16, 24, 32] {
+                for heads in [1, 2, 3, 4, 5, 7] {
+                    let kt = randv(&mut rng, hd * lanes, 2.0);
+                    let kt16: Vec<f16> = kt.iter().map(|&v| f16::from_f32(v)).collect();
+                    let q = randv(&mut rng, heads * hd, 1.0);
+                    let (mut got, mut want) = (vec![f32::NAN; heads * lanes], vec![0f32; heads * lanes]);
+                    (k.dot_cols_f32)(&q, &kt, lanes, &mut got);
+                    vec_f32::dot_cols_ref(&q, &kt, lanes, &mut want, |v| v);
+                    assert_eq!(bits(&got), bits(&want), "{} dot_cols_f32 hd={hd} lanes={lanes} heads={heads}", k.isa);
+                    (k.dot_cols_f16)(&q, &kt16, lanes, &mut got);
+                    vec_f32::dot_cols_ref(&q, &kt16, lanes, &mut want, f16::to_f32);
+                    assert_eq!(bits(&got), bits(&want), "{} dot_cols_f16 hd={hd} lanes={lanes} heads={heads}", k.isa);
                 }
-                assert_eq!(bits(&got), bits(&want), "{} axpy_rows_f32 hd={hd} n={n}", k.isa);
-                let (mut got, mut want) = (start.clone(), start);
-                (k.axpy_rows_f16)(&w, &rows16, stride, &mut got);
-                for j in 0..n {
-                    (k.axpy_f16)(w[j], &rows16[j * stride..j * stride + hd], &mut want);
-                }
-                assert_eq!(bits(&got), bits(&want), "{} axpy_rows_f16 hd={hd} n={n}", k.isa);
             }
         }
-        // Softmax weights: e^(x − m) to about an ulp, the sum of what was written, tails to exactly 0.
-        let mut x = randv(&mut rng, 37, 20.0);
-        x.extend([f32::NEG_INFINITY, -1e30, 0.0]);
-        let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let orig = x.clone();
-        let sum = (k.exp_shift_sum)(&mut x, m);
-        for (g, o) in x.iter().zip(&orig) {
-            let want = ((*o - m) as f64).exp(); // of the f32 difference, as the kernel sees it
-            assert!((*g as f64 - want).abs() <= 3e-7 * want + 1e-37, "{} exp({o} - {m}) = {g}, want {want}", k.isa);
+        // Value sums for heads sharing rows: widths with 32-, 16-, 8-wide tiles and scalar tails, row runs of
+        // 0..=16, the weights `w_stride` apart per head as the attention's score rows are.
+        for width in [1, 7, 8, 31, 32, 64, 100] {
+            for n in [0, 1, 5, 16] {
+                for heads in [1, 2, 3, 4, 5, 9] {
+                    let v_stride = width + 13;
+                    let w_stride = 16 + 3;
+                    let rows = randv(&mut rng, n.max(1) * v_stride, 2.0);
+                    let rows16: Vec<f16> = rows.iter().map(|&v| f16::from_f32(v)).collect();
+                    let w = randv(&mut rng, heads * w_stride, 1.0);
+                    let a = AxpyRows { n, w: &w, w_stride, v_stride, width };
+                    let start = randv(&mut rng, heads * width, 1.0);
+                    let (mut got, mut want) = (start.clone(), start.clone());
+                    (k.axpy_rows_f32)(a, &rows, &mut got);
+                    vec_f32::axpy_rows_ref(a, &rows, &mut want, |v| v);
+                    assert_eq!(bits(&got), bits(&want), "{} axpy_rows_f32 width={width} n={n} heads={heads}", k.isa);
+                    let (mut got, mut want) = (start.clone(), start);
+                    (k.axpy_rows_f16)(a, &rows16, &mut got);
+                    vec_f32::axpy_rows_ref(a, &rows16, &mut want, f16::to_f32);
+                    assert_eq!(bits(&got), bits(&want), "{} axpy_rows_f16 width={width} n={n} heads={heads}", k.isa);
+                }
+            }
         }
-        assert_eq!(sum, x.iter().sum::<f32>(), "{}: the sum is of the values written", k.isa);
+        // Softmax blocks: weights e^(x·scale − max) to about an ulp, tails to exactly 0, the running state's
+        // rescaling, and bit-equal results on every level.
+        let scale = 0.125;
+        let mut state = SoftmaxState::EMPTY;
+        let mut scalar_state = SoftmaxState::EMPTY;
+        let mut sums = 0f64;
+        for (len, spread) in [(13, 20.0), (16, 400.0), (3, 1.0), (40, 100.0)] {
+            let mut x = randv(&mut rng, len, spread);
+            if len == 40 {
+                x.extend([f32::NEG_INFINITY, -1e30, 0.0]);
+            }
+            let orig = x.clone();
+            let old = state;
+            let r = (k.softmax_block)(&mut x, scale, &mut state);
+            let max = orig.iter().fold(old.max, |a, &b| a.max(b * scale));
+            assert_eq!(state.max, max, "{}: running maximum", k.isa);
+            if max > old.max {
+                let want = ((old.max - max) as f64).exp();
+                assert!((r as f64 - want).abs() <= 3e-7 * want + 1e-37, "{}: rescale {r}, want {want}", k.isa);
+            } else {
+                assert_eq!(r, 1.0, "{}: no rescale when the maximum holds", k.isa);
+            }
+            for (g, o) in x.iter().zip(&orig) {
+                let want = ((*o * scale - max) as f64).exp(); // of the f32 difference, as the kernel sees it
+                assert!((*g as f64 - want).abs() <= 3e-7 * want + 1e-37, "{} exp({o}·s − {max}) = {g}", k.isa);
+            }
+            sums = sums * r as f64 + x.iter().map(|&v| v as f64).sum::<f64>();
+            assert!((state.sum as f64 - sums).abs() <= 1e-5 * sums, "{}: running sum {} vs {sums}", k.isa, state.sum);
+            let mut y = orig.clone();
+            (scalar.softmax_block)(&mut y, scale, &mut scalar_state);
+            assert_eq!(
+                x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+            assert_eq!(state.sum.to_bits(), scalar_state.sum.to_bits(), "{}: sums equal the scalar level's", k.isa);
+        }
     }
 }

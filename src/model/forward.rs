@@ -411,65 +411,92 @@ impl Model {
     }
 
     /// Causal attention of every new token over its sequence's cache (which already holds the new keys and values),
-    /// one (token, head) pair per task, with a streaming softmax over the cache's blocks.
+    /// with a streaming softmax over the cache's blocks. A task takes one token and a run of query heads that share
+    /// a key head, so each key and value is read once for all of them; with too few tokens to keep the threads busy
+    /// that way, one head per task. Each head's arithmetic is the same either way, so results do not depend on the
+    /// split (nor, therefore, on the batch).
     fn attention(&self, il: usize, items: &[SeqStep], pool: &KvPool, plan: &[TokenSlot], q: &[f32], att: &mut [f32]) {
+        const MAX_HEADS: usize = 8;
+        const BS: usize = super::kv_cache::DEFAULT_BLOCK_SIZE;
+        const CHUNK: usize = 8;
         let c = &self.config;
         let (hd, hdv, group) = (c.head_dim, c.head_dim_v, c.gqa_group());
-        let (q_dim, k_row, v_row) = (c.q_dim(), c.k_dim(), c.v_dim());
+        let q_dim = c.q_dim();
         let window = pool.window(il);
-        let bs = pool.block_size;
+        assert_eq!(pool.block_size, BS, "attention's score buffer is sized for the default block size");
         let scale = c.attn_scale;
+        let threads = rayon::current_num_threads();
+        let heads = if plan.len() * c.n_head_kv >= 4 * threads {
+            (1..=MAX_HEADS.min(group)).rev().find(|h| group.is_multiple_of(*h)).unwrap_or(1)
+        } else {
+            1
+        };
+        let runs_per_token = c.n_head / heads;
         let task = |idx: usize, out: &mut [f32]| {
-            let (t, h) = (idx / c.n_head, idx % c.n_head);
+            let (t, h0) = (idx / runs_per_token, idx % runs_per_token * heads);
             let slot = plan[t];
             let kv = &*items[slot.item].kv;
-            let kvh = h / group;
-            let qh = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+            let kvh = h0 / group;
+            let qh = &q[t * q_dim + h0 * hd..t * q_dim + (h0 + heads) * hd];
             let lo = window.map_or(0, |w| (slot.pos + 1).saturating_sub(w));
             out.fill(0.0);
-            let mut m = f32::NEG_INFINITY;
-            let mut l = 0f32;
-            let mut scores = [0f32; super::kv_cache::DEFAULT_BLOCK_SIZE];
+            let mut softmax = [vec_f32::SoftmaxState::EMPTY; MAX_HEADS];
+            // Positions go in chunks of up to CHUNK blocks: their scores first (one row of CHUNK·BS per head), one
+            // softmax step per head over the whole chunk, then the values; per-block softmax steps of 16 scores
+            // were mostly overhead.
+            let mut scores = [0f32; MAX_HEADS * CHUNK * BS];
+            let mut tile = [0f32; MAX_HEADS * BS];
+            let tile = &mut tile[..heads * BS];
+            let row = CHUNK * BS;
             let mut p = lo;
             while p <= slot.pos {
-                let n = (bs - p % bs).min(slot.pos + 1 - p);
-                let (krun, vrun) = pool.block_run(kv, il, p, n);
-                let scores = &mut scores[..n];
-                match krun {
-                    KvRow::F32(k) => vec_f32::dot_rows(qh, &k[kvh * hd..], k_row, scores),
-                    KvRow::F16(k) => vec_f32::dot_rows_f16(qh, &k[kvh * hd..], k_row, scores),
-                }
-                let mut m_blk = f32::NEG_INFINITY;
-                for sc in scores.iter_mut() {
-                    *sc *= scale;
-                    m_blk = m_blk.max(*sc);
-                }
-                let m_new = m.max(m_blk);
-                if m_new > m {
-                    // Rescale what was accumulated under the old maximum.
-                    let r = (m - m_new).exp();
-                    if l > 0.0 {
-                        vec_f32::scale(r, out);
+                // (lane, length, column in the chunk) per block, and the blocks themselves.
+                let mut runs = [(0usize, 0usize, 0usize); CHUNK];
+                let mut blocks = [None; CHUNK];
+                let (mut nb, mut width) = (0, 0);
+                while nb < CHUNK && p <= slot.pos {
+                    let (kt, v, lane) = pool.block(kv, il, p);
+                    let n = (BS - lane).min(slot.pos + 1 - p);
+                    match kt {
+                        KvRow::F32(k) => vec_f32::dot_cols(qh, &k[kvh * hd * BS..(kvh + 1) * hd * BS], BS, tile),
+                        KvRow::F16(k) => vec_f32::dot_cols_f16(qh, &k[kvh * hd * BS..(kvh + 1) * hd * BS], BS, tile),
                     }
-                    l *= r;
-                    m = m_new;
+                    for h in 0..heads {
+                        scores[h * row + width..h * row + width + n]
+                            .copy_from_slice(&tile[h * BS + lane..h * BS + lane + n]);
+                    }
+                    runs[nb] = (lane, n, width);
+                    blocks[nb] = Some(v);
+                    nb += 1;
+                    width += n;
+                    p += n;
                 }
-                // Scores become softmax weights in place.
-                l += vec_f32::exp_shift_sum(scores, m);
-                match vrun {
-                    KvRow::F32(v) => vec_f32::axpy_rows(scores, &v[kvh * hdv..], v_row, out),
-                    KvRow::F16(v) => vec_f32::axpy_rows_f16(scores, &v[kvh * hdv..], v_row, out),
+                for (h, state) in softmax[..heads].iter_mut().enumerate() {
+                    // Scores become softmax weights in place; what was summed under an older maximum is rescaled.
+                    let r = vec_f32::softmax_block(&mut scores[h * row..h * row + width], scale, state);
+                    if r != 1.0 {
+                        vec_f32::scale(r, &mut out[h * hdv..(h + 1) * hdv]);
+                    }
                 }
-                p += n;
+                for (&(lane, n, col), v) in runs[..nb].iter().zip(&blocks[..nb]) {
+                    let w = &scores[col..];
+                    let at = lane * c.v_dim() + kvh * hdv;
+                    match v.expect("filled above") {
+                        KvRow::F32(v) => vec_f32::axpy_rows(n, w, row, &v[at..], c.v_dim(), out, hdv),
+                        KvRow::F16(v) => vec_f32::axpy_rows_f16(n, w, row, &v[at..], c.v_dim(), out, hdv),
+                    }
+                }
             }
-            if l > 0.0 {
-                vec_f32::scale(1.0 / l, out);
+            for (h, state) in softmax[..heads].iter().enumerate() {
+                if state.sum > 0.0 {
+                    vec_f32::scale(1.0 / state.sum, &mut out[h * hdv..(h + 1) * hdv]);
+                }
             }
         };
-        if plan.len() * c.n_head >= 2 {
-            att.par_chunks_mut(hdv).enumerate().for_each(|(idx, out)| task(idx, out));
+        if plan.len() * runs_per_token >= 2 {
+            att.par_chunks_mut(heads * hdv).enumerate().for_each(|(idx, out)| task(idx, out));
         } else {
-            att.chunks_mut(hdv).enumerate().for_each(|(idx, out)| task(idx, out));
+            att.chunks_mut(heads * hdv).enumerate().for_each(|(idx, out)| task(idx, out));
         }
     }
 }

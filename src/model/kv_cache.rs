@@ -8,8 +8,13 @@
 //! sequence's blocks once every position in them has left the window, so those layers keep a cache bounded by the
 //! window rather than by the context.
 //!
-//! Storage per group: `[n_blocks][n_layers_in_group][block_size][row]`, rows of `n_head_kv · head_dim` values, f32
-//! or f16. A block's rows for one layer are contiguous, which is what attention streams through.
+//! Storage per group, f32 or f16, one tile per (block, layer):
+//! - keys `[n_blocks][n_layers_in_group][k_row][block_size]`: each tile transposed, so one key dimension's values
+//!   for the block's positions are contiguous and attention scores come out as column sums
+//!   ([`infer_kernels::vec_f32::dot_cols`]), with no horizontal additions;
+//! - values `[n_blocks][n_layers_in_group][block_size][v_row]`: rows, as the weighted sum streams them.
+//!
+//! Rows hold `n_head_kv · head_dim` values.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -59,6 +64,29 @@ impl KvStore {
         match dtype {
             KvDtype::F32 => KvStore::F32(vec![0.0; len]),
             KvDtype::F16 => KvStore::F16(vec![f16::ZERO; len]),
+        }
+    }
+
+    /// Writes `values` down a column: `values[i]` goes to `at + i·stride`.
+    fn write_column(&mut self, at: usize, stride: usize, values: &[f32]) {
+        match self {
+            KvStore::F32(s) => {
+                for (i, &v) in values.iter().enumerate() {
+                    s[at + i * stride] = v;
+                }
+            }
+            KvStore::F16(s) => {
+                // Convert in runs with F16C (`half`'s slice conversion), then scatter: one value at a time would
+                // go through the portable conversion.
+                let mut buf = [f16::ZERO; 64];
+                for (c, chunk) in values.chunks(buf.len()).enumerate() {
+                    let buf = &mut buf[..chunk.len()];
+                    buf.convert_from_f32_slice(chunk);
+                    for (i, &h) in buf.iter().enumerate() {
+                        s[at + (c * 64 + i) * stride] = h;
+                    }
+                }
+            }
         }
     }
 
@@ -248,29 +276,31 @@ impl KvPool {
         seq.len = new_len;
     }
 
-    fn offset(&self, seq: &SeqKv, layer: usize, pos: usize) -> (usize, usize) {
+    /// Where position `pos` of `layer` lives: (group, tile index = block · layers in group + slot, lane).
+    fn locate(&self, seq: &SeqKv, layer: usize, pos: usize) -> (usize, usize, usize) {
         let (gi, slot) = self.layer_slot[layer];
         let block = seq.tables[gi][pos / self.block_size].expect("position within the live window");
-        let g = &self.groups[gi];
-        let row_index = (block as usize * g.n_layers + slot) * self.block_size + pos % self.block_size;
-        (gi, row_index)
+        (gi, block as usize * self.groups[gi].n_layers + slot, pos % self.block_size)
     }
 
     /// Stores the key and value rows of position `pos` (reserved beforehand) for `layer`.
     pub fn write(&mut self, seq: &SeqKv, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
-        let (gi, row) = self.offset(seq, layer, pos);
+        let (gi, tile, lane) = self.locate(seq, layer, pos);
+        let bs = self.block_size;
         let g = &mut self.groups[gi];
         debug_assert_eq!((k.len(), v.len()), (g.k_row, g.v_row));
-        g.k.write(row * g.k_row, k);
-        g.v.write(row * g.v_row, v);
+        g.k.write_column(tile * bs * g.k_row + lane, bs, k);
+        g.v.write((tile * bs + lane) * g.v_row, v);
     }
 
-    /// A contiguous run of positions `[pos, pos + n)` within one block, for one layer: `n·row` values.
-    pub fn block_run(&self, seq: &SeqKv, layer: usize, pos: usize, n: usize) -> (KvRow<'_>, KvRow<'_>) {
-        debug_assert!(pos % self.block_size + n <= self.block_size);
-        let (gi, row) = self.offset(seq, layer, pos);
+    /// The block holding position `pos` of `layer`: its whole key tile (`k_row × block_size`, transposed) and
+    /// value tile (`block_size × v_row`), and the position's lane in them. Lanes the sequence has not written hold
+    /// stale values; callers read only the lanes of their positions.
+    pub fn block(&self, seq: &SeqKv, layer: usize, pos: usize) -> (KvRow<'_>, KvRow<'_>, usize) {
+        let (gi, tile, lane) = self.locate(seq, layer, pos);
         let g = &self.groups[gi];
-        (g.k.slice(row * g.k_row, n * g.k_row), g.v.slice(row * g.v_row, n * g.v_row))
+        let bs = self.block_size;
+        (g.k.slice(tile * bs * g.k_row, bs * g.k_row), g.v.slice(tile * bs * g.v_row, bs * g.v_row), lane)
     }
 
     /// The sliding window of `layer`, if it has one.

@@ -29,29 +29,11 @@ pub(crate) static KERNELS: Kernels = Kernels {
     // The panel layout exists for wide registers; the scalar level keeps the GGUF layout (and
     // `packed::panel_ref` states the panel kernels' arithmetic for tests).
     packed: None,
-    dot_rows_f32: |q, k, stride, out| {
-        for (j, o) in out.iter_mut().enumerate() {
-            *o = dot_f32(q, &k[j * stride..j * stride + q.len()]);
-        }
-    },
-    dot_rows_f16: |q, k, stride, out| {
-        for (j, o) in out.iter_mut().enumerate() {
-            *o = dot_f16(q, &k[j * stride..j * stride + q.len()]);
-        }
-    },
-    axpy_rows_f32: |w, v, stride, out| {
-        let n = out.len();
-        for (j, &a) in w.iter().enumerate() {
-            axpy_f32(a, &v[j * stride..j * stride + n], out);
-        }
-    },
-    axpy_rows_f16: |w, v, stride, out| {
-        let n = out.len();
-        for (j, &a) in w.iter().enumerate() {
-            axpy_f16(a, &v[j * stride..j * stride + n], out);
-        }
-    },
-    exp_shift_sum: crate::vec_f32::exp_shift_sum_impl,
+    dot_cols_f32: |q, kt, lanes, out| crate::vec_f32::dot_cols_ref(q, kt, lanes, out, |v| v),
+    dot_cols_f16: |q, kt, lanes, out| crate::vec_f32::dot_cols_ref(q, kt, lanes, out, f16::to_f32),
+    axpy_rows_f32: |a, v, out| crate::vec_f32::axpy_rows_ref(a, v, out, |x| x),
+    axpy_rows_f16: |a, v, out| crate::vec_f32::axpy_rows_ref(a, v, out, f16::to_f32),
+    softmax_block: crate::vec_f32::softmax_block_impl,
     swiglu: crate::vec_f32::swiglu_impl,
     geglu: crate::vec_f32::geglu_impl,
     quantize32: crate::dispatch::quantize_row32_impl,

@@ -27,6 +27,7 @@ macro_rules! x86_kernels {
 
         use crate::dispatch::{Act32, Kernels, OutSink};
         use crate::quant::{BlockQ2K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, BlockQ8K};
+        use crate::vec_f32::AxpyRows;
 
         /// This level's table. Only [`crate::dispatch`] hands it out, after checking the CPU has every feature in
         /// the target-feature string: that check is the safety argument of every wrapper below.
@@ -89,25 +90,25 @@ macro_rules! x86_kernels {
                 unsafe { panelk::<BlockQ6K>(w, nb, rows, act, n, g, out) }
             },
             packed: $packed,
-            dot_rows_f32: |q, k, stride, out| {
+            dot_cols_f32: |q, kt, lanes, out| {
                 // SAFETY: see KERNELS.
-                unsafe { dot_rows_f32(q, k, stride, out) }
+                unsafe { dot_cols_f32(q, kt, lanes, out) }
             },
-            dot_rows_f16: |q, k, stride, out| {
+            dot_cols_f16: |q, kt, lanes, out| {
                 // SAFETY: see KERNELS.
-                unsafe { dot_rows_f16(q, k, stride, out) }
+                unsafe { dot_cols_f16(q, kt, lanes, out) }
             },
-            axpy_rows_f32: |w, v, stride, out| {
+            axpy_rows_f32: |a, v, out| {
                 // SAFETY: see KERNELS.
-                unsafe { axpy_rows_f32(w, v, stride, out) }
+                unsafe { axpy_rows_f32(a, v, out) }
             },
-            axpy_rows_f16: |w, v, stride, out| {
+            axpy_rows_f16: |a, v, out| {
                 // SAFETY: see KERNELS.
-                unsafe { axpy_rows_f16(w, v, stride, out) }
+                unsafe { axpy_rows_f16(a, v, out) }
             },
-            exp_shift_sum: |x, m| {
+            softmax_block: |x, scale, state| {
                 // SAFETY: see KERNELS.
-                unsafe { exp_shift_sum(x, m) }
+                unsafe { softmax_block(x, scale, state) }
             },
             swiglu: |g, u| {
                 // SAFETY: see KERNELS.
@@ -192,92 +193,218 @@ macro_rules! x86_kernels {
             }
         }
 
-        /// [`crate::vec_f32::dot_rows`]: the per-row dot inlined, no call through the table per row.
+        /// [`crate::vec_f32::dot_cols`]: tiles of up to 3 heads × 16 lanes keep both partial sums of every output
+        /// in registers (12 accumulators), and each key load serves every head of the tile.
         ///
         /// # Safety
         /// The CPU must have this level's features.
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn dot_rows<W: WF>(q: &[f32], k: &[W], stride: usize, out: &mut [f32]) {
-            for (j, o) in out.iter_mut().enumerate() {
-                // SAFETY: the caller has this level's features.
-                *o = unsafe { dot(q, &k[j * stride..j * stride + q.len()]) };
+        unsafe fn dot_cols<W: WF>(q: &[f32], kt: &[W], lanes: usize, out: &mut [f32]) {
+            let (hd, heads) = crate::vec_f32::dot_cols_shape(q.len(), kt.len(), lanes, out.len());
+            let mut j = 0;
+            while j < lanes {
+                let wide = lanes - j >= 16;
+                let mut h = 0;
+                while h < heads {
+                    let hh = (heads - h).min(3);
+                    // SAFETY: the shape is checked, so heads h..h + hh and lanes j..j + 8 or 16 lie inside q, kt
+                    // and out; the caller has the features.
+                    unsafe {
+                        match (hh, wide) {
+                            (3, true) => cols_tile::<W, 3, 2>(q, kt, lanes, hd, h, j, out),
+                            (2, true) => cols_tile::<W, 2, 2>(q, kt, lanes, hd, h, j, out),
+                            (_, true) => cols_tile::<W, 1, 2>(q, kt, lanes, hd, h, j, out),
+                            (3, false) => cols_tile::<W, 3, 1>(q, kt, lanes, hd, h, j, out),
+                            (2, false) => cols_tile::<W, 2, 1>(q, kt, lanes, hd, h, j, out),
+                            (_, false) => cols_tile::<W, 1, 1>(q, kt, lanes, hd, h, j, out),
+                        }
+                    }
+                    h += hh;
+                }
+                j += if wide { 16 } else { 8 };
             }
         }
 
-        #[target_feature(enable = $feat)]
-        fn dot_rows_f32(q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
-            // SAFETY: this function has the level's features.
-            unsafe { dot_rows(q, k, stride, out) }
-        }
-
-        #[target_feature(enable = $feat)]
-        fn dot_rows_f16(q: &[f32], k: &[f16], stride: usize, out: &mut [f32]) {
-            // SAFETY: this function has the level's features.
-            unsafe { dot_rows(q, k, stride, out) }
-        }
-
-        /// [`crate::vec_f32::axpy_rows`]: 32 outputs at a time stay in registers while every row of the run is
-        /// added, instead of a load and a store of `out` per row. Per element the fmas come in row order, as a
-        /// sequence of `axpy` calls would do them.
+        /// Heads `h0..h0 + H` × lanes `j..j + 8·V` of [`dot_cols`].
         ///
         /// # Safety
-        /// The CPU must have this level's features.
+        /// Those heads and lanes must exist in `q`, `kt` and `out` (checked by `dot_cols_shape`); the CPU must have
+        /// this level's features.
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn axpy_rows<W: WF>(w: &[f32], v: &[W], stride: usize, out: &mut [f32]) {
-            let n = out.len();
-            let Some(last) = w.len().checked_sub(1) else { return };
-            assert!(last * stride + n <= v.len(), "axpy_rows: value rows out of range");
-            let mut i = 0;
-            while i + 32 <= n {
-                let mut acc: [__m256; 4] = std::array::from_fn(|k| ld8f(out, i + 8 * k));
-                for (j, &a) in w.iter().enumerate() {
-                    let av = _mm256_set1_ps(a);
-                    for k in 0..4 {
-                        // SAFETY: the caller has this level's features; `ld` checks its bounds.
-                        acc[k] = _mm256_fmadd_ps(av, unsafe { W::ld(v, j * stride + i + 8 * k) }, acc[k]);
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn cols_tile<W: WF, const H: usize, const V: usize>(
+            q: &[f32],
+            kt: &[W],
+            lanes: usize,
+            hd: usize,
+            h0: usize,
+            j: usize,
+            out: &mut [f32],
+        ) {
+            // SAFETY: every offset stays below h0·hd + H·hd ≤ q.len(), (hd − 1)·lanes + j + 8V ≤ kt.len() and
+            // (h0 + H − 1)·lanes + j + 8V ≤ out.len(), by the caller's contract.
+            unsafe {
+                let qp = q.as_ptr().add(h0 * hd);
+                let kp = kt.as_ptr().add(j);
+                let mut even = [[_mm256_setzero_ps(); V]; H];
+                let mut odd = [[_mm256_setzero_ps(); V]; H];
+                let step = |acc: &mut [[__m256; V]; H], d: usize| {
+                    let k: [__m256; V] = std::array::from_fn(|v| W::ldp(kp.add(d * lanes + 8 * v)));
+                    for h in 0..H {
+                        let qb = _mm256_set1_ps(*qp.add(h * hd + d));
+                        for v in 0..V {
+                            acc[h][v] = _mm256_fmadd_ps(qb, k[v], acc[h][v]);
+                        }
+                    }
+                };
+                let mut d = 0;
+                while d + 2 <= hd {
+                    step(&mut even, d);
+                    step(&mut odd, d + 1);
+                    d += 2;
+                }
+                if d < hd {
+                    step(&mut even, d);
+                }
+                let op = out.as_mut_ptr().add(h0 * lanes + j);
+                for h in 0..H {
+                    for v in 0..V {
+                        _mm256_storeu_ps(op.add(h * lanes + 8 * v), _mm256_add_ps(even[h][v], odd[h][v]));
                     }
                 }
-                for k in 0..4 {
-                    st8f(out, i + 8 * k, acc[k]);
-                }
-                i += 32;
-            }
-            while i + 8 <= n {
-                let mut acc = ld8f(out, i);
-                for (j, &a) in w.iter().enumerate() {
-                    // SAFETY: as above.
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(a), unsafe { W::ld(v, j * stride + i) }, acc);
-                }
-                st8f(out, i, acc);
-                i += 8;
-            }
-            while i < n {
-                for (j, &a) in w.iter().enumerate() {
-                    // SAFETY: as above.
-                    out[i] = a.mul_add(unsafe { W::get(v, j * stride + i) }, out[i]);
-                }
-                i += 1;
             }
         }
 
         #[target_feature(enable = $feat)]
-        fn axpy_rows_f32(w: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
+        fn dot_cols_f32(q: &[f32], kt: &[f32], lanes: usize, out: &mut [f32]) {
             // SAFETY: this function has the level's features.
-            unsafe { axpy_rows::<f32>(w, v, stride, out) }
+            unsafe { dot_cols(q, kt, lanes, out) }
         }
 
         #[target_feature(enable = $feat)]
-        fn axpy_rows_f16(w: &[f32], v: &[f16], stride: usize, out: &mut [f32]) {
+        fn dot_cols_f16(q: &[f32], kt: &[f16], lanes: usize, out: &mut [f32]) {
             // SAFETY: this function has the level's features.
-            unsafe { axpy_rows::<f16>(w, v, stride, out) }
+            unsafe { dot_cols(q, kt, lanes, out) }
         }
 
-        /// [`crate::vec_f32::exp_shift_sum`], vectorised for this level.
+        /// [`crate::vec_f32::axpy_rows`]: up to 4 heads × 16 outputs (or 2 heads × 32) stay in registers while the
+        /// run's rows stream past, each row loaded once for all of them. Per element the fmas come in row order, as
+        /// a sequence of `axpy` calls would do them.
+        ///
+        /// # Safety
+        /// The CPU must have this level's features.
+        #[inline]
         #[target_feature(enable = $feat)]
-        fn exp_shift_sum(x: &mut [f32], m: f32) -> f32 {
-            crate::vec_f32::exp_shift_sum_impl(x, m)
+        unsafe fn axpy_rows<W: WF>(a: AxpyRows<'_>, v: &[W], out: &mut [f32]) {
+            let heads = a.heads(v.len(), out.len());
+            if a.n == 0 {
+                return;
+            }
+            let width = a.width;
+            let mut h = 0;
+            while h < heads {
+                let hh = (heads - h).min(4);
+                let mut i = 0;
+                // SAFETY (all tiles): `heads` checked the lengths, so heads h..h + hh, rows 0..n and outputs
+                // i..i + 8V (≤ width) lie inside w, v and out; the caller has the features.
+                unsafe {
+                    if hh <= 2 {
+                        while i + 32 <= width {
+                            match hh {
+                                2 => rows_tile::<W, 2, 4>(&a, v, out, h, i),
+                                _ => rows_tile::<W, 1, 4>(&a, v, out, h, i),
+                            }
+                            i += 32;
+                        }
+                    } else {
+                        while i + 16 <= width {
+                            match hh {
+                                4 => rows_tile::<W, 4, 2>(&a, v, out, h, i),
+                                _ => rows_tile::<W, 3, 2>(&a, v, out, h, i),
+                            }
+                            i += 16;
+                        }
+                    }
+                    while i + 8 <= width {
+                        match hh {
+                            4 => rows_tile::<W, 4, 1>(&a, v, out, h, i),
+                            3 => rows_tile::<W, 3, 1>(&a, v, out, h, i),
+                            2 => rows_tile::<W, 2, 1>(&a, v, out, h, i),
+                            _ => rows_tile::<W, 1, 1>(&a, v, out, h, i),
+                        }
+                        i += 8;
+                    }
+                }
+                for hx in h..h + hh {
+                    for ii in i..width {
+                        let o = &mut out[hx * width + ii];
+                        for j in 0..a.n {
+                            // SAFETY: as above; `get` checks its bounds.
+                            *o = a.w[hx * a.w_stride + j].mul_add(unsafe { W::get(v, j * a.v_stride + ii) }, *o);
+                        }
+                    }
+                }
+                h += hh;
+            }
+        }
+
+        /// Heads `h0..h0 + H` × outputs `i..i + 8·V` of [`axpy_rows`].
+        ///
+        /// # Safety
+        /// Those heads and outputs, and the `n` rows, must exist in `a.w`, `v` and `out` (checked by
+        /// `AxpyRows::heads`); the CPU must have this level's features.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn rows_tile<W: WF, const H: usize, const V: usize>(
+            a: &AxpyRows<'_>,
+            v: &[W],
+            out: &mut [f32],
+            h0: usize,
+            i: usize,
+        ) {
+            // SAFETY: offsets stay below (h0 + H − 1)·width + i + 8V ≤ out.len(), (n − 1)·v_stride + i + 8V ≤
+            // v.len() and (h0 + H − 1)·w_stride + n ≤ w.len(), by the caller's contract.
+            unsafe {
+                let op = out.as_mut_ptr().add(h0 * a.width + i);
+                let wp = a.w.as_ptr().add(h0 * a.w_stride);
+                let vp = v.as_ptr().add(i);
+                let mut acc: [[__m256; V]; H] =
+                    std::array::from_fn(|h| std::array::from_fn(|x| _mm256_loadu_ps(op.add(h * a.width + 8 * x))));
+                for j in 0..a.n {
+                    let row: [__m256; V] = std::array::from_fn(|x| W::ldp(vp.add(j * a.v_stride + 8 * x)));
+                    for h in 0..H {
+                        let wb = _mm256_set1_ps(*wp.add(h * a.w_stride + j));
+                        for x in 0..V {
+                            acc[h][x] = _mm256_fmadd_ps(wb, row[x], acc[h][x]);
+                        }
+                    }
+                }
+                for h in 0..H {
+                    for x in 0..V {
+                        _mm256_storeu_ps(op.add(h * a.width + 8 * x), acc[h][x]);
+                    }
+                }
+            }
+        }
+
+        #[target_feature(enable = $feat)]
+        fn axpy_rows_f32(a: AxpyRows<'_>, v: &[f32], out: &mut [f32]) {
+            // SAFETY: this function has the level's features.
+            unsafe { axpy_rows::<f32>(a, v, out) }
+        }
+
+        #[target_feature(enable = $feat)]
+        fn axpy_rows_f16(a: AxpyRows<'_>, v: &[f16], out: &mut [f32]) {
+            // SAFETY: this function has the level's features.
+            unsafe { axpy_rows::<f16>(a, v, out) }
+        }
+
+        /// [`crate::vec_f32::softmax_block`], vectorised for this level.
+        #[target_feature(enable = $feat)]
+        fn softmax_block(x: &mut [f32], scale: f32, state: &mut crate::vec_f32::SoftmaxState) -> f32 {
+            crate::vec_f32::softmax_block_impl(x, scale, state)
         }
 
         /// [`crate::vec_f32::swiglu`], vectorised for this level.
@@ -464,6 +591,11 @@ macro_rules! x86_kernels {
             /// # Safety
             /// As `ld`.
             unsafe fn get(s: &[Self], i: usize) -> f32;
+            /// Eight weights from `p..p + 8` as f32, unchecked.
+            ///
+            /// # Safety
+            /// Eight elements must be readable at `p`; the CPU must have this level's features.
+            unsafe fn ldp(p: *const Self) -> __m256;
         }
         impl WF for f32 {
             #[inline]
@@ -476,6 +608,12 @@ macro_rules! x86_kernels {
             unsafe fn get(s: &[f32], i: usize) -> f32 {
                 s[i]
             }
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn ldp(p: *const f32) -> __m256 {
+                // SAFETY: the caller guarantees eight readable values; no alignment requirement.
+                unsafe { _mm256_loadu_ps(p) }
+            }
         }
         impl WF for f16 {
             #[inline]
@@ -487,6 +625,12 @@ macro_rules! x86_kernels {
             #[target_feature(enable = $feat)]
             unsafe fn get(s: &[f16], i: usize) -> f32 {
                 h2f(s[i])
+            }
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn ldp(p: *const f16) -> __m256 {
+                // SAFETY: the caller guarantees eight readable values (16 bytes); no alignment requirement.
+                _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) })
             }
         }
 
