@@ -573,9 +573,9 @@ fn attention_kernels_equal_their_scalar_statements() {
                 }
             }
         }
-        // Value sums for heads sharing rows: widths with 32-, 16-, 8-wide tiles and scalar tails, row runs of
+        // Value sums for heads sharing rows: widths with 64-, 32-, 16-, 8-wide tiles and scalar tails, row runs of
         // 0..=16, the weights `w_stride` apart per head as the attention's score rows are.
-        for width in [1, 7, 8, 31, 32, 64, 100] {
+        for width in [1, 7, 8, 16, 31, 32, 48, 64, 100, 144, 256] {
             for n in [0, 1, 5, 16] {
                 for heads in [1, 2, 3, 4, 5, 9] {
                     let v_stride = width + 13;

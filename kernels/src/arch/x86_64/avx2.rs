@@ -30,4 +30,12 @@ fn madd16_acc(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
     _mm256_add_epi32(acc, _mm256_madd_epi16(p, s))
 }
 
-x86_kernels!(features = "avx2,fma,f16c", isa = crate::dispatch::Isa::Avx2, tile32 = 4 x 2, kernel32 = tile32: W32, tilek = 2 x 2, packed = None);
+x86_kernels!(
+    features = "avx2,fma,f16c",
+    isa = crate::dispatch::Isa::Avx2,
+    tile32 = 4 x 2,
+    kernel32 = tile32: W32,
+    tilek = 2 x 2,
+    packed = None,
+    attention = [dot_cols_f32, dot_cols_f16, axpy_rows_f32, axpy_rows_f16]
+);

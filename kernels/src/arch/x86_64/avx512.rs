@@ -37,8 +37,235 @@ x86_kernels!(
     packed = Some(|w, panels, act, n, g, out| {
         // SAFETY: see KERNELS.
         unsafe { crate::arch::packed512::panel(w, panels, act, n, g, out) }
-    })
+    }),
+    attention = [dot_cols_f32_zmm, dot_cols_f16_zmm, axpy_rows_f32_zmm, axpy_rows_f16_zmm]
 );
+
+// -------------------------------------------------------------------------------------------------------------
+// 512-bit attention kernels: 16 lanes (one KV block) of scores, or 16 value dimensions, per register. Per
+// element the arithmetic is the one `vec_f32::dot_cols_ref` / `axpy_rows_ref` state, as in the 256-bit forms,
+// so every level agrees bit for bit; they take over what does not fill a 512-bit register.
+
+/// Sixteen cached keys or values from `p..p + 16` as f32.
+trait Z: Copy {
+    /// # Safety
+    /// Sixteen elements must be readable at `p`; the CPU must have AVX-512 F (and F16C).
+    unsafe fn ldz(p: *const Self) -> __m512;
+}
+
+impl Z for f32 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn ldz(p: *const f32) -> __m512 {
+        // SAFETY: the caller guarantees 16 readable values; no alignment requirement.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+}
+
+impl Z for f16 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn ldz(p: *const f16) -> __m512 {
+        // SAFETY: the caller guarantees 16 readable values (32 bytes); no alignment requirement.
+        _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p.cast()) })
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn dot_cols_f32_zmm(q: &[f32], kt: &[f32], lanes: usize, out: &mut [f32]) {
+    if lanes.is_multiple_of(16) {
+        // SAFETY: this function has the features.
+        unsafe { dot_cols_z(q, kt, lanes, out) }
+    } else {
+        dot_cols_f32(q, kt, lanes, out)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn dot_cols_f16_zmm(q: &[f32], kt: &[f16], lanes: usize, out: &mut [f32]) {
+    if lanes.is_multiple_of(16) {
+        // SAFETY: this function has the features.
+        unsafe { dot_cols_z(q, kt, lanes, out) }
+    } else {
+        dot_cols_f16(q, kt, lanes, out)
+    }
+}
+
+/// [`crate::vec_f32::dot_cols`] for `lanes` a multiple of 16: tiles of up to 4 heads × 16 lanes, both partial
+/// sums of each in registers, one key load per dimension for every head of the tile.
+///
+/// # Safety
+/// The CPU must have this level's features; `lanes` must be a multiple of 16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_cols_z<W: Z>(q: &[f32], kt: &[W], lanes: usize, out: &mut [f32]) {
+    let (hd, heads) = crate::vec_f32::dot_cols_shape(q.len(), kt.len(), lanes, out.len());
+    assert!(lanes.is_multiple_of(16));
+    for j in (0..lanes).step_by(16) {
+        let mut h = 0;
+        while h < heads {
+            let hh = (heads - h).min(4);
+            // SAFETY: the shape is checked, so heads h..h + hh and lanes j..j + 16 lie inside q, kt and out.
+            unsafe {
+                match hh {
+                    4 => cols_z::<W, 4>(q, kt, lanes, hd, h, j, out),
+                    3 => cols_z::<W, 3>(q, kt, lanes, hd, h, j, out),
+                    2 => cols_z::<W, 2>(q, kt, lanes, hd, h, j, out),
+                    _ => cols_z::<W, 1>(q, kt, lanes, hd, h, j, out),
+                }
+            }
+            h += hh;
+        }
+    }
+}
+
+/// Heads `h0..h0 + H` × lanes `j..j + 16` of [`dot_cols_z`].
+///
+/// # Safety
+/// Those heads and lanes must exist in `q`, `kt` and `out`; the CPU must have this level's features.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn cols_z<W: Z, const H: usize>(
+    q: &[f32],
+    kt: &[W],
+    lanes: usize,
+    hd: usize,
+    h0: usize,
+    j: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: offsets stay below h0·hd + H·hd ≤ q.len(), (hd − 1)·lanes + j + 16 ≤ kt.len() and
+    // (h0 + H − 1)·lanes + j + 16 ≤ out.len(), by the caller's contract.
+    unsafe {
+        let qp = q.as_ptr().add(h0 * hd);
+        let kp = kt.as_ptr().add(j);
+        let mut even = [_mm512_setzero_ps(); H];
+        let mut odd = [_mm512_setzero_ps(); H];
+        let step = |acc: &mut [__m512; H], d: usize| {
+            let k = W::ldz(kp.add(d * lanes));
+            for h in 0..H {
+                acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(h * hd + d)), k, acc[h]);
+            }
+        };
+        let mut d = 0;
+        while d + 2 <= hd {
+            step(&mut even, d);
+            step(&mut odd, d + 1);
+            d += 2;
+        }
+        if d < hd {
+            step(&mut even, d);
+        }
+        let op = out.as_mut_ptr().add(h0 * lanes + j);
+        for h in 0..H {
+            _mm512_storeu_ps(op.add(h * lanes), _mm512_add_ps(even[h], odd[h]));
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn axpy_rows_f32_zmm(a: AxpyRows<'_>, v: &[f32], out: &mut [f32]) {
+    if a.width.is_multiple_of(16) {
+        // SAFETY: this function has the features.
+        unsafe { axpy_rows_z(a, v, out) }
+    } else {
+        axpy_rows_f32(a, v, out)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn axpy_rows_f16_zmm(a: AxpyRows<'_>, v: &[f16], out: &mut [f32]) {
+    if a.width.is_multiple_of(16) {
+        // SAFETY: this function has the features.
+        unsafe { axpy_rows_z(a, v, out) }
+    } else {
+        axpy_rows_f16(a, v, out)
+    }
+}
+
+/// [`crate::vec_f32::axpy_rows`] for widths that are a multiple of 16: up to 4 heads × 64 outputs (16 registers)
+/// stay in registers while the run's rows stream past, each row loaded once for all of them; then 16 outputs at a
+/// time.
+///
+/// # Safety
+/// The CPU must have this level's features; the width must be a multiple of 16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn axpy_rows_z<W: Z>(a: AxpyRows<'_>, v: &[W], out: &mut [f32]) {
+    let heads = a.heads(v.len(), out.len());
+    let width = a.width;
+    assert!(width.is_multiple_of(16));
+    if a.n == 0 {
+        return;
+    }
+    let mut h = 0;
+    while h < heads {
+        let hh = (heads - h).min(4);
+        let mut i = 0;
+        // SAFETY (all tiles): `heads` checked the lengths, so heads h..h + hh, rows 0..n and outputs i..i + 16V
+        // (≤ width) lie inside w, v and out.
+        unsafe {
+            while i + 64 <= width {
+                match hh {
+                    4 => rows_z::<W, 4, 4>(&a, v, out, h, i),
+                    3 => rows_z::<W, 3, 4>(&a, v, out, h, i),
+                    2 => rows_z::<W, 2, 4>(&a, v, out, h, i),
+                    _ => rows_z::<W, 1, 4>(&a, v, out, h, i),
+                }
+                i += 64;
+            }
+            while i < width {
+                match hh {
+                    4 => rows_z::<W, 4, 1>(&a, v, out, h, i),
+                    3 => rows_z::<W, 3, 1>(&a, v, out, h, i),
+                    2 => rows_z::<W, 2, 1>(&a, v, out, h, i),
+                    _ => rows_z::<W, 1, 1>(&a, v, out, h, i),
+                }
+                i += 16;
+            }
+        }
+        h += hh;
+    }
+}
+
+/// Heads `h0..h0 + H` × outputs `i..i + 16·V` of [`axpy_rows_z`].
+///
+/// # Safety
+/// Those heads and outputs, and the `n` rows, must exist in `a.w`, `v` and `out`; the CPU must have this level's
+/// features.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_z<W: Z, const H: usize, const V: usize>(
+    a: &AxpyRows<'_>,
+    v: &[W],
+    out: &mut [f32],
+    h0: usize,
+    i: usize,
+) {
+    // SAFETY: offsets stay below (h0 + H − 1)·width + i + 16V ≤ out.len(), (n − 1)·v_stride + i + 16V ≤ v.len()
+    // and (h0 + H − 1)·w_stride + n ≤ w.len(), by the caller's contract.
+    unsafe {
+        let op = out.as_mut_ptr().add(h0 * a.width + i);
+        let wp = a.w.as_ptr().add(h0 * a.w_stride);
+        let vp = v.as_ptr().add(i);
+        let mut acc: [[__m512; V]; H] =
+            std::array::from_fn(|h| std::array::from_fn(|x| _mm512_loadu_ps(op.add(h * a.width + 16 * x))));
+        for j in 0..a.n {
+            let row: [__m512; V] = std::array::from_fn(|x| W::ldz(vp.add(j * a.v_stride + 16 * x)));
+            for h in 0..H {
+                let wb = _mm512_set1_ps(*wp.add(h * a.w_stride + j));
+                for x in 0..V {
+                    acc[h][x] = _mm512_fmadd_ps(wb, row[x], acc[h][x]);
+                }
+            }
+        }
+        for h in 0..H {
+            for x in 0..V {
+                _mm512_storeu_ps(op.add(h * a.width + 16 * x), acc[h][x]);
+            }
+        }
+    }
+}
 
 // -------------------------------------------------------------------------------------------------------------
 // 512-bit kernel for the 32-weight blocks: two blocks per register. Lanes 0..8 of every i32/f32 vector belong to

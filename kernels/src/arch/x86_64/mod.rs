@@ -11,6 +11,9 @@
 //! - `dot_q8_0(acc, w, q)` and `Q8_0_OFF`: the same for signed Q8_0 weights `w`; the kernel subtracts
 //!   `Q8_0_OFF · Σq` (128 when `w` is biased to unsigned, 0 when the sign is moved onto `q`);
 //! - `madd16_acc(acc, p, s)`: `acc` plus the pairwise products of the i16 lanes of `p` and `s`.
+//!
+//! `attention = [..]` names the level's four attention kernels (`dot_cols` and `axpy_rows`, f32 and f16 caches):
+//! the 256-bit ones the macro defines, or wider ones of the level's own that fall back on them.
 
 macro_rules! x86_kernels {
     (
@@ -19,7 +22,8 @@ macro_rules! x86_kernels {
         tile32 = $R32:literal x $C32:literal,
         kernel32 = $tile32:ident: $W32b:ident,
         tilek = $RK:literal x $CK:literal,
-        packed = $packed:expr
+        packed = $packed:expr,
+        attention = [$dc32:ident, $dc16:ident, $ar32:ident, $ar16:ident]
     ) => {
         use std::ops::Range;
 
@@ -92,19 +96,19 @@ macro_rules! x86_kernels {
             packed: $packed,
             dot_cols_f32: |q, kt, lanes, out| {
                 // SAFETY: see KERNELS.
-                unsafe { dot_cols_f32(q, kt, lanes, out) }
+                unsafe { $dc32(q, kt, lanes, out) }
             },
             dot_cols_f16: |q, kt, lanes, out| {
                 // SAFETY: see KERNELS.
-                unsafe { dot_cols_f16(q, kt, lanes, out) }
+                unsafe { $dc16(q, kt, lanes, out) }
             },
             axpy_rows_f32: |a, v, out| {
                 // SAFETY: see KERNELS.
-                unsafe { axpy_rows_f32(a, v, out) }
+                unsafe { $ar32(a, v, out) }
             },
             axpy_rows_f16: |a, v, out| {
                 // SAFETY: see KERNELS.
-                unsafe { axpy_rows_f16(a, v, out) }
+                unsafe { $ar16(a, v, out) }
             },
             softmax_block: |x, scale, state| {
                 // SAFETY: see KERNELS.
