@@ -162,7 +162,12 @@ unsafe fn run<F: Quants, const G: usize>(
     }
 }
 
-/// Panels `p..p + P` against output rows `outs`, in tiles of as many rows as fit the registers.
+/// Most blocks per row whose panel scales [`rows`] widens to f32 once for all its tiles (P·2·16 f32 per block on
+/// the stack: 16 KB for two panels of 64 blocks).
+const SCALE_CACHE_BLOCKS: usize = 64;
+
+/// Panels `p..p + P` against output rows `outs`, in tiles of as many rows as fit the registers. With more than one
+/// tile, the panels' f16 scales (and offsets) are widened to f32 once here rather than once per tile and block.
 ///
 /// # Safety
 /// As [`run`], with `p + P` ≤ `w.n_panels` and `outs` within the `n_out` output rows.
@@ -175,21 +180,83 @@ unsafe fn rows<F: Quants, const G: usize, const P: usize>(
     outs: Range<usize>,
     out: &OutSink<'_>,
 ) {
+    let nb = w.nb;
+    if outs.len() <= tile_rows(G, P) || nb > SCALE_CACHE_BLOCKS {
+        // SAFETY: the caller's contract; no scale cache (the pointers are never read).
+        unsafe { tiles::<F, G, P, false>(w, p, act, outs, [std::ptr::null(); P], out) };
+    } else {
+        // SAFETY: as above.
+        unsafe { rows_cached::<F, G, P>(w, p, act, outs, out) };
+    }
+}
+
+/// [`rows`] with a scale cache. Kept out of line so that its 16 KB stack frame (and the probes a frame that large
+/// needs) is only paid where it is used, not on every decode call.
+///
+/// # Safety
+/// As [`rows`], with `w.nb` ≤ [`SCALE_CACHE_BLOCKS`].
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_cached<F: Quants, const G: usize, const P: usize>(
+    w: &PackedView<'_>,
+    p: usize,
+    act: &Act32<'_>,
+    outs: Range<usize>,
+    out: &OutSink<'_>,
+) {
+    let nb = w.nb;
+    assert!(nb <= SCALE_CACHE_BLOCKS);
+    let n_scales = if F::FORMAT.has_min() { 2 * nb } else { nb };
+    // Left uninitialised: zeroing 16 KB per call would cost more than it saves; only what is written is read.
+    let mut cache = std::mem::MaybeUninit::<[[f32; PANEL_ROWS * 2 * SCALE_CACHE_BLOCKS]; P]>::uninit();
+    let base = cache.as_mut_ptr().cast::<f32>();
+    let mut scales = [std::ptr::null(); P];
+    for (i, sc) in scales.iter_mut().enumerate() {
+        // SAFETY: the scales (then offsets) follow the panel's quants: nb (2·nb) rows of 16 f16, 32 bytes each,
+        // aligned, inside `panel_bytes` (checked by `check_args`); the cache has room for 2·64 rows per panel.
+        unsafe {
+            let d = w.bytes.as_ptr().add((p + i) * w.panel_bytes + nb * F::FORMAT.qs_bytes()).cast::<__m256i>();
+            let dst = base.add(i * PANEL_ROWS * 2 * SCALE_CACHE_BLOCKS);
+            for k in 0..n_scales {
+                _mm512_storeu_ps(dst.add(k * PANEL_ROWS), _mm512_cvtph_ps(_mm256_load_si256(d.add(k))));
+            }
+            *sc = dst.cast_const();
+        }
+    }
+    // SAFETY: the caller's contract; `scales` holds every block's widened scales for each panel.
+    unsafe { tiles::<F, G, P, true>(w, p, act, outs, scales, out) };
+}
+
+/// The tile loop of [`rows`].
+///
+/// # Safety
+/// As [`rows`]; with `CACHED`, `scales` as [`rows`] fills it.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
+    w: &PackedView<'_>,
+    p: usize,
+    act: &Act32<'_>,
+    outs: Range<usize>,
+    scales: [*const f32; P],
+    out: &OutSink<'_>,
+) {
     let mut o = outs.start;
     // SAFETY (all): o + C ≤ outs.end in every call; the rest is the caller's.
     while o < outs.end {
         let left = outs.end - o;
+        let first = o == outs.start;
         if left >= 8 && tile_rows(G, P) >= 8 {
-            unsafe { tile::<F, G, 8, P>(w, p, act, o, o == outs.start, out) };
+            unsafe { tile::<F, G, 8, P, CACHED>(w, p, act, o, first, scales, out) };
             o += 8;
         } else if left >= 4 && tile_rows(G, P) >= 4 {
-            unsafe { tile::<F, G, 4, P>(w, p, act, o, o == outs.start, out) };
+            unsafe { tile::<F, G, 4, P, CACHED>(w, p, act, o, first, scales, out) };
             o += 4;
         } else if left >= 2 {
-            unsafe { tile::<F, G, 2, P>(w, p, act, o, o == outs.start, out) };
+            unsafe { tile::<F, G, 2, P, CACHED>(w, p, act, o, first, scales, out) };
             o += 2;
         } else {
-            unsafe { tile::<F, G, 1, P>(w, p, act, o, o == outs.start, out) };
+            unsafe { tile::<F, G, 1, P, CACHED>(w, p, act, o, first, scales, out) };
             o += 1;
         }
     }
@@ -209,16 +276,19 @@ macro_rules! for_each_c {
 /// Panels `p..p + P` against output rows `o..o + C`. Two panels share every broadcast activation group, halving
 /// the loads per `vpdpbusd` (with one panel the broadcasts, one load per `vpdpbusd`, compete with it).
 ///
+/// With `CACHED`, `scales` holds each panel's scales (then offsets) widened to f32, 16 per block.
+///
 /// # Safety
-/// As [`run`], with `p + P` ≤ `w.n_panels` and `(o + C)·G` activation rows present.
+/// As [`run`], with `p + P` ≤ `w.n_panels` and `(o + C)·G` activation rows present; `scales` as [`rows`] fills it.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize>(
+unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const CACHED: bool>(
     w: &PackedView<'_>,
     p: usize,
     act: &Act32<'_>,
     o: usize,
     first_tile: bool,
+    scales: [*const f32; P],
     out: &OutSink<'_>,
 ) {
     const { assert!(C >= 1 && C <= 8 && (G == 1 || G == 2) && (P == 1 || P == 2)) };
@@ -293,9 +363,20 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize>(
                 });
             }
             for i in 0..P {
-                let dw = _mm512_cvtph_ps(_mm256_load_si256(d_ptr[i].add(b)));
-                let mw =
-                    if F::FORMAT.has_min() { _mm512_cvtph_ps(_mm256_load_si256(d_ptr[i].add(nb + b))) } else { dw };
+                let (dw, mw) = if CACHED {
+                    let sc = scales[i];
+                    let mw =
+                        if F::FORMAT.has_min() { _mm512_loadu_ps(sc.add((nb + b) << 4)) } else { _mm512_setzero_ps() };
+                    (_mm512_loadu_ps(sc.add(b << 4)), mw)
+                } else {
+                    let dw = _mm512_cvtph_ps(_mm256_load_si256(d_ptr[i].add(b)));
+                    let mw = if F::FORMAT.has_min() {
+                        _mm512_cvtph_ps(_mm256_load_si256(d_ptr[i].add(nb + b)))
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    (dw, mw)
+                };
                 for_each_c!(C, c, {
                     let mut part = [_mm512_setzero_si512(); G];
                     for g in 0..G {
