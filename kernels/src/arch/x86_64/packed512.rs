@@ -16,11 +16,12 @@ use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, check_args};
 
 /// Output rows sharing one unpack of a block of `panels` panels, by activation group: the P·C·G integer
 /// accumulators, P·C float accumulators, the unpacked weight pairs and the scales must fit in 32 zmm registers.
+/// Two panels of Q8x2 pairs take 3 rows (12 + 6 accumulators, 28 registers in all; 4 rows spill).
 const fn tile_rows(group: usize, panels: usize) -> usize {
     match (group, panels) {
         (1, 1) => 8,
         (2, 1) | (1, _) => 4,
-        _ => 2,
+        _ => 3,
     }
 }
 
@@ -252,6 +253,9 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
         } else if left >= 4 && tile_rows(G, P) >= 4 {
             unsafe { tile::<F, G, 4, P, CACHED>(w, p, act, o, first, scales, out) };
             o += 4;
+        } else if left >= 3 && tile_rows(G, P) >= 3 {
+            unsafe { tile::<F, G, 3, P, CACHED>(w, p, act, o, first, scales, out) };
+            o += 3;
         } else if left >= 2 {
             unsafe { tile::<F, G, 2, P, CACHED>(w, p, act, o, first, scales, out) };
             o += 2;
