@@ -183,6 +183,8 @@ impl ActPrecision {
 /// makes calls allocation-free.
 pub struct MatmulScratch {
     precision: ActPrecision,
+    /// `(m, cols)` of activation rows already quantized by [`MatmulScratch::prequantize`] for the next call.
+    pre: Option<(usize, usize)>,
     qs: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
@@ -195,6 +197,7 @@ impl MatmulScratch {
     pub fn new(precision: ActPrecision) -> Self {
         MatmulScratch {
             precision,
+            pre: None,
             qs: Vec::new(),
             d: Vec::new(),
             s: Vec::new(),
@@ -284,20 +287,46 @@ pub(crate) fn quantize_row_k_impl(x: &[f32], group: usize, out: &mut [BlockQ8K])
 const PAR_QUANT_ROWS: usize = 8;
 
 impl MatmulScratch {
-    fn quantize32(&mut self, kern: &Kernels, x: &[f32], m: usize, cols: usize) {
+    /// The 32-block activation buffers for `m` rows of `cols`, grown as needed.
+    fn act32_mut(&mut self, m: usize, cols: usize) -> (&mut [i8], &mut [f32], &mut [f32], &mut [i32]) {
         let g = self.precision.group();
         let nb = cols / 32;
         let n_act = m * g;
-        self.qs.resize(n_act * cols, 0);
-        self.d.resize(n_act * nb, 0.0);
-        self.s.resize(n_act * nb, 0.0);
-        self.isum.resize(n_act * nb, 0);
-        let (qs, d, s, isum) = (
+        self.qs.resize(self.qs.len().max(n_act * cols), 0);
+        self.d.resize(self.d.len().max(n_act * nb), 0.0);
+        self.s.resize(self.s.len().max(n_act * nb), 0.0);
+        self.isum.resize(self.isum.len().max(n_act * nb), 0);
+        (
             &mut self.qs[..n_act * cols],
             &mut self.d[..n_act * nb],
             &mut self.s[..n_act * nb],
             &mut self.isum[..n_act * nb],
-        );
+        )
+    }
+
+    /// Quantizes activation rows in the pass that produces them, ahead of the next [`matmul_multi`] on `m` rows of
+    /// `cols` values: that call then skips its own quantization pass (with threads, a parallel region). Fill every
+    /// row through the returned [`PreQuant`]; the next call must be on exactly those values. Quantizing in the
+    /// producer's pass gives the same bytes as the matmul's own pass.
+    ///
+    /// Returns `None` when the matrices do not take 32-block activations (F32/F16 or K-quant weights); then quantize
+    /// nothing and call as usual.
+    pub fn prequantize(&mut self, ws: &[&WeightMatrix], m: usize, cols: usize) -> Option<PreQuant<'_>> {
+        self.pre = None;
+        if !cols.is_multiple_of(32) || !ws.iter().any(|w| w.data.act_kind() == ActKind::B32) {
+            return None;
+        }
+        let g = self.precision.group();
+        let kern = kernels();
+        self.pre = Some((m, cols));
+        let (qs, d, s, isum) = self.act32_mut(m, cols);
+        Some(PreQuant { qs, d, s, isum, g, cols, kern })
+    }
+
+    fn quantize32(&mut self, kern: &Kernels, x: &[f32], m: usize, cols: usize) {
+        let g = self.precision.group();
+        let nb = cols / 32;
+        let (qs, d, s, isum) = self.act32_mut(m, cols);
         if m >= PAR_QUANT_ROWS {
             x.par_chunks_exact(cols)
                 .zip(qs.par_chunks_exact_mut(g * cols))
@@ -338,6 +367,64 @@ impl MatmulScratch {
     }
 }
 
+/// Activation rows to be quantized by the pass that produces them: see [`MatmulScratch::prequantize`].
+pub struct PreQuant<'a> {
+    qs: &'a mut [i8],
+    d: &'a mut [f32],
+    s: &'a mut [f32],
+    isum: &'a mut [i32],
+    g: usize,
+    cols: usize,
+    kern: &'static Kernels,
+}
+
+/// One activation row's slots in a [`PreQuant`].
+pub struct QuantRow<'a> {
+    qs: &'a mut [i8],
+    d: &'a mut [f32],
+    s: &'a mut [f32],
+    isum: &'a mut [i32],
+    g: usize,
+    kern: &'static Kernels,
+}
+
+impl QuantRow<'_> {
+    /// Quantizes this row's values (`cols` of them).
+    pub fn quantize(&mut self, x: &[f32]) {
+        (self.kern.quantize32)(x, self.g, self.qs, self.d, self.s, self.isum)
+    }
+}
+
+impl<'a> PreQuant<'a> {
+    fn parts(&mut self) -> (usize, usize, usize) {
+        (self.g * self.cols, self.g * (self.cols / 32), self.g)
+    }
+
+    /// The rows, in order.
+    pub fn rows_mut(&mut self) -> impl Iterator<Item = QuantRow<'_>> {
+        let (qn, bn, g) = self.parts();
+        let kern = self.kern;
+        self.qs
+            .chunks_exact_mut(qn)
+            .zip(self.d.chunks_exact_mut(bn))
+            .zip(self.s.chunks_exact_mut(bn))
+            .zip(self.isum.chunks_exact_mut(bn))
+            .map(move |(((qs, d), s), isum)| QuantRow { qs, d, s, isum, g, kern })
+    }
+
+    /// The rows, in order, for a parallel pass.
+    pub fn par_rows_mut(&mut self) -> impl IndexedParallelIterator<Item = QuantRow<'_>> {
+        let (qn, bn, g) = self.parts();
+        let kern = self.kern;
+        self.qs
+            .par_chunks_exact_mut(qn)
+            .zip(self.d.par_chunks_exact_mut(bn))
+            .zip(self.s.par_chunks_exact_mut(bn))
+            .zip(self.isum.par_chunks_exact_mut(bn))
+            .map(move |(((qs, d), s), isum)| QuantRow { qs, d, s, isum, g, kern })
+    }
+}
+
 /// `out[i*rows + j] = Σ_k x[i*cols + k] · W[j][k]` for `i` in `0..m` (`x`: m×cols row-major, `out`: m×rows).
 pub fn matmul(w: &WeightMatrix, x: &[f32], m: usize, out: &mut [f32], scratch: &mut MatmulScratch) {
     matmul_multi(&[w], x, m, &mut [out], scratch);
@@ -373,7 +460,8 @@ pub fn matmul_multi_with(
         assert_eq!(w.cols, cols, "matmul_multi: matrices differ in cols");
         assert_eq!(o.len(), m * w.rows, "matmul: out has {} values, expected m·rows = {}·{}", o.len(), m, w.rows);
     }
-    if ws.iter().any(|w| w.data.act_kind() == ActKind::B32) {
+    let prequantized = scratch.pre.take() == Some((m, cols));
+    if ws.iter().any(|w| w.data.act_kind() == ActKind::B32) && !prequantized {
         scratch.quantize32(kern, x, m, cols);
     }
     if ws.iter().any(|w| w.data.act_kind() == ActKind::K) {

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use infer_kernels::matmul::{ActPrecision, MatmulScratch, WeightMatrix, matmul, matmul_multi};
+use infer_kernels::matmul::{ActPrecision, MatmulScratch, PreQuant, WeightMatrix, matmul, matmul_multi};
 use infer_kernels::vec_f32;
 use rayon::prelude::*;
 
@@ -124,26 +124,56 @@ impl ForwardScratch {
 const PAR_ROWS: usize = 16;
 
 /// Row `t` of two matrices at once (`a` rows of `wa` values, `b` rows of `wb`, the same number of rows), in one
-/// parallel region where [`for_rows`] would use one.
+/// parallel region where [`for_rows`] would use one. With `quant`, each finished row of `b` is also quantized for
+/// the matmul that reads it next (see [`MatmulScratch::prequantize`]), in the same pass.
 fn for_rows2(
     a: &mut [f32],
     wa: usize,
     b: &mut [f32],
     wb: usize,
+    quant: Option<PreQuant<'_>>,
     f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync + Send,
 ) {
-    if a.len() / wa.max(1) >= PAR_ROWS {
-        a.par_chunks_mut(wa).zip(b.par_chunks_mut(wb)).enumerate().for_each(|(t, (ra, rb))| f(t, ra, rb));
-    } else {
-        a.chunks_mut(wa).zip(b.chunks_mut(wb)).enumerate().for_each(|(t, (ra, rb))| f(t, ra, rb));
+    let par = a.len() / wa.max(1) >= PAR_ROWS;
+    match quant {
+        Some(mut q) if par => {
+            a.par_chunks_mut(wa).zip(b.par_chunks_mut(wb)).zip(q.par_rows_mut()).enumerate().for_each(
+                |(t, ((ra, rb), mut qr))| {
+                    f(t, ra, rb);
+                    qr.quantize(rb);
+                },
+            )
+        }
+        Some(mut q) => {
+            a.chunks_mut(wa).zip(b.chunks_mut(wb)).zip(q.rows_mut()).enumerate().for_each(|(t, ((ra, rb), mut qr))| {
+                f(t, ra, rb);
+                qr.quantize(rb);
+            })
+        }
+        None if par => {
+            a.par_chunks_mut(wa).zip(b.par_chunks_mut(wb)).enumerate().for_each(|(t, (ra, rb))| f(t, ra, rb))
+        }
+        None => a.chunks_mut(wa).zip(b.chunks_mut(wb)).enumerate().for_each(|(t, (ra, rb))| f(t, ra, rb)),
     }
 }
 
-fn for_rows(buf: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
-    if buf.len() / width.max(1) >= PAR_ROWS {
-        buf.par_chunks_mut(width).enumerate().for_each(|(t, row)| f(t, row));
-    } else {
-        buf.chunks_mut(width).enumerate().for_each(|(t, row)| f(t, row));
+/// Row `t` of a matrix (`width` values per row); with `quant`, each finished row is also quantized for the matmul
+/// that reads it next.
+fn for_rows(buf: &mut [f32], width: usize, quant: Option<PreQuant<'_>>, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    let par = buf.len() / width.max(1) >= PAR_ROWS;
+    match quant {
+        Some(mut q) if par => {
+            buf.par_chunks_mut(width).zip(q.par_rows_mut()).enumerate().for_each(|(t, (row, mut qr))| {
+                f(t, row);
+                qr.quantize(row);
+            })
+        }
+        Some(mut q) => buf.chunks_mut(width).zip(q.rows_mut()).enumerate().for_each(|(t, (row, mut qr))| {
+            f(t, row);
+            qr.quantize(row);
+        }),
+        None if par => buf.par_chunks_mut(width).enumerate().for_each(|(t, row)| f(t, row)),
+        None => buf.chunks_mut(width).enumerate().for_each(|(t, row)| f(t, row)),
     }
 }
 
@@ -221,7 +251,7 @@ impl Model {
             let emb = &self.weights.token_embd;
             let file = &*self.file;
             let scale = c.embed_scale;
-            for_rows(grow(&mut s.x, t_count * n_embd), n_embd, |t, row| {
+            for_rows(grow(&mut s.x, t_count * n_embd), n_embd, None, |t, row| {
                 let bytes = emb.row_bytes(file, plan[t].token as usize);
                 infer_kernels::dequant::dequantize(emb.ty, bytes, row).expect("row geometry checked at load");
                 if let Some(sc) = scale {
@@ -250,7 +280,9 @@ impl Model {
         // The first layer's input norm; every later one is fused with the residual that ends the layer before.
         if let Some(l0) = self.weights.layers.first() {
             let x = &s.x[..t_count * n_embd];
-            for_rows(&mut s.xb[..t_count * n_embd], n_embd, |t, row| {
+            let qkv = [self.mat(&l0.wq), self.mat(&l0.wk), self.mat(&l0.wv)];
+            let quant = s.matmul.prequantize(&[&qkv[0], &qkv[1], &qkv[2]], t_count, n_embd);
+            for_rows(&mut s.xb[..t_count * n_embd], n_embd, quant, |t, row| {
                 ops::rmsnorm(row, &x[t * n_embd..(t + 1) * n_embd], &l0.attn_norm, c.rms_eps)
             });
         }
@@ -276,7 +308,7 @@ impl Model {
                         ops::rope_apply(head, c.n_rot, c.rope_style, &cos[r.clone()], &sin[r]);
                     }
                 };
-                for_rows2(&mut s.q[..t_count * q_dim], q_dim, &mut s.k[..t_count * k_dim], k_dim, |t, qr, kr| {
+                for_rows2(&mut s.q[..t_count * q_dim], q_dim, &mut s.k[..t_count * k_dim], k_dim, None, |t, qr, kr| {
                     rotate(qr, t, lw.q_norm.as_ref());
                     rotate(kr, t, lw.k_norm.as_ref());
                 });
@@ -302,24 +334,27 @@ impl Model {
                 &mut s.xb2[..t_count * n_embd],
                 &mut s.matmul,
             );
-            // Residual, then the feed-forward's input norm, in one pass.
+            // Residual, then the feed-forward's input norm (quantized for its first matmul), in one pass.
+            let (wg, wu) = (self.mat(&lw.ffn_gate), self.mat(&lw.ffn_up));
             self.residual(
                 &mut s.x[..t_count * n_embd],
                 &s.xb2[..t_count * n_embd],
                 lw.attn_post_norm.as_deref(),
                 Some((lw.ffn_norm.as_slice(), &mut s.xb[..t_count * n_embd])),
+                s.matmul.prequantize(&[&wg, &wu], t_count, n_embd),
             );
 
             // Feed-forward.
             {
-                let (wg, wu) = (self.mat(&lw.ffn_gate), self.mat(&lw.ffn_up));
                 let mut outs: [&mut [f32]; 2] = [&mut s.gate[..t_count * n_ff], &mut s.up[..t_count * n_ff]];
                 matmul_multi(&[&wg, &wu], &s.xb[..t_count * n_embd], t_count, &mut outs, &mut s.matmul);
             }
+            let wd = self.mat(&lw.ffn_down);
             {
                 let up = &s.up[..t_count * n_ff];
                 let act = c.activation;
-                for_rows(&mut s.gate[..t_count * n_ff], n_ff, |t, g| {
+                let quant = s.matmul.prequantize(&[&wd], t_count, n_ff);
+                for_rows(&mut s.gate[..t_count * n_ff], n_ff, quant, |t, g| {
                     let u = &up[t * n_ff..(t + 1) * n_ff];
                     match act {
                         Activation::Silu => ops::swiglu(g, u),
@@ -327,16 +362,16 @@ impl Model {
                     }
                 });
             }
-            matmul(
-                &self.mat(&lw.ffn_down),
-                &s.gate[..t_count * n_ff],
-                t_count,
-                &mut s.xb2[..t_count * n_embd],
-                &mut s.matmul,
-            );
-            // Residual, then the next layer's input norm.
-            let next = self.weights.layers.get(il + 1).map(|l| (l.attn_norm.as_slice(), &mut s.xb[..t_count * n_embd]));
-            self.residual(&mut s.x[..t_count * n_embd], &s.xb2[..t_count * n_embd], lw.ffn_post_norm.as_deref(), next);
+            matmul(&wd, &s.gate[..t_count * n_ff], t_count, &mut s.xb2[..t_count * n_embd], &mut s.matmul);
+            // Residual, then the next layer's input norm (quantized for its first matmul).
+            let next_layer = self.weights.layers.get(il + 1);
+            let quant = next_layer.and_then(|l| {
+                let qkv = [self.mat(&l.wq), self.mat(&l.wk), self.mat(&l.wv)];
+                s.matmul.prequantize(&[&qkv[0], &qkv[1], &qkv[2]], t_count, n_embd)
+            });
+            let next = next_layer.map(|l| (l.attn_norm.as_slice(), &mut s.xb[..t_count * n_embd]));
+            let delta = &s.xb2[..t_count * n_embd];
+            self.residual(&mut s.x[..t_count * n_embd], delta, lw.ffn_post_norm.as_deref(), next, quant);
         }
 
         // Logits, only where asked.
@@ -381,7 +416,14 @@ impl Model {
 
     /// `x += norm(delta)` (or `x += delta` without a post-norm); with `then = (w, xb)`, also `xb = rmsnorm(x)·w`
     /// for the next block, in the same pass over the rows.
-    fn residual(&self, x: &mut [f32], delta: &[f32], post_norm: Option<&[f32]>, then: Option<(&[f32], &mut [f32])>) {
+    fn residual(
+        &self,
+        x: &mut [f32],
+        delta: &[f32],
+        post_norm: Option<&[f32]>,
+        then: Option<(&[f32], &mut [f32])>,
+        quant: Option<PreQuant<'_>>,
+    ) {
         let (n_embd, eps) = (self.config.n_embd, self.config.rms_eps);
         let d: &[f32] = delta;
         let add = |t: usize, row: &mut [f32]| {
@@ -402,11 +444,11 @@ impl Model {
             }
         };
         match then {
-            Some((w, xb)) => for_rows2(x, n_embd, xb, n_embd, |t, row, out| {
+            Some((w, xb)) => for_rows2(x, n_embd, xb, n_embd, quant, |t, row, out| {
                 add(t, row);
                 ops::rmsnorm(out, row, w, eps);
             }),
-            None => for_rows(x, n_embd, add),
+            None => for_rows(x, n_embd, None, add),
         }
     }
 
