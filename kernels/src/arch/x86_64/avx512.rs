@@ -38,8 +38,62 @@ x86_kernels!(
         // SAFETY: see KERNELS.
         unsafe { crate::arch::packed512::panel(w, panels, act, n, g, out) }
     }),
-    attention = [dot_cols_f32_zmm, dot_cols_f16_zmm, axpy_rows_f32_zmm, axpy_rows_f16_zmm]
+    attention = [dot_cols_f32_zmm, dot_cols_f16_zmm, axpy_rows_f32_zmm, axpy_rows_f16_zmm],
+    quantize32 = quantize32_zmm
 );
+
+/// [`crate::dispatch::quantize_row32`] with one 32-value block in two 512-bit registers, producing the same bytes as
+/// the portable code and the 256-bit form (same products, no fused multiply-adds, rounding to nearest-even); the
+/// narrowing to bytes is one `vpmovdb` per 16 values.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn quantize32_zmm(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: &mut [f32], isum: &mut [i32]) {
+    assert!(group == 1 || group == 2);
+    let cols = x.len();
+    let nb = cols / 32;
+    assert!(cols.is_multiple_of(32) && qs.len() == group * cols && d.len() == group * nb);
+    assert!(s.len() == group * nb && isum.len() == group * nb);
+    let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+    // Rounds, clamps to ±127 and narrows 2×16 floats to bytes in order (stored at `dst`); returns their sum and the
+    // rounded values as floats.
+    let quant = |v: [__m512; 2], id: f32, dst: &mut [i8]| -> (i32, [__m512; 2]) {
+        let dst = &mut dst[..32];
+        let idv = _mm512_set1_ps(id);
+        let rf: [__m512; 2] = std::array::from_fn(|k| {
+            let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(v[k], idv));
+            _mm512_min_ps(_mm512_max_ps(r, lo), hi)
+        });
+        let q: [__m512i; 2] = std::array::from_fn(|k| _mm512_cvtps_epi32(rf[k]));
+        for (k, qk) in q.iter().enumerate() {
+            // SAFETY: `dst` has 32 bytes; this writes 16 of them at 16·k. No alignment requirement.
+            unsafe { _mm_storeu_si128(dst.as_mut_ptr().add(16 * k).cast(), _mm512_cvtepi32_epi8(*qk)) };
+        }
+        (_mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1])), rf)
+    };
+    for b in 0..nb {
+        let xb = &x[b * 32..b * 32 + 32];
+        // SAFETY: the slice above has 32 values.
+        let v: [__m512; 2] = std::array::from_fn(|k| unsafe { _mm512_loadu_ps(xb.as_ptr().add(16 * k)) });
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+        let d1 = amax / 127.0;
+        let id1 = if d1 > 0.0 { 1.0 / d1 } else { 0.0 };
+        let (sum1, r1) = quant(v, id1, &mut qs[b * 32..]);
+        d[b] = d1;
+        isum[b] = sum1;
+        s[b] = d1 * sum1 as f32;
+        if group == 2 {
+            let d2 = d1 / 256.0;
+            let id2 = if d2 > 0.0 { 256.0 * id1 } else { 0.0 };
+            // Residual x − d1·q1 (a product, then a difference: no fused multiply-add, as in the portable code).
+            let d1v = _mm512_set1_ps(d1);
+            let res: [__m512; 2] = std::array::from_fn(|k| _mm512_sub_ps(v[k], _mm512_mul_ps(d1v, r1[k])));
+            let (sum2, _) = quant(res, id2, &mut qs[cols + b * 32..]);
+            d[nb + b] = d2;
+            isum[nb + b] = sum2;
+            s[nb + b] = 0.0;
+            s[b] = d1 * sum1 as f32 + d2 * sum2 as f32;
+        }
+    }
+}
 
 // -------------------------------------------------------------------------------------------------------------
 // 512-bit attention kernels: 16 lanes (one KV block) of scores, or 16 value dimensions, per register. Per

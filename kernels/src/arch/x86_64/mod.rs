@@ -12,6 +12,7 @@
 //!   `Q8_0_OFF · Σq` (128 when `w` is biased to unsigned, 0 when the sign is moved onto `q`);
 //! - `madd16_acc(acc, p, s)`: `acc` plus the pairwise products of the i16 lanes of `p` and `s`.
 //!
+//! `quantize32 = ..` names the level's activation quantizer (the macro's 256-bit `quantize32`, or a wider one).
 //! `attention = [..]` names the level's four attention kernels (`dot_cols` and `axpy_rows`, f32 and f16 caches):
 //! the 256-bit ones the macro defines, or wider ones of the level's own that fall back on them.
 
@@ -23,7 +24,8 @@ macro_rules! x86_kernels {
         kernel32 = $tile32:ident: $W32b:ident,
         tilek = $RK:literal x $CK:literal,
         packed = $packed:expr,
-        attention = [$dc32:ident, $dc16:ident, $ar32:ident, $ar16:ident]
+        attention = [$dc32:ident, $dc16:ident, $ar32:ident, $ar16:ident],
+        quantize32 = $q32:ident
     ) => {
         use std::ops::Range;
 
@@ -124,78 +126,13 @@ macro_rules! x86_kernels {
             },
             quantize32: |x, g, q, d, s, i| {
                 // SAFETY: see KERNELS.
-                unsafe { quantize32(x, g, q, d, s, i) }
+                unsafe { $q32(x, g, q, d, s, i) }
             },
             quantize_k: |x, g, out| {
                 // SAFETY: see KERNELS.
                 unsafe { quantize_k(x, g, out) }
             },
         };
-
-        /// [`crate::dispatch::quantize_row32`] with 256-bit vectors, producing the same bytes as the portable
-        /// code: same products, no fused multiply-adds, and rounding to nearest-even like its magic-number trick.
-        #[target_feature(enable = $feat)]
-        fn quantize32(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: &mut [f32], isum: &mut [i32]) {
-            assert!(group == 1 || group == 2);
-            let cols = x.len();
-            let nb = cols / 32;
-            assert!(cols % 32 == 0 && qs.len() == group * cols && d.len() == group * nb);
-            assert!(s.len() == group * nb && isum.len() == group * nb);
-            let absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
-            let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
-            // Rounds, clamps to ±127 and narrows 4×8 floats to 32 bytes in order; returns them, their sum and the
-            // rounded values as floats.
-            let quant = |v: [__m256; 4], id: f32| -> (__m256i, i32, [__m256; 4]) {
-                let idv = _mm256_set1_ps(id);
-                let rf: [__m256; 4] = std::array::from_fn(|k| {
-                    let r = _mm256_round_ps(_mm256_mul_ps(v[k], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                    _mm256_min_ps(_mm256_max_ps(r, lo), hi)
-                });
-                let q: [__m256i; 4] = std::array::from_fn(|k| _mm256_cvtps_epi32(rf[k]));
-                let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-                let s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-                let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-                let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1));
-                // i32 → i16 → i8 packs interleave 128-bit lanes; the final permute restores element order.
-                let p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-                (_mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)), _mm_cvtsi128_si32(s1), rf)
-            };
-            let store = |dst: &mut [i8], v: __m256i| {
-                let dst = &mut dst[..32];
-                // SAFETY: the slice above has 32 bytes; no alignment requirement.
-                unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), v) }
-            };
-            for b in 0..nb {
-                let v: [__m256; 4] = std::array::from_fn(|k| ld8f(x, b * 32 + 8 * k));
-                let m = _mm256_max_ps(
-                    _mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
-                    _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)),
-                );
-                let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-                let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-                let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
-                let d1 = amax / 127.0;
-                let id1 = if d1 > 0.0 { 1.0 / d1 } else { 0.0 };
-                let (q1, sum1, r1) = quant(v, id1);
-                store(&mut qs[b * 32..], q1);
-                d[b] = d1;
-                isum[b] = sum1;
-                s[b] = d1 * sum1 as f32;
-                if group == 2 {
-                    let d2 = d1 / 256.0;
-                    let id2 = if d2 > 0.0 { 256.0 * id1 } else { 0.0 };
-                    // Residual x − d1·q1 (a product, then a difference: no fused multiply-add, as in the portable code).
-                    let d1v = _mm256_set1_ps(d1);
-                    let res: [__m256; 4] = std::array::from_fn(|k| _mm256_sub_ps(v[k], _mm256_mul_ps(d1v, r1[k])));
-                    let (q2, sum2, _) = quant(res, id2);
-                    store(&mut qs[cols + b * 32..], q2);
-                    d[nb + b] = d2;
-                    isum[nb + b] = sum2;
-                    s[nb + b] = 0.0;
-                    s[b] = d1 * sum1 as f32 + d2 * sum2 as f32;
-                }
-            }
-        }
 
         /// [`crate::vec_f32::dot_cols`]: tiles of up to 3 heads × 16 lanes keep both partial sums of every output
         /// in registers (12 accumulators), and each key load serves every head of the tile.
