@@ -183,6 +183,59 @@ fn same_result_on_one_and_two_threads_and_multi_equals_single() {
 }
 
 #[test]
+fn prequantized_rows_give_the_same_result_as_the_matmuls_own_pass() {
+    // Quantizing rows in the producing pass (serially or in parallel) and then calling the matmul equals letting the
+    // matmul quantize; matrices that do not take 32-block activations decline, and a prequantization for another
+    // shape is ignored rather than used.
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for ty in TYPES {
+        let cols = if ty.block_size() == QK_K { 512 } else { 576 };
+        let rows = 100;
+        with_weights(ty, rows, cols, 7, |b, _| {
+            let w = WeightMatrix::new(ty, b, rows, cols).unwrap();
+            for m in [1, 3, 20] {
+                let x = randv(&mut ChaCha8Rng::seed_from_u64(m as u64 + 40), m * cols);
+                for prec in [ActPrecision::Q8, ActPrecision::Q8x2] {
+                    let mut s = MatmulScratch::new(prec);
+                    let mut want = vec![f32::NAN; m * rows];
+                    matmul(&w, &x, m, &mut want, &mut s);
+                    for parallel in [false, true] {
+                        let mut got = vec![f32::NAN; m * rows];
+                        match s.prequantize(&[&w], m, cols) {
+                            Some(mut pre) => {
+                                assert!(matches!(
+                                    ty,
+                                    GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0
+                                ));
+                                if parallel {
+                                    use rayon::prelude::*;
+                                    pre.par_rows_mut().zip(x.par_chunks(cols)).for_each(|(mut r, xr)| r.quantize(xr));
+                                } else {
+                                    pre.rows_mut().zip(x.chunks(cols)).for_each(|(mut r, xr)| r.quantize(xr));
+                                }
+                            }
+                            None => assert!(!matches!(
+                                ty,
+                                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0
+                            )),
+                        }
+                        matmul(&w, &x, m, &mut got, &mut s);
+                        assert_eq!(bits(&got), bits(&want), "{ty} {prec:?} m={m} parallel={parallel}");
+                    }
+                    // Prequantized for another row count: the next call quantizes itself.
+                    if let Some(mut pre) = s.prequantize(&[&w], m + 1, cols) {
+                        pre.rows_mut().for_each(|mut r| r.quantize(&vec![9.0; cols]));
+                    }
+                    let mut got = vec![f32::NAN; m * rows];
+                    matmul(&w, &x, m, &mut got, &mut s);
+                    assert_eq!(bits(&got), bits(&want), "{ty} {prec:?} m={m}: stale prequantization ignored");
+                }
+            }
+        });
+    }
+}
+
+#[test]
 fn weight_matrix_checks_its_input() {
     let data = vec![0u8; 20 * 4];
     assert!(WeightMatrix::new(GgmlType::Q4_1, &data, 2, 64).is_ok());
