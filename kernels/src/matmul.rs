@@ -183,8 +183,8 @@ impl ActPrecision {
 /// makes calls allocation-free.
 pub struct MatmulScratch {
     precision: ActPrecision,
-    /// `(m, cols)` of activation rows already quantized by [`MatmulScratch::prequantize`] for the next call.
-    pre: Option<(usize, usize)>,
+    /// The buffer (address, length) and `cols` whose rows [`MatmulScratch::prequantize`] quantized for the next call.
+    pre: Option<(usize, usize, usize)>,
     qs: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
@@ -304,21 +304,24 @@ impl MatmulScratch {
         )
     }
 
-    /// Quantizes activation rows in the pass that produces them, ahead of the next [`matmul_multi`] on `m` rows of
-    /// `cols` values: that call then skips its own quantization pass (with threads, a parallel region). Fill every
-    /// row through the returned [`PreQuant`]; the next call must be on exactly those values. Quantizing in the
-    /// producer's pass gives the same bytes as the matmul's own pass.
+    /// Quantizes activation rows in the pass that produces them, ahead of the next [`matmul_multi`] on `x` (rows of
+    /// `cols` values, about to be written): that call then skips its own quantization pass (with threads, a parallel
+    /// region). Fill every row through the returned [`PreQuant`] with exactly the values written to `x`. Quantizing
+    /// in the producer's pass gives the same bytes as the matmul's own pass. The next call uses the rows only if it
+    /// is on the same buffer; any call consumes them.
     ///
     /// Returns `None` when the matrices do not take 32-block activations (F32/F16 or K-quant weights); then quantize
     /// nothing and call as usual.
-    pub fn prequantize(&mut self, ws: &[&WeightMatrix], m: usize, cols: usize) -> Option<PreQuant<'_>> {
+    pub fn prequantize(&mut self, ws: &[&WeightMatrix], x: &[f32], cols: usize) -> Option<PreQuant<'_>> {
         self.pre = None;
-        if !cols.is_multiple_of(32) || !ws.iter().any(|w| w.data.act_kind() == ActKind::B32) {
+        if cols == 0 || !cols.is_multiple_of(32) || !ws.iter().any(|w| w.data.act_kind() == ActKind::B32) {
             return None;
         }
+        assert!(x.len().is_multiple_of(cols), "prequantize: {} values are not whole rows of {cols}", x.len());
+        let m = x.len() / cols;
         let g = self.precision.group();
         let kern = kernels();
-        self.pre = Some((m, cols));
+        self.pre = Some((x.as_ptr() as usize, x.len(), cols));
         let (qs, d, s, isum) = self.act32_mut(m, cols);
         Some(PreQuant { qs, d, s, isum, g, cols, kern })
     }
@@ -460,7 +463,7 @@ pub fn matmul_multi_with(
         assert_eq!(w.cols, cols, "matmul_multi: matrices differ in cols");
         assert_eq!(o.len(), m * w.rows, "matmul: out has {} values, expected m·rows = {}·{}", o.len(), m, w.rows);
     }
-    let prequantized = scratch.pre.take() == Some((m, cols));
+    let prequantized = scratch.pre.take() == Some((x.as_ptr() as usize, x.len(), cols));
     if ws.iter().any(|w| w.data.act_kind() == ActKind::B32) && !prequantized {
         scratch.quantize32(kern, x, m, cols);
     }

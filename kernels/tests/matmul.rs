@@ -201,7 +201,7 @@ fn prequantized_rows_give_the_same_result_as_the_matmuls_own_pass() {
                     matmul(&w, &x, m, &mut want, &mut s);
                     for parallel in [false, true] {
                         let mut got = vec![f32::NAN; m * rows];
-                        match s.prequantize(&[&w], m, cols) {
+                        match s.prequantize(&[&w], &x, cols) {
                             Some(mut pre) => {
                                 assert!(matches!(
                                     ty,
@@ -222,9 +222,20 @@ fn prequantized_rows_give_the_same_result_as_the_matmuls_own_pass() {
                         matmul(&w, &x, m, &mut got, &mut s);
                         assert_eq!(bits(&got), bits(&want), "{ty} {prec:?} m={m} parallel={parallel}");
                     }
-                    // Prequantized for another row count: the next call quantizes itself.
-                    if let Some(mut pre) = s.prequantize(&[&w], m + 1, cols) {
-                        pre.rows_mut().for_each(|mut r| r.quantize(&vec![9.0; cols]));
+                    // The call does use the prequantized rows: filled from other values, they give those values'
+                    // product (which is how a caller must not use it, and how the test sees the skip).
+                    if let Some(mut pre) = s.prequantize(&[&w], &x, cols) {
+                        let y: Vec<f32> = x.iter().map(|v| 0.5 - v).collect();
+                        pre.rows_mut().zip(y.chunks(cols)).for_each(|(mut r, yr)| r.quantize(yr));
+                        let (mut got, mut want_y) = (vec![f32::NAN; m * rows], vec![f32::NAN; m * rows]);
+                        matmul(&w, &x, m, &mut got, &mut s);
+                        matmul(&w, &y, m, &mut want_y, &mut s);
+                        assert_eq!(bits(&got), bits(&want_y), "{ty} {prec:?} m={m}: prequantized rows used");
+                    }
+                    // Prequantized for another buffer: the next call quantizes itself.
+                    let other = vec![9.0f32; m * cols];
+                    if let Some(mut pre) = s.prequantize(&[&w], &other, cols) {
+                        pre.rows_mut().zip(other.chunks(cols)).for_each(|(mut r, xr)| r.quantize(xr));
                     }
                     let mut got = vec![f32::NAN; m * rows];
                     matmul(&w, &x, m, &mut got, &mut s);

@@ -281,7 +281,7 @@ impl Model {
         if let Some(l0) = self.weights.layers.first() {
             let x = &s.x[..t_count * n_embd];
             let qkv = [self.mat(&l0.wq), self.mat(&l0.wk), self.mat(&l0.wv)];
-            let quant = s.matmul.prequantize(&[&qkv[0], &qkv[1], &qkv[2]], t_count, n_embd);
+            let quant = s.matmul.prequantize(&[&qkv[0], &qkv[1], &qkv[2]], &s.xb[..t_count * n_embd], n_embd);
             for_rows(&mut s.xb[..t_count * n_embd], n_embd, quant, |t, row| {
                 ops::rmsnorm(row, &x[t * n_embd..(t + 1) * n_embd], &l0.attn_norm, c.rms_eps)
             });
@@ -336,12 +336,13 @@ impl Model {
             );
             // Residual, then the feed-forward's input norm (quantized for its first matmul), in one pass.
             let (wg, wu) = (self.mat(&lw.ffn_gate), self.mat(&lw.ffn_up));
+            let quant = s.matmul.prequantize(&[&wg, &wu], &s.xb[..t_count * n_embd], n_embd);
             self.residual(
                 &mut s.x[..t_count * n_embd],
                 &s.xb2[..t_count * n_embd],
                 lw.attn_post_norm.as_deref(),
                 Some((lw.ffn_norm.as_slice(), &mut s.xb[..t_count * n_embd])),
-                s.matmul.prequantize(&[&wg, &wu], t_count, n_embd),
+                quant,
             );
 
             // Feed-forward.
@@ -353,7 +354,7 @@ impl Model {
             {
                 let up = &s.up[..t_count * n_ff];
                 let act = c.activation;
-                let quant = s.matmul.prequantize(&[&wd], t_count, n_ff);
+                let quant = s.matmul.prequantize(&[&wd], &s.gate[..t_count * n_ff], n_ff);
                 for_rows(&mut s.gate[..t_count * n_ff], n_ff, quant, |t, g| {
                     let u = &up[t * n_ff..(t + 1) * n_ff];
                     match act {
@@ -367,7 +368,7 @@ impl Model {
             let next_layer = self.weights.layers.get(il + 1);
             let quant = next_layer.and_then(|l| {
                 let qkv = [self.mat(&l.wq), self.mat(&l.wk), self.mat(&l.wv)];
-                s.matmul.prequantize(&[&qkv[0], &qkv[1], &qkv[2]], t_count, n_embd)
+                s.matmul.prequantize(&[&qkv[0], &qkv[1], &qkv[2]], &s.xb[..t_count * n_embd], n_embd)
             });
             let next = next_layer.map(|l| (l.attn_norm.as_slice(), &mut s.xb[..t_count * n_embd]));
             let delta = &s.xb2[..t_count * n_embd];
