@@ -375,6 +375,42 @@ pub fn quantize_row32(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: 
     (kernels().quantize32)(x, group, qs, d, s, isum)
 }
 
+/// A 32-value activation block's scale from its largest magnitude, and the inverse used to quantize (0 for an
+/// all-zero block). Shared by every level's quantizer, so that they all produce the same bytes.
+#[inline(always)]
+pub(crate) fn block_scale(amax: f32) -> (f32, f32) {
+    let d = amax / 127.0;
+    (d, if d > 0.0 { 1.0 / d } else { 0.0 })
+}
+
+/// The Q8x2 residual's scale and inverse: `d/256`, so that the kernels' `256·i₁ + i₂` combination is exact.
+#[inline(always)]
+pub(crate) fn residual_scale(d1: f32, id1: f32) -> (f32, f32) {
+    let d2 = d1 / 256.0;
+    (d2, if d2 > 0.0 { 256.0 * id1 } else { 0.0 })
+}
+
+/// Stores block `b`'s scale and Σq, and `s = d·Σq` (for a pair, `s` of the first row covers both parts and the
+/// residual row's is 0), in a row's arrays of `nb` blocks per part.
+#[inline(always)]
+pub(crate) fn put_block(
+    (d, s, isum): (&mut [f32], &mut [f32], &mut [i32]),
+    nb: usize,
+    b: usize,
+    (d1, sum1): (f32, i32),
+    residual: Option<(f32, i32)>,
+) {
+    d[b] = d1;
+    isum[b] = sum1;
+    s[b] = d1 * sum1 as f32;
+    if let Some((d2, sum2)) = residual {
+        d[nb + b] = d2;
+        isum[nb + b] = sum2;
+        s[nb + b] = 0.0;
+        s[b] = d1 * sum1 as f32 + d2 * sum2 as f32;
+    }
+}
+
 /// The body of [`quantize_row32`], inlined into each level's entry point.
 #[inline(always)]
 pub(crate) fn quantize_row32_impl(
@@ -393,8 +429,7 @@ pub(crate) fn quantize_row32_impl(
     for b in 0..nb {
         let xb = &x[b * 32..b * 32 + 32];
         let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let d1 = amax / 127.0;
-        let id1 = if d1 > 0.0 { 1.0 / d1 } else { 0.0 };
+        let (d1, id1) = block_scale(amax);
         let q1 = &mut qs[b * 32..b * 32 + 32];
         let mut sum1 = 0i32;
         for (q, &v) in q1.iter_mut().zip(xb) {
@@ -402,12 +437,8 @@ pub(crate) fn quantize_row32_impl(
             *q = r as i8;
             sum1 += r as i32;
         }
-        d[b] = d1;
-        isum[b] = sum1;
-        s[b] = d1 * sum1 as f32;
-        if group == 2 {
-            let d2 = d1 / 256.0;
-            let id2 = if d2 > 0.0 { 256.0 * id1 } else { 0.0 };
+        let residual = if group == 2 {
+            let (d2, id2) = residual_scale(d1, id1);
             let mut sum2 = 0i32;
             for k in 0..32 {
                 let res = xb[k] - d1 * qs[b * 32 + k] as f32;
@@ -415,10 +446,10 @@ pub(crate) fn quantize_row32_impl(
                 qs[cols + b * 32 + k] = r as i8;
                 sum2 += r as i32;
             }
-            d[nb + b] = d2;
-            isum[nb + b] = sum2;
-            s[nb + b] = 0.0;
-            s[b] = d1 * sum1 as f32 + d2 * sum2 as f32;
-        }
+            Some((d2, sum2))
+        } else {
+            None
+        };
+        put_block((&mut *d, &mut *s, &mut *isum), nb, b, (d1, sum1), residual);
     }
 }

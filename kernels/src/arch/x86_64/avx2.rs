@@ -4,6 +4,8 @@
 
 use std::arch::x86_64::*;
 
+use crate::dispatch::{block_scale, put_block, residual_scale};
+
 /// Q8_0 weights stay signed on this level (see [`dot_q8_0`]).
 const Q8_0_OFF: i32 = 0;
 
@@ -83,25 +85,20 @@ fn quantize32(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: &mut [f3
         let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
         let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
-        let d1 = amax / 127.0;
-        let id1 = if d1 > 0.0 { 1.0 / d1 } else { 0.0 };
+        let (d1, id1) = block_scale(amax);
         let (q1, sum1, r1) = quant(v, id1);
         store(&mut qs[b * 32..], q1);
-        d[b] = d1;
-        isum[b] = sum1;
-        s[b] = d1 * sum1 as f32;
-        if group == 2 {
-            let d2 = d1 / 256.0;
-            let id2 = if d2 > 0.0 { 256.0 * id1 } else { 0.0 };
+        let residual = if group == 2 {
+            let (d2, id2) = residual_scale(d1, id1);
             // Residual x − d1·q1 (a product, then a difference: no fused multiply-add, as in the portable code).
             let d1v = _mm256_set1_ps(d1);
             let res: [__m256; 4] = std::array::from_fn(|k| _mm256_sub_ps(v[k], _mm256_mul_ps(d1v, r1[k])));
             let (q2, sum2, _) = quant(res, id2);
             store(&mut qs[cols + b * 32..], q2);
-            d[nb + b] = d2;
-            isum[nb + b] = sum2;
-            s[nb + b] = 0.0;
-            s[b] = d1 * sum1 as f32 + d2 * sum2 as f32;
-        }
+            Some((d2, sum2))
+        } else {
+            None
+        };
+        put_block((&mut *d, &mut *s, &mut *isum), nb, b, (d1, sum1), residual);
     }
 }

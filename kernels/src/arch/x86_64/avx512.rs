@@ -4,6 +4,8 @@
 
 use std::arch::x86_64::*;
 
+use crate::dispatch::{block_scale, put_block, residual_scale};
+
 /// Q8_0 weights are biased by +128 (flipping the top bit) to make them unsigned.
 const Q8_0_OFF: i32 = 128;
 
@@ -74,24 +76,19 @@ fn quantize32_zmm(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: &mut
         // SAFETY: the slice above has 32 values.
         let v: [__m512; 2] = std::array::from_fn(|k| unsafe { _mm512_loadu_ps(xb.as_ptr().add(16 * k)) });
         let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
-        let d1 = amax / 127.0;
-        let id1 = if d1 > 0.0 { 1.0 / d1 } else { 0.0 };
+        let (d1, id1) = block_scale(amax);
         let (sum1, r1) = quant(v, id1, &mut qs[b * 32..]);
-        d[b] = d1;
-        isum[b] = sum1;
-        s[b] = d1 * sum1 as f32;
-        if group == 2 {
-            let d2 = d1 / 256.0;
-            let id2 = if d2 > 0.0 { 256.0 * id1 } else { 0.0 };
+        let residual = if group == 2 {
+            let (d2, id2) = residual_scale(d1, id1);
             // Residual x − d1·q1 (a product, then a difference: no fused multiply-add, as in the portable code).
             let d1v = _mm512_set1_ps(d1);
             let res: [__m512; 2] = std::array::from_fn(|k| _mm512_sub_ps(v[k], _mm512_mul_ps(d1v, r1[k])));
             let (sum2, _) = quant(res, id2, &mut qs[cols + b * 32..]);
-            d[nb + b] = d2;
-            isum[nb + b] = sum2;
-            s[nb + b] = 0.0;
-            s[b] = d1 * sum1 as f32 + d2 * sum2 as f32;
-        }
+            Some((d2, sum2))
+        } else {
+            None
+        };
+        put_block((&mut *d, &mut *s, &mut *isum), nb, b, (d1, sum1), residual);
     }
 }
 
