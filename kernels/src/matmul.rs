@@ -287,8 +287,9 @@ pub(crate) fn quantize_row_k_impl(x: &[f32], group: usize, out: &mut [BlockQ8K])
 const PAR_QUANT_ROWS: usize = 8;
 
 impl MatmulScratch {
-    /// The 32-block activation buffers for `m` rows of `cols`, grown as needed.
-    fn act32_mut(&mut self, m: usize, cols: usize) -> (&mut [i8], &mut [f32], &mut [f32], &mut [i32]) {
+    /// The 32-block activation slots for `m` rows of `cols`, grown as needed, to be filled row by row with `kern`'s
+    /// quantizer (by [`MatmulScratch::quantize32`] or, ahead of the call, by the producer of the rows).
+    fn act32_rows<'a>(&'a mut self, kern: &'a Kernels, m: usize, cols: usize) -> PreQuant<'a> {
         let g = self.precision.group();
         let nb = cols / 32;
         let n_act = m * g;
@@ -296,12 +297,15 @@ impl MatmulScratch {
         self.d.resize(self.d.len().max(n_act * nb), 0.0);
         self.s.resize(self.s.len().max(n_act * nb), 0.0);
         self.isum.resize(self.isum.len().max(n_act * nb), 0);
-        (
-            &mut self.qs[..n_act * cols],
-            &mut self.d[..n_act * nb],
-            &mut self.s[..n_act * nb],
-            &mut self.isum[..n_act * nb],
-        )
+        PreQuant {
+            qs: &mut self.qs[..n_act * cols],
+            d: &mut self.d[..n_act * nb],
+            s: &mut self.s[..n_act * nb],
+            isum: &mut self.isum[..n_act * nb],
+            g,
+            cols,
+            kern,
+        }
     }
 
     /// Quantizes activation rows in the pass that produces them, ahead of the next [`matmul_multi`] on `x` (rows of
@@ -318,37 +322,16 @@ impl MatmulScratch {
             return None;
         }
         assert!(x.len().is_multiple_of(cols), "prequantize: {} values are not whole rows of {cols}", x.len());
-        let m = x.len() / cols;
-        let g = self.precision.group();
-        let kern = kernels();
         self.pre = Some((x.as_ptr() as usize, x.len(), cols));
-        let (qs, d, s, isum) = self.act32_mut(m, cols);
-        Some(PreQuant { qs, d, s, isum, g, cols, kern })
+        Some(self.act32_rows(kernels(), x.len() / cols, cols))
     }
 
     fn quantize32(&mut self, kern: &Kernels, x: &[f32], m: usize, cols: usize) {
-        let g = self.precision.group();
-        let nb = cols / 32;
-        let (qs, d, s, isum) = self.act32_mut(m, cols);
+        let mut rows = self.act32_rows(kern, m, cols);
         if m >= PAR_QUANT_ROWS {
-            x.par_chunks_exact(cols)
-                .zip(qs.par_chunks_exact_mut(g * cols))
-                .zip(d.par_chunks_exact_mut(g * nb))
-                .zip(s.par_chunks_exact_mut(g * nb))
-                .zip(isum.par_chunks_exact_mut(g * nb))
-                .for_each(|((((x, q), d), s), i)| (kern.quantize32)(x, g, q, d, s, i));
+            x.par_chunks_exact(cols).zip(rows.par_rows_mut()).for_each(|(x, mut r)| r.quantize(x));
         } else {
-            for (i, x) in x.chunks_exact(cols).enumerate() {
-                let (a, b) = (i * g * cols, i * g * nb);
-                (kern.quantize32)(
-                    x,
-                    g,
-                    &mut qs[a..a + g * cols],
-                    &mut d[b..b + g * nb],
-                    &mut s[b..b + g * nb],
-                    &mut isum[b..b + g * nb],
-                );
-            }
+            x.chunks_exact(cols).zip(rows.rows_mut()).for_each(|(x, mut r)| r.quantize(x));
         }
     }
 
@@ -378,7 +361,7 @@ pub struct PreQuant<'a> {
     isum: &'a mut [i32],
     g: usize,
     cols: usize,
-    kern: &'static Kernels,
+    kern: &'a Kernels,
 }
 
 /// One activation row's slots in a [`PreQuant`].
@@ -388,7 +371,7 @@ pub struct QuantRow<'a> {
     s: &'a mut [f32],
     isum: &'a mut [i32],
     g: usize,
-    kern: &'static Kernels,
+    kern: &'a Kernels,
 }
 
 impl QuantRow<'_> {
@@ -399,7 +382,8 @@ impl QuantRow<'_> {
 }
 
 impl<'a> PreQuant<'a> {
-    fn parts(&mut self) -> (usize, usize, usize) {
+    /// Per row: quant bytes, blocks (both for `g` parts), and `g`.
+    fn parts(&self) -> (usize, usize, usize) {
         (self.g * self.cols, self.g * (self.cols / 32), self.g)
     }
 
