@@ -78,12 +78,13 @@ impl KvStore {
             KvStore::F16(s) => {
                 // Convert in runs with F16C (`half`'s slice conversion), then scatter: one value at a time would
                 // go through the portable conversion.
-                let mut buf = [f16::ZERO; 64];
-                for (c, chunk) in values.chunks(buf.len()).enumerate() {
+                const RUN: usize = 64;
+                let mut buf = [f16::ZERO; RUN];
+                for (c, chunk) in values.chunks(RUN).enumerate() {
                     let buf = &mut buf[..chunk.len()];
                     buf.convert_from_f32_slice(chunk);
                     for (i, &h) in buf.iter().enumerate() {
-                        s[at + (c * 64 + i) * stride] = h;
+                        s[at + (c * RUN + i) * stride] = h;
                     }
                 }
             }
