@@ -12,6 +12,7 @@ mod arch;
 pub mod dispatch;
 pub mod matmul;
 pub mod packed;
+pub mod parallel;
 pub mod vec_f32;
 
 pub use dequant::{DequantError, dequantize};

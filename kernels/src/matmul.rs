@@ -10,8 +10,8 @@
 
 use std::fmt;
 
+use crate::parallel::{self, Chunks, Rows, for_each_row};
 use half::f16;
-use rayon::prelude::*;
 
 use crate::GgmlType;
 use crate::dispatch::{Act32, Kernels, OutSink, kernels};
@@ -327,12 +327,8 @@ impl MatmulScratch {
     }
 
     fn quantize32(&mut self, kern: &Kernels, x: &[f32], m: usize, cols: usize) {
-        let mut rows = self.act32_rows(kern, m, cols);
-        if m >= PAR_QUANT_ROWS {
-            x.par_chunks_exact(cols).zip(rows.par_rows_mut()).for_each(|(x, mut r)| r.quantize(x));
-        } else {
-            x.chunks_exact(cols).zip(rows.rows_mut()).for_each(|(x, mut r)| r.quantize(x));
-        }
+        let rows = self.act32_rows(kern, m, cols).into_rows();
+        for_each_row(rows, m >= PAR_QUANT_ROWS, |t, mut r| r.quantize(&x[t * cols..(t + 1) * cols]));
     }
 
     fn quantize_k(&mut self, kern: &Kernels, x: &[f32], m: usize, cols: usize) {
@@ -342,14 +338,8 @@ impl MatmulScratch {
         if self.k.len() < n {
             self.k.resize(n, BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] });
         }
-        let k = &mut self.k[..n];
-        if m >= PAR_QUANT_ROWS {
-            x.par_chunks_exact(cols).zip(k.par_chunks_exact_mut(g * nb)).for_each(|(x, o)| (kern.quantize_k)(x, g, o));
-        } else {
-            for (x, o) in x.chunks_exact(cols).zip(k.chunks_exact_mut(g * nb)) {
-                (kern.quantize_k)(x, g, o);
-            }
-        }
+        let k = Chunks::new(&mut self.k[..n], g * nb);
+        for_each_row(k, m >= PAR_QUANT_ROWS, |t, o| (kern.quantize_k)(&x[t * cols..(t + 1) * cols], g, o));
     }
 }
 
@@ -387,28 +377,47 @@ impl<'a> PreQuant<'a> {
         (self.g * self.cols, self.g * (self.cols / 32), self.g)
     }
 
-    /// The rows, in order.
-    pub fn rows_mut(&mut self) -> impl Iterator<Item = QuantRow<'_>> {
+    /// The rows, for [`crate::parallel::for_each_row`].
+    pub fn into_rows(self) -> QuantRows<'a> {
         let (qn, bn, g) = self.parts();
-        let kern = self.kern;
-        self.qs
-            .chunks_exact_mut(qn)
-            .zip(self.d.chunks_exact_mut(bn))
-            .zip(self.s.chunks_exact_mut(bn))
-            .zip(self.isum.chunks_exact_mut(bn))
-            .map(move |(((qs, d), s), isum)| QuantRow { qs, d, s, isum, g, kern })
+        QuantRows {
+            qs: Chunks::new(self.qs, qn),
+            d: Chunks::new(self.d, bn),
+            s: Chunks::new(self.s, bn),
+            isum: Chunks::new(self.isum, bn),
+            g,
+            kern: self.kern,
+        }
     }
+}
 
-    /// The rows, in order, for a parallel pass.
-    pub fn par_rows_mut(&mut self) -> impl IndexedParallelIterator<Item = QuantRow<'_>> {
-        let (qn, bn, g) = self.parts();
-        let kern = self.kern;
-        self.qs
-            .par_chunks_exact_mut(qn)
-            .zip(self.d.par_chunks_exact_mut(bn))
-            .zip(self.s.par_chunks_exact_mut(bn))
-            .zip(self.isum.par_chunks_exact_mut(bn))
-            .map(move |(((qs, d), s), isum)| QuantRow { qs, d, s, isum, g, kern })
+/// A [`PreQuant`]'s rows, one [`QuantRow`] per index.
+pub struct QuantRows<'a> {
+    qs: Chunks<'a, i8>,
+    d: Chunks<'a, f32>,
+    s: Chunks<'a, f32>,
+    isum: Chunks<'a, i32>,
+    g: usize,
+    kern: &'a Kernels,
+}
+
+impl<'a> Rows<'a> for QuantRows<'a> {
+    type Row = QuantRow<'a>;
+    fn count(&self) -> Option<usize> {
+        self.qs.count()
+    }
+    unsafe fn row(&self, i: usize) -> QuantRow<'a> {
+        // SAFETY: the caller's contract, passed on to each slot array (all of the same row count).
+        unsafe {
+            QuantRow {
+                qs: self.qs.row(i),
+                d: self.d.row(i),
+                s: self.s.row(i),
+                isum: self.isum.row(i),
+                g: self.g,
+                kern: self.kern,
+            }
+        }
     }
 }
 
@@ -460,7 +469,7 @@ pub fn matmul_multi_with(
 
     let total_rows: usize = ws.iter().map(|w| w.rows).sum();
     let work: usize = ws.iter().map(|w| w.bytes()).sum::<usize>() * m;
-    let n_tasks = if work < PAR_MIN_WORK { 1 } else { rayon::current_num_threads().min(total_rows.div_ceil(4)).max(1) };
+    let n_tasks = if work < PAR_MIN_WORK { 1 } else { parallel::threads().min(total_rows.div_ceil(4)).max(1) };
 
     let act32 = Act32 { qs: &scratch.qs, d: &scratch.d, s: &scratch.s, isum: &scratch.isum };
     let actk: &[BlockQ8K] = &scratch.k;
@@ -494,7 +503,7 @@ pub fn matmul_multi_with(
     if n_tasks == 1 {
         task(0);
     } else {
-        (0..n_tasks).into_par_iter().with_max_len(1).for_each(task);
+        parallel::for_each_index(n_tasks, task);
     }
 }
 

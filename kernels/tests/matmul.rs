@@ -5,6 +5,7 @@
 use half::f16;
 use infer_kernels::GgmlType;
 use infer_kernels::matmul::{ActPrecision, MatmulError, MatmulScratch, WeightMatrix, matmul, matmul_multi};
+use infer_kernels::parallel::for_each_row;
 use infer_kernels::quant::{self, BlockQ2K, BlockQ4K, BlockQ6K, BlockQ8_0, QK_K, blocks_as_bytes};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -202,17 +203,14 @@ fn prequantized_rows_give_the_same_result_as_the_matmuls_own_pass() {
                     for parallel in [false, true] {
                         let mut got = vec![f32::NAN; m * rows];
                         match s.prequantize(&[&w], &x, cols) {
-                            Some(mut pre) => {
+                            Some(pre) => {
                                 assert!(matches!(
                                     ty,
                                     GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0
                                 ));
-                                if parallel {
-                                    use rayon::prelude::*;
-                                    pre.par_rows_mut().zip(x.par_chunks(cols)).for_each(|(mut r, xr)| r.quantize(xr));
-                                } else {
-                                    pre.rows_mut().zip(x.chunks(cols)).for_each(|(mut r, xr)| r.quantize(xr));
-                                }
+                                for_each_row(pre.into_rows(), parallel, |t, mut r| {
+                                    r.quantize(&x[t * cols..(t + 1) * cols])
+                                });
                             }
                             None => assert!(!matches!(
                                 ty,
@@ -224,9 +222,9 @@ fn prequantized_rows_give_the_same_result_as_the_matmuls_own_pass() {
                     }
                     // The call does use the prequantized rows: filled from other values, they give those values'
                     // product (which is how a caller must not use it, and how the test sees the skip).
-                    if let Some(mut pre) = s.prequantize(&[&w], &x, cols) {
+                    if let Some(pre) = s.prequantize(&[&w], &x, cols) {
                         let y: Vec<f32> = x.iter().map(|v| 0.5 - v).collect();
-                        pre.rows_mut().zip(y.chunks(cols)).for_each(|(mut r, yr)| r.quantize(yr));
+                        for_each_row(pre.into_rows(), false, |t, mut r| r.quantize(&y[t * cols..(t + 1) * cols]));
                         let (mut got, mut want_y) = (vec![f32::NAN; m * rows], vec![f32::NAN; m * rows]);
                         matmul(&w, &x, m, &mut got, &mut s);
                         matmul(&w, &y, m, &mut want_y, &mut s);
@@ -234,8 +232,8 @@ fn prequantized_rows_give_the_same_result_as_the_matmuls_own_pass() {
                     }
                     // Prequantized for another buffer: the next call quantizes itself.
                     let other = vec![9.0f32; m * cols];
-                    if let Some(mut pre) = s.prequantize(&[&w], &other, cols) {
-                        pre.rows_mut().zip(other.chunks(cols)).for_each(|(mut r, xr)| r.quantize(xr));
+                    if let Some(pre) = s.prequantize(&[&w], &other, cols) {
+                        for_each_row(pre.into_rows(), false, |t, mut r| r.quantize(&other[t * cols..(t + 1) * cols]));
                     }
                     let mut got = vec![f32::NAN; m * rows];
                     matmul(&w, &x, m, &mut got, &mut s);

@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 use infer_kernels::matmul::{ActPrecision, MatmulScratch, PreQuant, WeightMatrix, matmul, matmul_multi};
+use infer_kernels::parallel::{self, Chunks, for_each_row};
 use infer_kernels::vec_f32;
-use rayon::prelude::*;
 
 use crate::gguf::{GgufError, GgufFile};
 
@@ -135,46 +135,25 @@ fn for_rows2(
     f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync + Send,
 ) {
     let par = a.len() / wa.max(1) >= PAR_ROWS;
-    match quant {
-        Some(mut q) if par => {
-            a.par_chunks_mut(wa).zip(b.par_chunks_mut(wb)).zip(q.par_rows_mut()).enumerate().for_each(
-                |(t, ((ra, rb), mut qr))| {
-                    f(t, ra, rb);
-                    qr.quantize(rb);
-                },
-            )
+    let rows = (Chunks::new(a, wa), Chunks::new(b, wb), quant.map(PreQuant::into_rows));
+    for_each_row(rows, par, |t, (ra, rb, qr)| {
+        f(t, ra, rb);
+        if let Some(mut qr) = qr {
+            qr.quantize(rb);
         }
-        Some(mut q) => {
-            a.chunks_mut(wa).zip(b.chunks_mut(wb)).zip(q.rows_mut()).enumerate().for_each(|(t, ((ra, rb), mut qr))| {
-                f(t, ra, rb);
-                qr.quantize(rb);
-            })
-        }
-        None if par => {
-            a.par_chunks_mut(wa).zip(b.par_chunks_mut(wb)).enumerate().for_each(|(t, (ra, rb))| f(t, ra, rb))
-        }
-        None => a.chunks_mut(wa).zip(b.chunks_mut(wb)).enumerate().for_each(|(t, (ra, rb))| f(t, ra, rb)),
-    }
+    });
 }
 
 /// Row `t` of a matrix (`width` values per row); with `quant`, each finished row is also quantized for the matmul
 /// that reads it next.
 fn for_rows(buf: &mut [f32], width: usize, quant: Option<PreQuant<'_>>, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     let par = buf.len() / width.max(1) >= PAR_ROWS;
-    match quant {
-        Some(mut q) if par => {
-            buf.par_chunks_mut(width).zip(q.par_rows_mut()).enumerate().for_each(|(t, (row, mut qr))| {
-                f(t, row);
-                qr.quantize(row);
-            })
-        }
-        Some(mut q) => buf.chunks_mut(width).zip(q.rows_mut()).enumerate().for_each(|(t, (row, mut qr))| {
-            f(t, row);
+    for_each_row((Chunks::new(buf, width), quant.map(PreQuant::into_rows)), par, |t, (row, qr)| {
+        f(t, row);
+        if let Some(mut qr) = qr {
             qr.quantize(row);
-        }),
-        None if par => buf.par_chunks_mut(width).enumerate().for_each(|(t, row)| f(t, row)),
-        None => buf.chunks_mut(width).enumerate().for_each(|(t, row)| f(t, row)),
-    }
+        }
+    });
 }
 
 impl Model {
@@ -213,7 +192,19 @@ impl Model {
     }
 
     /// Runs one batch through the decoder, appending the new tokens to each sequence's cache.
+    ///
+    /// The current rayon pool's threads stay together as one team for the whole pass (see
+    /// [`parallel::with_team`]): its few hundred parallel regions are handed over without a fork/join each.
     pub fn forward(
+        &self,
+        items: &mut [SeqStep],
+        pool: &mut KvPool,
+        s: &mut ForwardScratch,
+    ) -> Result<(), ForwardError> {
+        parallel::with_team(|| self.forward_pass(items, pool, s))
+    }
+
+    fn forward_pass(
         &self,
         items: &mut [SeqStep],
         pool: &mut KvPool,
@@ -468,7 +459,7 @@ impl Model {
         let window = pool.window(il);
         assert_eq!(pool.block_size, BS, "attention's score buffer is sized for the default block size");
         let scale = c.attn_scale;
-        let threads = rayon::current_num_threads();
+        let threads = parallel::threads();
         let heads = if plan.len() * c.n_head_kv >= 4 * threads {
             (1..=MAX_HEADS.min(group)).rev().find(|h| group.is_multiple_of(*h)).unwrap_or(1)
         } else {
@@ -536,10 +527,6 @@ impl Model {
                 }
             }
         };
-        if plan.len() * runs_per_token >= 2 {
-            att.par_chunks_mut(heads * hdv).enumerate().for_each(|(idx, out)| task(idx, out));
-        } else {
-            att.chunks_mut(heads * hdv).enumerate().for_each(|(idx, out)| task(idx, out));
-        }
+        for_each_row(Chunks::new(att, heads * hdv), plan.len() * runs_per_token >= 2, task);
     }
 }
