@@ -92,6 +92,46 @@ fn batching_sequences_changes_nothing() {
     assert!(max_rel_diff(&alone_b, scratch.logits(1, c.n_vocab)) < 1e-4);
 }
 
+/// Enough sequences decoding together that attention takes whole tokens per task and quantizes the output
+/// projection's input rows itself (with two threads, 8 or more tokens): every sequence's logits must equal, bit for
+/// bit, those it gets decoding alone, where attention splits by head and the projection quantizes its own input.
+#[test]
+fn many_sequences_decode_bit_for_bit_as_alone() {
+    let threads = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    threads.install(|| {
+        for spec in [Spec::llama(GgmlType::Q4_1), Spec::gemma(GgmlType::Q8_0)] {
+            let model = load_synthetic(spec);
+            let c = &model.config;
+            let seqs: Vec<Vec<u32>> = (0..10).map(|i| random_tokens(3 + 4 * i, spec.n_vocab, 100 + i as u64)).collect();
+            for kv_dtype in [KvDtype::F32, KvDtype::F16] {
+                let alone: Vec<Vec<f32>> = seqs.iter().map(|s| last_logits(&model, s, s.len() - 1, kv_dtype)).collect();
+                let mut pool = KvPool::new(c, kv_dtype, 1024, 1024);
+                let mut kvs: Vec<SeqKv> = seqs.iter().map(|_| SeqKv::new()).collect();
+                let mut scratch = ForwardScratch::new(&model);
+                for (s, kv) in seqs.iter().zip(kvs.iter_mut()) {
+                    let mut items = [SeqStep { tokens: &s[..s.len() - 1], kv, logits: Logits::None }];
+                    model.forward(&mut items, &mut pool, &mut scratch).unwrap();
+                }
+                let mut items: Vec<SeqStep> = seqs
+                    .iter()
+                    .zip(kvs.iter_mut())
+                    .map(|(s, kv)| SeqStep { tokens: &s[s.len() - 1..], kv, logits: Logits::Last })
+                    .collect();
+                model.forward(&mut items, &mut pool, &mut scratch).unwrap();
+                for (i, want) in alone.iter().enumerate() {
+                    let got = scratch.logits(i, c.n_vocab);
+                    assert!(
+                        got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{:?} {kv_dtype:?}: sequence {i} differs in a batch of 10 (max rel {})",
+                        spec.weight_type,
+                        max_rel_diff(want, got)
+                    );
+                }
+            }
+        }
+    });
+}
+
 #[test]
 fn invalid_tokens_and_full_cache_are_errors() {
     let model = load_synthetic(Spec::llama(GgmlType::Q8_0));

@@ -318,16 +318,12 @@ impl Model {
                     &s.v[t * v_dim..(t + 1) * v_dim],
                 );
             }
-            self.attention(il, items, pool, &s.plan, &s.q[..t_count * q_dim], &mut s.att[..t_count * att_dim]);
+            let wo = self.mat(&lw.wo);
+            let att = &mut s.att[..t_count * att_dim];
+            self.attention(il, items, pool, &s.plan, &s.q[..t_count * q_dim], att, &wo, &mut s.matmul);
 
             // Output projection, optional post-norm, residual.
-            matmul(
-                &self.mat(&lw.wo),
-                &s.att[..t_count * att_dim],
-                t_count,
-                &mut s.xb2[..t_count * n_embd],
-                &mut s.matmul,
-            );
+            matmul(&wo, &s.att[..t_count * att_dim], t_count, &mut s.xb2[..t_count * n_embd], &mut s.matmul);
             // Residual, then the feed-forward's input norm (quantized for its first matmul), in one pass.
             let (wg, wu) = (self.mat(&lw.ffn_gate), self.mat(&lw.ffn_up));
             let quant = s.matmul.prequantize(&[&wg, &wu], &s.xb[..t_count * n_embd], n_embd);
@@ -452,7 +448,22 @@ impl Model {
     /// a key head, so each key and value is read once for all of them; with too few tokens to keep the threads busy
     /// that way, one head per task. Each head's arithmetic is the same either way, so results do not depend on the
     /// split (nor, therefore, on the batch).
-    fn attention(&self, il: usize, items: &[SeqStep], pool: &KvPool, plan: &[TokenSlot], q: &[f32], att: &mut [f32]) {
+    ///
+    /// With enough tokens for every thread, a task takes whole tokens (all their heads) and also quantizes each
+    /// finished row for the output projection `wo` (see [`MatmulScratch::prequantize`]), which then skips its own
+    /// quantization pass. With fewer, tasks take single heads, and `wo` quantizes its few rows itself.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        il: usize,
+        items: &[SeqStep],
+        pool: &KvPool,
+        plan: &[TokenSlot],
+        q: &[f32],
+        att: &mut [f32],
+        wo: &WeightMatrix<'_>,
+        mm: &mut MatmulScratch,
+    ) {
         const MAX_HEADS: usize = 8;
         const BS: usize = super::kv_cache::DEFAULT_BLOCK_SIZE;
         const CHUNK: usize = 8;
@@ -463,7 +474,8 @@ impl Model {
         assert_eq!(pool.block_size, BS, "attention's score buffer is sized for the default block size");
         let scale = c.attn_scale;
         let threads = parallel::threads();
-        let heads = if plan.len() * c.n_head_kv >= 4 * threads {
+        let whole_tokens = plan.len() >= 4 * threads;
+        let heads = if whole_tokens || plan.len() * c.n_head_kv >= 4 * threads {
             (1..=MAX_HEADS.min(group)).rev().find(|h| group.is_multiple_of(*h)).unwrap_or(1)
         } else {
             1
@@ -530,17 +542,25 @@ impl Model {
                 }
             }
         };
-        // With one new token per sequence (decode), one contiguous run per thread: the rows then stay on the
-        // thread that quantizes them for the output projection next (small runs interleaved them and cost 5% of a
-        // 16-sequence step). A prompt's tokens differ in cost (each sees one more position than the one before),
-        // so there threads claim small runs and the late, expensive tokens spread over all of them.
-        let tasks = if plan.len() * runs_per_token < 2 {
-            1
-        } else if plan.len() > items.len() {
-            threads * ATTENTION_TASKS_PER_THREAD
-        } else {
-            threads
-        };
-        for_each_row_in(Chunks::new(att, heads * hdv), tasks, task);
+        if !whole_tokens {
+            let tasks = if plan.len() * runs_per_token >= 2 { threads * ATTENTION_TASKS_PER_THREAD } else { 1 };
+            for_each_row_in(Chunks::new(att, heads * hdv), tasks, task);
+            return;
+        }
+        // With one new token per sequence (decode), one contiguous run of tokens per thread: the rows then stay on
+        // the thread that reads them next (small runs interleaved them and cost 5% of a 16-sequence step). A
+        // prompt's tokens differ in cost (each sees one more position than the one before), so there threads claim
+        // small runs and the late, expensive tokens spread over all of them.
+        let tasks = if plan.len() > items.len() { threads * ATTENTION_TASKS_PER_THREAD } else { threads };
+        let width = c.n_head * hdv;
+        let quant = mm.prequantize(&[wo], att, width);
+        for_each_row_in((Chunks::new(att, width), quant.map(PreQuant::into_rows)), tasks, |t, (row, qr)| {
+            for (r, out) in row.chunks_exact_mut(heads * hdv).enumerate() {
+                task(t * runs_per_token + r, out);
+            }
+            if let Some(mut qr) = qr {
+                qr.quantize(row);
+            }
+        });
     }
 }
