@@ -76,29 +76,42 @@ fn quantize32(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: &mut [f3
         // SAFETY: the slice above has 32 bytes; no alignment requirement.
         unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), v) }
     };
-    for b in 0..nb {
-        let v: [__m256; 4] = std::array::from_fn(|k| ld8f(x, b * 32 + 8 * k));
-        let m = _mm256_max_ps(
-            _mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
-            _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)),
-        );
-        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
-        let (d1, id1) = block_scale(amax);
-        let (q1, sum1, r1) = quant(v, id1);
-        store(&mut qs[b * 32..], q1);
-        let residual = if group == 2 {
-            let (d2, id2) = residual_scale(d1, id1);
-            // Residual x − d1·q1 (a product, then a difference: no fused multiply-add, as in the portable code).
-            let d1v = _mm256_set1_ps(d1);
-            let res: [__m256; 4] = std::array::from_fn(|k| _mm256_sub_ps(v[k], _mm256_mul_ps(d1v, r1[k])));
-            let (q2, sum2, _) = quant(res, id2);
-            store(&mut qs[cols + b * 32..], q2);
-            Some((d2, sum2))
-        } else {
-            None
-        };
-        put_block((&mut *d, &mut *s, &mut *isum), nb, b, (d1, sum1), residual);
+    // Blocks go in runs of RUN, the scales of the whole run first (as the 512-bit form; see there).
+    const RUN: usize = 8;
+    let mut b0 = 0;
+    while b0 < nb {
+        let n = RUN.min(nb - b0);
+        let mut scale = [(0f32, 0f32); RUN];
+        for (j, sc) in scale[..n].iter_mut().enumerate() {
+            let b = b0 + j;
+            let v: [__m256; 4] = std::array::from_fn(|k| ld8f(x, b * 32 + 8 * k));
+            let m = _mm256_max_ps(
+                _mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
+                _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)),
+            );
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            *sc = block_scale(_mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2))));
+        }
+        for (j, &(d1, id1)) in scale[..n].iter().enumerate() {
+            let b = b0 + j;
+            let v: [__m256; 4] = std::array::from_fn(|k| ld8f(x, b * 32 + 8 * k));
+            let (q1, sum1, r1) = quant(v, id1);
+            store(&mut qs[b * 32..], q1);
+            let residual = if group == 2 {
+                let (d2, id2) = residual_scale(d1, id1);
+                // Residual x − d1·q1 (a product, then a difference: no fused multiply-add, as in the portable
+                // code).
+                let d1v = _mm256_set1_ps(d1);
+                let res: [__m256; 4] = std::array::from_fn(|k| _mm256_sub_ps(v[k], _mm256_mul_ps(d1v, r1[k])));
+                let (q2, sum2, _) = quant(res, id2);
+                store(&mut qs[cols + b * 32..], q2);
+                Some((d2, sum2))
+            } else {
+                None
+            };
+            put_block((&mut *d, &mut *s, &mut *isum), nb, b, (d1, sum1), residual);
+        }
+        b0 += n;
     }
 }

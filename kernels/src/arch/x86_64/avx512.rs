@@ -71,24 +71,41 @@ fn quantize32_zmm(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: &mut
         }
         (_mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1])), rf)
     };
-    for b in 0..nb {
+    let load = |b: usize| -> [__m512; 2] {
         let xb = &x[b * 32..b * 32 + 32];
         // SAFETY: the slice above has 32 values.
-        let v: [__m512; 2] = std::array::from_fn(|k| unsafe { _mm512_loadu_ps(xb.as_ptr().add(16 * k)) });
-        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
-        let (d1, id1) = block_scale(amax);
-        let (sum1, r1) = quant(v, id1, &mut qs[b * 32..]);
-        let residual = if group == 2 {
-            let (d2, id2) = residual_scale(d1, id1);
-            // Residual x − d1·q1 (a product, then a difference: no fused multiply-add, as in the portable code).
-            let d1v = _mm512_set1_ps(d1);
-            let res: [__m512; 2] = std::array::from_fn(|k| _mm512_sub_ps(v[k], _mm512_mul_ps(d1v, r1[k])));
-            let (sum2, _) = quant(res, id2, &mut qs[cols + b * 32..]);
-            Some((d2, sum2))
-        } else {
-            None
-        };
-        put_block((&mut *d, &mut *s, &mut *isum), nb, b, (d1, sum1), residual);
+        std::array::from_fn(|k| unsafe { _mm512_loadu_ps(xb.as_ptr().add(16 * k)) })
+    };
+    // Blocks go in runs of RUN, each step over the whole run before the next: a block's own chain (horizontal
+    // maximum, two scalar divisions, rounding, residual, horizontal sums) is long, and one block after another
+    // left the core waiting on it (52 cycles per block).
+    const RUN: usize = 8;
+    let mut b0 = 0;
+    while b0 < nb {
+        let n = RUN.min(nb - b0);
+        let mut scale = [(0f32, 0f32); RUN];
+        for (j, sc) in scale[..n].iter_mut().enumerate() {
+            let v = load(b0 + j);
+            *sc = block_scale(_mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1]))));
+        }
+        for (j, &(d1, id1)) in scale[..n].iter().enumerate() {
+            let b = b0 + j;
+            let v = load(b);
+            let (sum1, r1) = quant(v, id1, &mut qs[b * 32..]);
+            let residual = if group == 2 {
+                let (d2, id2) = residual_scale(d1, id1);
+                // Residual x − d1·q1 (a product, then a difference: no fused multiply-add, as in the portable
+                // code).
+                let d1v = _mm512_set1_ps(d1);
+                let res: [__m512; 2] = std::array::from_fn(|k| _mm512_sub_ps(v[k], _mm512_mul_ps(d1v, r1[k])));
+                let (sum2, _) = quant(res, id2, &mut qs[cols + b * 32..]);
+                Some((d2, sum2))
+            } else {
+                None
+            };
+            put_block((&mut *d, &mut *s, &mut *isum), nb, b, (d1, sum1), residual);
+        }
+        b0 += n;
     }
 }
 
