@@ -473,7 +473,8 @@ fn isa_names_and_env() {
 fn activation_quantizers_give_the_same_bytes_on_every_level() {
     let mut rng = ChaCha8Rng::seed_from_u64(81);
     let scalar = Isa::Scalar.kernels().unwrap();
-    for cols in [32, 96, 576] {
+    // One block, a part run, runs of 8 blocks with a part run after (576), and whole runs only (1536).
+    for cols in [32, 96, 576, 1536] {
         let mut x = randv(&mut rng, cols, 5.0);
         x[..32].fill(0.0); // an all-zero block: d = 0
         if cols > 32 {
