@@ -250,6 +250,37 @@ impl<'a, T: Send> Rows<'a> for Chunks<'a, T> {
     }
 }
 
+/// Rows of a mutable slice (rows of `width` elements) chosen by index: task row `i` is the slice's row `picks[i]`.
+/// Every index must differ, which [`Picked::new`] checks, so no row is handed out twice.
+pub struct Picked<'a, T> {
+    chunks: Chunks<'a, T>,
+    picks: &'a [usize],
+}
+
+impl<'a, T> Picked<'a, T> {
+    /// Panics if an index is out of range or appears twice.
+    pub fn new(slice: &'a mut [T], width: usize, picks: &'a [usize]) -> Self {
+        let chunks = Chunks::new(slice, width);
+        let mut sorted = picks.to_vec();
+        sorted.sort_unstable();
+        assert!(sorted.windows(2).all(|w| w[0] != w[1]), "picked rows repeat");
+        assert!(sorted.last().is_none_or(|&i| i < chunks.count), "picked row out of range");
+        Picked { chunks, picks }
+    }
+}
+
+impl<'a, T: Send> Rows<'a> for Picked<'a, T> {
+    type Row = &'a mut [T];
+    fn count(&self) -> Option<usize> {
+        Some(self.picks.len())
+    }
+    unsafe fn row(&self, i: usize) -> &'a mut [T] {
+        // SAFETY: the picks are distinct (checked in `new`), so distinct `i` give distinct rows; the caller takes
+        // each `i` once.
+        unsafe { self.chunks.row(self.picks[i]) }
+    }
+}
+
 impl<'a, R: Rows<'a>> Rows<'a> for Option<R> {
     type Row = Option<R::Row>;
     fn count(&self) -> Option<usize> {
@@ -279,6 +310,17 @@ impl<'a, A: Rows<'a>, B: Rows<'a>> Rows<'a> for (A, B) {
     unsafe fn row(&self, i: usize) -> Self::Row {
         // SAFETY: the caller's contract, passed on to each part.
         unsafe { (self.0.row(i), self.1.row(i)) }
+    }
+}
+
+impl<'a, A: Rows<'a>, B: Rows<'a>, C: Rows<'a>, D: Rows<'a>> Rows<'a> for (A, B, C, D) {
+    type Row = (A::Row, B::Row, C::Row, D::Row);
+    fn count(&self) -> Option<usize> {
+        joint_count(&[self.0.count(), self.1.count(), self.2.count(), self.3.count()])
+    }
+    unsafe fn row(&self, i: usize) -> Self::Row {
+        // SAFETY: the caller's contract, passed on to each part.
+        unsafe { (self.0.row(i), self.1.row(i), self.2.row(i), self.3.row(i)) }
     }
 }
 

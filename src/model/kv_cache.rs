@@ -67,45 +67,54 @@ impl KvStore {
         }
     }
 
-    /// Writes `values` down a column: `values[i]` goes to `at + i·stride`.
-    fn write_column(&mut self, at: usize, stride: usize, values: &[f32]) {
-        match self {
-            KvStore::F32(s) => {
-                for (i, &v) in values.iter().enumerate() {
-                    s[at + i * stride] = v;
-                }
-            }
-            KvStore::F16(s) => {
-                // Convert in runs with F16C (`half`'s slice conversion), then scatter: one value at a time would
-                // go through the portable conversion.
-                const RUN: usize = 64;
-                let mut buf = [f16::ZERO; RUN];
-                for (c, chunk) in values.chunks(RUN).enumerate() {
-                    let buf = &mut buf[..chunk.len()];
-                    buf.convert_from_f32_slice(chunk);
-                    for (i, &h) in buf.iter().enumerate() {
-                        s[at + (c * RUN + i) * stride] = h;
-                    }
-                }
-            }
-        }
-    }
-
-    fn write(&mut self, at: usize, values: &[f32]) {
-        match self {
-            KvStore::F32(s) => s[at..at + values.len()].copy_from_slice(values),
-            // `half` converts whole slices with F16C when the CPU has it (one value at a time was 3% of a
-            // batched decode step).
-            KvStore::F16(s) => s[at..at + values.len()].convert_from_f32_slice(values),
-        }
-    }
-
     fn slice(&self, at: usize, len: usize) -> KvRow<'_> {
         match self {
             KvStore::F32(s) => KvRow::F32(&s[at..at + len]),
             KvStore::F16(s) => KvRow::F16(&s[at..at + len]),
         }
     }
+}
+
+/// An element type of cached keys and values: how one position's new key and value rows go into their tiles.
+pub trait KvElem: Copy + Send + Sync {
+    /// Writes position `lane`'s key (`k`, one value per key dimension) down its column of a transposed key tile
+    /// (`k.len()` rows of `stride` lanes), and its value row into `v_row`.
+    fn store(k_tile: &mut [Self], lane: usize, stride: usize, k: &[f32], v_row: &mut [Self], v: &[f32]);
+}
+
+impl KvElem for f32 {
+    fn store(k_tile: &mut [f32], lane: usize, stride: usize, k: &[f32], v_row: &mut [f32], v: &[f32]) {
+        for (dst, &x) in k_tile[lane..].iter_mut().step_by(stride).zip(k) {
+            *dst = x;
+        }
+        v_row.copy_from_slice(v);
+    }
+}
+
+impl KvElem for f16 {
+    fn store(k_tile: &mut [f16], lane: usize, stride: usize, k: &[f32], v_row: &mut [f16], v: &[f32]) {
+        // Convert in runs with F16C (`half`'s slice conversion), then scatter: one value at a time would go through
+        // the portable conversion. Whole rows convert the same way (one value at a time was 3% of a batched step).
+        const RUN: usize = 64;
+        let mut buf = [f16::ZERO; RUN];
+        let mut column = k_tile[lane..].iter_mut().step_by(stride);
+        for chunk in k.chunks(RUN) {
+            let buf = &mut buf[..chunk.len()];
+            buf.convert_from_f32_slice(chunk);
+            // `buf` leads the zip: when it runs out, the column is not advanced past the next chunk's first lane.
+            for (&h, dst) in buf.iter().zip(column.by_ref()) {
+                *dst = h;
+            }
+        }
+        v_row.convert_from_f32_slice(v);
+    }
+}
+
+/// The key and value tiles of one layer group, mutable, for writers of many positions at once: tile `i` of the
+/// keys is `k[i·k_tile..][..k_tile]`, of the values `v[i·v_tile..][..v_tile]` (see [`KvPool::tile_of`]).
+pub enum TilesMut<'a> {
+    F32 { k: &'a mut [f32], v: &'a mut [f32] },
+    F16 { k: &'a mut [f16], v: &'a mut [f16] },
 }
 
 /// Layers sharing one block table.
@@ -286,12 +295,39 @@ impl KvPool {
 
     /// Stores the key and value rows of position `pos` (reserved beforehand) for `layer`.
     pub fn write(&mut self, seq: &SeqKv, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
-        let (gi, tile, lane) = self.locate(seq, layer, pos);
-        let bs = self.block_size;
-        let g = &mut self.groups[gi];
-        debug_assert_eq!((k.len(), v.len()), (g.k_row, g.v_row));
-        g.k.write_column(tile * bs * g.k_row + lane, bs, k);
-        g.v.write((tile * bs + lane) * g.v_row, v);
+        let (tile, lane) = self.tile_of(seq, layer, pos);
+        let (bs, (k_tile, v_tile)) = (self.block_size, self.tile_sizes(layer));
+        let v_at = tile * v_tile + lane * v.len();
+        match self.tiles_mut(layer) {
+            TilesMut::F32 { k: kt, v: vt } => {
+                f32::store(&mut kt[tile * k_tile..][..k_tile], lane, bs, k, &mut vt[v_at..v_at + v.len()], v)
+            }
+            TilesMut::F16 { k: kt, v: vt } => {
+                f16::store(&mut kt[tile * k_tile..][..k_tile], lane, bs, k, &mut vt[v_at..v_at + v.len()], v)
+            }
+        }
+    }
+
+    /// The tile (index into [`KvPool::tiles_mut`]'s tiles for `layer`) and lane of position `pos` (reserved).
+    pub fn tile_of(&self, seq: &SeqKv, layer: usize, pos: usize) -> (usize, usize) {
+        let (_, tile, lane) = self.locate(seq, layer, pos);
+        (tile, lane)
+    }
+
+    /// Elements per key tile and per value tile of `layer`'s group.
+    pub fn tile_sizes(&self, layer: usize) -> (usize, usize) {
+        let g = &self.groups[self.layer_slot[layer].0];
+        (g.k_row * self.block_size, g.v_row * self.block_size)
+    }
+
+    /// The whole storage of `layer`'s group, as tiles.
+    pub fn tiles_mut(&mut self, layer: usize) -> TilesMut<'_> {
+        let g = &mut self.groups[self.layer_slot[layer].0];
+        match (&mut g.k, &mut g.v) {
+            (KvStore::F32(k), KvStore::F32(v)) => TilesMut::F32 { k, v },
+            (KvStore::F16(k), KvStore::F16(v)) => TilesMut::F16 { k, v },
+            _ => unreachable!("keys and values of a group share one dtype"),
+        }
     }
 
     /// The block holding position `pos` of `layer`: its whole key tile (`k_row × block_size`, transposed) and
@@ -307,5 +343,36 @@ impl KvPool {
     /// The sliding window of `layer`, if it has one.
     pub fn window(&self, layer: usize) -> Option<usize> {
         self.groups[self.layer_slot[layer].0].window
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One position's key goes down exactly its lane of the transposed tile and its value into the row, at any key
+    /// width (including more than one conversion run of 64), and nothing else is touched.
+    fn check_store<T: KvElem + PartialEq + std::fmt::Debug>(zero: T, from: impl Fn(f32) -> T) {
+        const BS: usize = 16;
+        for k_len in [1, 63, 64, 65, 192, 200] {
+            for lane in [0, 7, BS - 1] {
+                let k: Vec<f32> = (0..k_len).map(|i| 1.0 + i as f32).collect();
+                let v: Vec<f32> = (0..5).map(|i| -1.0 - i as f32).collect();
+                let mut tile = vec![zero; k_len * BS];
+                let mut row = vec![zero; 5];
+                T::store(&mut tile, lane, BS, &k, &mut row, &v);
+                for (i, x) in tile.iter().enumerate() {
+                    let want = if i % BS == lane { from(k[i / BS]) } else { zero };
+                    assert_eq!(*x, want, "k_len {k_len} lane {lane} element {i}");
+                }
+                assert_eq!(row, v.iter().map(|&x| from(x)).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    #[test]
+    fn store_writes_one_lane_and_one_row() {
+        check_store(0f32, |x| x);
+        check_store(f16::ZERO, f16::from_f32);
     }
 }
