@@ -35,7 +35,7 @@ struct Job<'a> {
 /// epoch, then `job` and `n`, then claims a task with a compare-and-swap that expects the same epoch: success
 /// proves the region was still unclaimed-in-part, so the caller had not yet moved on and `job`/`n` were that
 /// region's. Only then is the job dereferenced.
-pub struct Team {
+struct Team {
     state: AtomicU64,
     job: AtomicUsize,
     n: AtomicUsize,
@@ -134,7 +134,9 @@ impl Team {
         // Wait for the helpers' tasks; their increments of `done` release their writes.
         let mut spins = 0u32;
         while self.done.load(Ordering::Acquire) + mine < n {
-            wait(&mut spins);
+            // Not `rayon::yield_now`: the job it found could be a helper of this very team, whose loop only ends
+            // when this thread stops the team.
+            wait(&mut spins, false);
         }
         self.busy.set(false);
         if let Some(payload) = self.panic.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -170,6 +172,11 @@ impl Team {
 
     /// A helper's life: wait for a region, help with it, report the tasks it ran, until the caller stops the team.
     fn serve(&self) {
+        if std::ptr::eq(LEADING.get(), self) {
+            // The caller picked up one of its own helper jobs (through some rayon call while it leads): serving its
+            // own team would never end, since only the caller stops it.
+            return;
+        }
         let mut seen = 0u64;
         let mut spins = 0u32;
         loop {
@@ -178,7 +185,7 @@ impl Team {
             }
             let s = self.state.load(Ordering::Acquire);
             if s >> 32 == seen {
-                wait(&mut spins);
+                wait(&mut spins, true);
                 continue;
             }
             spins = 0;
@@ -191,13 +198,13 @@ impl Team {
     }
 }
 
-/// One round of waiting: spin first, then run pending rayon work (a region not routed through the team) or give the
-/// core away.
-fn wait(spins: &mut u32) {
+/// One round of waiting: spin first, then (for an idle helper, `help`) run pending rayon work, such as a region
+/// not routed through the team, or give the core away.
+fn wait(spins: &mut u32, help: bool) {
     if *spins < SPINS_BEFORE_YIELD {
         *spins += 1;
         std::hint::spin_loop();
-    } else if rayon::yield_now() != Some(rayon::Yield::Executed) {
+    } else if !help || rayon::yield_now() != Some(rayon::Yield::Executed) {
         std::thread::yield_now();
     }
 }

@@ -51,6 +51,40 @@ fn a_team_finishes_without_its_helpers() {
 }
 
 #[test]
+fn a_caller_waiting_long_for_a_helper_does_not_run_its_own_queued_helpers() {
+    // Four threads, two held elsewhere: one helper job runs, another stays queued behind the caller. Slow tasks make
+    // the caller wait past its spinning phase; it must keep waiting, not pick up the queued helper (whose loop only
+    // ends when the caller stops the team).
+    let p = pool(4);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+    let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+    for _ in 0..2 {
+        let (started_tx, rx) = (started_tx.clone(), rx.clone());
+        p.spawn(move || {
+            started_tx.send(()).unwrap();
+            let _ = rx.lock().unwrap().recv();
+        });
+    }
+    started_rx.recv().unwrap();
+    started_rx.recv().unwrap();
+    let ran = AtomicUsize::new(0);
+    p.install(|| {
+        with_team(|| {
+            for _ in 0..3 {
+                for_each_index(4, |_| {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    ran.fetch_add(1, Ordering::Relaxed);
+                });
+            }
+        })
+    });
+    assert_eq!(ran.into_inner(), 12);
+    tx.send(()).unwrap();
+    tx.send(()).unwrap();
+}
+
+#[test]
 fn nested_regions_run_inside_the_task() {
     pool(2).install(|| {
         let total = AtomicUsize::new(0);
