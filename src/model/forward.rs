@@ -123,6 +123,11 @@ impl ForwardScratch {
     }
 }
 
+thread_local! {
+    /// Attention's score rows, reused by every task on this thread.
+    static SCORES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// Runs of attention tasks per thread over a prompt: enough to even out tokens with different cache lengths.
 const ATTENTION_TASKS_PER_THREAD: usize = 8;
 
@@ -566,10 +571,13 @@ impl Model {
             // Positions go in chunks of up to CHUNK blocks: their scores first (one row of CHUNK·BS per head), one
             // softmax step per head over the whole chunk, then the values; per-block softmax steps of 16 scores
             // were mostly overhead.
-            let mut scores = [0f32; MAX_HEADS * CHUNK * BS];
+            let row = CHUNK * BS;
+            // The score rows live in a per-thread buffer: a fresh zeroed array per task (4 KB) was most of the
+            // attention tasks' fixed cost at short contexts. Only what a chunk writes is read back.
+            let mut scores = SCORES.take();
+            scores.resize(heads * row, 0.0);
             let mut tile = [0f32; MAX_HEADS * BS];
             let tile = &mut tile[..heads * BS];
-            let row = CHUNK * BS;
             let mut p = lo;
             while p <= slot.pos {
                 // (lane, length, column in the chunk) per block, and the blocks themselves.
@@ -614,6 +622,7 @@ impl Model {
                     vec_f32::scale(1.0 / state.sum, &mut out[h * hdv..(h + 1) * hdv]);
                 }
             }
+            SCORES.set(scores);
         };
         if !whole_tokens {
             let tasks = if plan.len() * runs_per_token >= 2 { threads * ATTENTION_TASKS_PER_THREAD } else { 1 };
