@@ -403,9 +403,11 @@ pub struct QuantRows<'a> {
 
 impl<'a> Rows<'a> for QuantRows<'a> {
     type Row = QuantRow<'a>;
+    #[inline]
     fn count(&self) -> Option<usize> {
         self.qs.count()
     }
+    #[inline]
     unsafe fn row(&self, i: usize) -> QuantRow<'a> {
         // SAFETY: the caller's contract, passed on to each slot array (all of the same row count).
         unsafe {

@@ -247,9 +247,11 @@ impl<'a, T> Chunks<'a, T> {
 
 impl<'a, T: Send> Rows<'a> for Chunks<'a, T> {
     type Row = &'a mut [T];
+    #[inline]
     fn count(&self) -> Option<usize> {
         Some(self.count)
     }
+    #[inline]
     unsafe fn row(&self, i: usize) -> &'a mut [T] {
         assert!(i < self.count);
         // SAFETY: row `i` lies inside the slice borrowed for 'a, and the caller takes it only once.
@@ -278,9 +280,11 @@ impl<'a, T> Picked<'a, T> {
 
 impl<'a, T: Send> Rows<'a> for Picked<'a, T> {
     type Row = &'a mut [T];
+    #[inline]
     fn count(&self) -> Option<usize> {
         Some(self.picks.len())
     }
+    #[inline]
     unsafe fn row(&self, i: usize) -> &'a mut [T] {
         // SAFETY: the picks are distinct (checked in `new`), so distinct `i` give distinct rows; the caller takes
         // each `i` once.
@@ -290,9 +294,11 @@ impl<'a, T: Send> Rows<'a> for Picked<'a, T> {
 
 impl<'a, R: Rows<'a>> Rows<'a> for Option<R> {
     type Row = Option<R::Row>;
+    #[inline]
     fn count(&self) -> Option<usize> {
         self.as_ref().and_then(R::count)
     }
+    #[inline]
     unsafe fn row(&self, i: usize) -> Self::Row {
         // SAFETY: the caller's contract, passed on.
         self.as_ref().map(|r| unsafe { r.row(i) })
@@ -311,9 +317,11 @@ fn joint_count(counts: &[Option<usize>]) -> Option<usize> {
 
 impl<'a, A: Rows<'a>, B: Rows<'a>> Rows<'a> for (A, B) {
     type Row = (A::Row, B::Row);
+    #[inline]
     fn count(&self) -> Option<usize> {
         joint_count(&[self.0.count(), self.1.count()])
     }
+    #[inline]
     unsafe fn row(&self, i: usize) -> Self::Row {
         // SAFETY: the caller's contract, passed on to each part.
         unsafe { (self.0.row(i), self.1.row(i)) }
@@ -322,9 +330,11 @@ impl<'a, A: Rows<'a>, B: Rows<'a>> Rows<'a> for (A, B) {
 
 impl<'a, A: Rows<'a>, B: Rows<'a>, C: Rows<'a>, D: Rows<'a>> Rows<'a> for (A, B, C, D) {
     type Row = (A::Row, B::Row, C::Row, D::Row);
+    #[inline]
     fn count(&self) -> Option<usize> {
         joint_count(&[self.0.count(), self.1.count(), self.2.count(), self.3.count()])
     }
+    #[inline]
     unsafe fn row(&self, i: usize) -> Self::Row {
         // SAFETY: the caller's contract, passed on to each part.
         unsafe { (self.0.row(i), self.1.row(i), self.2.row(i), self.3.row(i)) }
@@ -333,9 +343,11 @@ impl<'a, A: Rows<'a>, B: Rows<'a>, C: Rows<'a>, D: Rows<'a>> Rows<'a> for (A, B,
 
 impl<'a, A: Rows<'a>, B: Rows<'a>, C: Rows<'a>> Rows<'a> for (A, B, C) {
     type Row = (A::Row, B::Row, C::Row);
+    #[inline]
     fn count(&self) -> Option<usize> {
         joint_count(&[self.0.count(), self.1.count(), self.2.count()])
     }
+    #[inline]
     unsafe fn row(&self, i: usize) -> Self::Row {
         // SAFETY: the caller's contract, passed on to each part.
         unsafe { (self.0.row(i), self.1.row(i), self.2.row(i)) }
