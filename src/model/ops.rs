@@ -7,8 +7,22 @@
 use super::config::RopeStyle;
 
 /// `1 / rms(x)`, with `rms(x) = sqrt(mean(x²) + eps)`; the sum of squares runs in f64.
+///
+/// The sum runs in eight independent lanes (element `i` into lane `i % 8`, lanes added pairwise at the end): one
+/// running sum is a chain of dependent additions, 4 cycles each, which made this 3% of a 16-sequence decode step.
 pub fn inv_rms(x: &[f32], eps: f32) -> f32 {
-    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    const LANES: usize = 8;
+    let mut acc = [0f64; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += (v as f64) * (v as f64);
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(chunks.remainder()) {
+        *a += (v as f64) * (v as f64);
+    }
+    let ss = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
     (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32
 }
 
