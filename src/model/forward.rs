@@ -25,6 +25,8 @@ pub struct Model {
     pub weights: ModelWeights,
     file: Arc<GgufFile>,
     precision: ActPrecision,
+    /// Rotary frequencies for the full-attention base and, if any layer uses it, the sliding-window base.
+    rope_freqs: [Vec<f64>; 2],
 }
 
 /// Which positions of a sequence's new tokens need logits.
@@ -216,7 +218,15 @@ impl Model {
     pub fn from_file(file: Arc<GgufFile>) -> Result<Model, GgufError> {
         let config = ModelConfig::from_metadata(file.metadata())?;
         let weights = ModelWeights::load(&file, &config)?;
-        Ok(Model { config, weights, file, precision: ActPrecision::Q8x2 })
+        let rope_freqs = [
+            ops::rope_freqs(config.n_rot, config.rope_base),
+            if config.layer_is_swa.iter().any(|&s| s) {
+                ops::rope_freqs(config.n_rot, config.rope_base_swa)
+            } else {
+                Vec::new()
+            },
+        ];
+        Ok(Model { config, weights, file, precision: ActPrecision::Q8x2, rope_freqs })
     }
 
     /// Opens and loads a GGUF file.
@@ -305,12 +315,13 @@ impl Model {
             });
         }
         // Rotation tables per token, for the full-attention base and the sliding-window base.
-        for (b, base) in [c.rope_base, c.rope_base_swa].into_iter().enumerate() {
+        // (The sliding-window table only when a layer uses it.)
+        for (b, freqs) in self.rope_freqs.iter().enumerate().filter(|(_, f)| !f.is_empty()) {
             let cos = grow(&mut s.rope_cos[b], t_count * half_rot.max(1));
             let sin = grow(&mut s.rope_sin[b], t_count * half_rot.max(1));
             for (t, slot) in s.plan.iter().enumerate() {
                 let r = t * half_rot..(t + 1) * half_rot;
-                ops::rope_table(slot.pos, c.n_rot, base, c.rope_scale, &mut cos[r.clone()], &mut sin[r]);
+                ops::rope_table(slot.pos, freqs, c.rope_scale, &mut cos[r.clone()], &mut sin[r]);
             }
         }
         grow(&mut s.xb, t_count * n_embd);

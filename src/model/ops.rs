@@ -43,14 +43,19 @@ pub fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// Rotation angles' cosines and sines for one position: `n_rot / 2` pairs.
-pub fn rope_table(pos: usize, n_rot: usize, base: f32, scale: f32, cos: &mut [f32], sin: &mut [f32]) {
+/// The rotary frequencies `base^(-2i / n_rot)` for `i < n_rot / 2`, in f64 so long contexts keep their angles
+/// exact. They depend only on the model, so it computes them once ([`rope_table`] per token was mostly `powf`).
+pub fn rope_freqs(n_rot: usize, base: f32) -> Vec<f64> {
+    (0..n_rot / 2).map(|i| (base as f64).powf(-2.0 * i as f64 / n_rot as f64)).collect()
+}
+
+/// Rotation angles' cosines and sines for one position: one pair per frequency (`θ_i = pos / scale · freq_i`).
+pub fn rope_table(pos: usize, freqs: &[f64], scale: f32, cos: &mut [f32], sin: &mut [f32]) {
     let p = pos as f64 / scale as f64;
-    for i in 0..n_rot / 2 {
-        // θ_i = pos · base^(-2i / n_rot), in f64 so long contexts keep their angles exact.
-        let theta = p * (base as f64).powf(-2.0 * i as f64 / n_rot as f64);
-        cos[i] = theta.cos() as f32;
-        sin[i] = theta.sin() as f32;
+    for ((&f, c), s) in freqs.iter().zip(cos.iter_mut()).zip(sin.iter_mut()) {
+        let theta = p * f;
+        *c = theta.cos() as f32;
+        *s = theta.sin() as f32;
     }
 }
 
@@ -112,12 +117,12 @@ mod tests {
     fn rope_preserves_norm_and_is_identity_at_zero() {
         let mut cos = [0f32; 4];
         let mut sin = [0f32; 4];
-        rope_table(0, 8, 10000.0, 1.0, &mut cos, &mut sin);
+        rope_table(0, &rope_freqs(8, 10000.0), 1.0, &mut cos, &mut sin);
         let orig = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
         let mut h = orig;
         rope_apply(&mut h, 8, RopeStyle::Neox, &cos, &sin);
         assert_eq!(h, orig);
-        rope_table(37, 8, 10000.0, 1.0, &mut cos, &mut sin);
+        rope_table(37, &rope_freqs(8, 10000.0), 1.0, &mut cos, &mut sin);
         for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
             let mut h = orig;
             rope_apply(&mut h, 8, style, &cos, &sin);
