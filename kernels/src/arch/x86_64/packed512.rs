@@ -316,7 +316,7 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
         let mut acc = [[_mm512_setzero_ps(); C]; P];
         let mut qp = base;
         for b in 0..nb {
-            if C * G <= 2 {
+            if C == 1 {
                 // Decode streams the weights from DRAM once; the hardware prefetcher alone leaves the cores
                 // waiting. A hint cannot fault, and `wrapping_add` keeps the address computation defined.
                 for q in qp {
