@@ -375,6 +375,16 @@ pub fn quantize_row32(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: 
     (kernels().quantize32)(x, group, qs, d, s, isum)
 }
 
+/// Blocks per run in the SIMD activation quantizers: each finds the scales of a whole run before quantizing any of
+/// its blocks, so the runs' dependency chains (horizontal maximum, scalar divisions, rounding, residual, sums)
+/// overlap instead of following one another (about 52 → 36 cycles per Q8x2 block with AVX-512).
+pub(crate) const QUANT_RUN: usize = 8;
+
+/// `0..nb` in runs of [`QUANT_RUN`] blocks (the last may be shorter).
+pub(crate) fn block_runs(nb: usize) -> impl Iterator<Item = Range<usize>> {
+    (0..nb).step_by(QUANT_RUN).map(move |b0| b0..(b0 + QUANT_RUN).min(nb))
+}
+
 /// A 32-value activation block's scale from its largest magnitude, and the inverse used to quantize (0 for an
 /// all-zero block). Shared by every level's quantizer, so that they all produce the same bytes.
 #[inline(always)]

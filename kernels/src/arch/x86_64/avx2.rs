@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::dispatch::{block_scale, put_block, residual_scale};
+use crate::dispatch::{QUANT_RUN, block_runs, block_scale, put_block, residual_scale};
 
 /// Q8_0 weights stay signed on this level (see [`dot_q8_0`]).
 const Q8_0_OFF: i32 = 0;
@@ -76,14 +76,10 @@ fn quantize32(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: &mut [f3
         // SAFETY: the slice above has 32 bytes; no alignment requirement.
         unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), v) }
     };
-    // Blocks go in runs of RUN, the scales of the whole run first (as the 512-bit form; see there).
-    const RUN: usize = 8;
-    let mut b0 = 0;
-    while b0 < nb {
-        let n = RUN.min(nb - b0);
-        let mut scale = [(0f32, 0f32); RUN];
-        for (j, sc) in scale[..n].iter_mut().enumerate() {
-            let b = b0 + j;
+    // The scales of a whole run of blocks first, then its quantization (see `QUANT_RUN`).
+    for run in block_runs(nb) {
+        let mut scale = [(0f32, 0f32); QUANT_RUN];
+        for (sc, b) in scale.iter_mut().zip(run.clone()) {
             let v: [__m256; 4] = std::array::from_fn(|k| ld8f(x, b * 32 + 8 * k));
             let m = _mm256_max_ps(
                 _mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
@@ -93,8 +89,7 @@ fn quantize32(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: &mut [f3
             let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
             *sc = block_scale(_mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2))));
         }
-        for (j, &(d1, id1)) in scale[..n].iter().enumerate() {
-            let b = b0 + j;
+        for (&(d1, id1), b) in scale.iter().zip(run) {
             let v: [__m256; 4] = std::array::from_fn(|k| ld8f(x, b * 32 + 8 * k));
             let (q1, sum1, r1) = quant(v, id1);
             store(&mut qs[b * 32..], q1);
@@ -112,6 +107,5 @@ fn quantize32(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: &mut [f3
             };
             put_block((&mut *d, &mut *s, &mut *isum), nb, b, (d1, sum1), residual);
         }
-        b0 += n;
     }
 }

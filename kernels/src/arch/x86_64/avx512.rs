@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::dispatch::{block_scale, put_block, residual_scale};
+use crate::dispatch::{QUANT_RUN, block_runs, block_scale, put_block, residual_scale};
 
 /// Q8_0 weights are biased by +128 (flipping the top bit) to make them unsigned.
 const Q8_0_OFF: i32 = 128;
@@ -76,20 +76,14 @@ fn quantize32_zmm(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: &mut
         // SAFETY: the slice above has 32 values.
         std::array::from_fn(|k| unsafe { _mm512_loadu_ps(xb.as_ptr().add(16 * k)) })
     };
-    // Blocks go in runs of RUN, each step over the whole run before the next: a block's own chain (horizontal
-    // maximum, two scalar divisions, rounding, residual, horizontal sums) is long, and one block after another
-    // left the core waiting on it (52 cycles per block).
-    const RUN: usize = 8;
-    let mut b0 = 0;
-    while b0 < nb {
-        let n = RUN.min(nb - b0);
-        let mut scale = [(0f32, 0f32); RUN];
-        for (j, sc) in scale[..n].iter_mut().enumerate() {
-            let v = load(b0 + j);
+    // The scales of a whole run of blocks first, then its quantization (see `QUANT_RUN`).
+    for run in block_runs(nb) {
+        let mut scale = [(0f32, 0f32); QUANT_RUN];
+        for (sc, b) in scale.iter_mut().zip(run.clone()) {
+            let v = load(b);
             *sc = block_scale(_mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1]))));
         }
-        for (j, &(d1, id1)) in scale[..n].iter().enumerate() {
-            let b = b0 + j;
+        for (&(d1, id1), b) in scale.iter().zip(run) {
             let v = load(b);
             let (sum1, r1) = quant(v, id1, &mut qs[b * 32..]);
             let residual = if group == 2 {
@@ -105,7 +99,6 @@ fn quantize32_zmm(x: &[f32], group: usize, qs: &mut [i8], d: &mut [f32], s: &mut
             };
             put_block((&mut *d, &mut *s, &mut *isum), nb, b, (d1, sum1), residual);
         }
-        b0 += n;
     }
 }
 
