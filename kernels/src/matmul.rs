@@ -298,12 +298,11 @@ impl MatmulScratch {
         self.s.resize(self.s.len().max(n_act * nb), 0.0);
         self.isum.resize(self.isum.len().max(n_act * nb), 0);
         PreQuant {
-            qs: &mut self.qs[..n_act * cols],
-            d: &mut self.d[..n_act * nb],
-            s: &mut self.s[..n_act * nb],
-            isum: &mut self.isum[..n_act * nb],
+            qs: Chunks::new(&mut self.qs[..n_act * cols], g * cols),
+            d: Chunks::new(&mut self.d[..n_act * nb], g * nb),
+            s: Chunks::new(&mut self.s[..n_act * nb], g * nb),
+            isum: Chunks::new(&mut self.isum[..n_act * nb], g * nb),
             g,
-            cols,
             kern,
         }
     }
@@ -327,7 +326,7 @@ impl MatmulScratch {
     }
 
     fn quantize32(&mut self, kern: &Kernels, x: &[f32], m: usize, cols: usize) {
-        let rows = self.act32_rows(kern, m, cols).into_rows();
+        let rows = self.act32_rows(kern, m, cols);
         for_each_row(rows, m >= PAR_QUANT_ROWS, |t, mut r| r.quantize(&x[t * cols..(t + 1) * cols]));
     }
 
@@ -343,14 +342,14 @@ impl MatmulScratch {
     }
 }
 
-/// Activation rows to be quantized by the pass that produces them: see [`MatmulScratch::prequantize`].
+/// Activation rows to be quantized by the pass that produces them (see [`MatmulScratch::prequantize`]), one
+/// [`QuantRow`] per index for [`crate::parallel::for_each_row`]: per row, `g` parts' quants and block arrays.
 pub struct PreQuant<'a> {
-    qs: &'a mut [i8],
-    d: &'a mut [f32],
-    s: &'a mut [f32],
-    isum: &'a mut [i32],
+    qs: Chunks<'a, i8>,
+    d: Chunks<'a, f32>,
+    s: Chunks<'a, f32>,
+    isum: Chunks<'a, i32>,
     g: usize,
-    cols: usize,
     kern: &'a Kernels,
 }
 
@@ -371,37 +370,7 @@ impl QuantRow<'_> {
     }
 }
 
-impl<'a> PreQuant<'a> {
-    /// Per row: quant bytes, blocks (both for `g` parts), and `g`.
-    fn parts(&self) -> (usize, usize, usize) {
-        (self.g * self.cols, self.g * (self.cols / 32), self.g)
-    }
-
-    /// The rows, for [`crate::parallel::for_each_row`].
-    pub fn into_rows(self) -> QuantRows<'a> {
-        let (qn, bn, g) = self.parts();
-        QuantRows {
-            qs: Chunks::new(self.qs, qn),
-            d: Chunks::new(self.d, bn),
-            s: Chunks::new(self.s, bn),
-            isum: Chunks::new(self.isum, bn),
-            g,
-            kern: self.kern,
-        }
-    }
-}
-
-/// A [`PreQuant`]'s rows, one [`QuantRow`] per index.
-pub struct QuantRows<'a> {
-    qs: Chunks<'a, i8>,
-    d: Chunks<'a, f32>,
-    s: Chunks<'a, f32>,
-    isum: Chunks<'a, i32>,
-    g: usize,
-    kern: &'a Kernels,
-}
-
-impl<'a> Rows<'a> for QuantRows<'a> {
+impl<'a> Rows<'a> for PreQuant<'a> {
     type Row = QuantRow<'a>;
     #[inline]
     fn count(&self) -> Option<usize> {

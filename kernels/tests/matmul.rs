@@ -208,9 +208,7 @@ fn prequantized_rows_give_the_same_result_as_the_matmuls_own_pass() {
                                     ty,
                                     GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0
                                 ));
-                                for_each_row(pre.into_rows(), parallel, |t, mut r| {
-                                    r.quantize(&x[t * cols..(t + 1) * cols])
-                                });
+                                for_each_row(pre, parallel, |t, mut r| r.quantize(&x[t * cols..(t + 1) * cols]));
                             }
                             None => assert!(!matches!(
                                 ty,
@@ -224,7 +222,7 @@ fn prequantized_rows_give_the_same_result_as_the_matmuls_own_pass() {
                     // product (which is how a caller must not use it, and how the test sees the skip).
                     if let Some(pre) = s.prequantize(&[&w], &x, cols) {
                         let y: Vec<f32> = x.iter().map(|v| 0.5 - v).collect();
-                        for_each_row(pre.into_rows(), false, |t, mut r| r.quantize(&y[t * cols..(t + 1) * cols]));
+                        for_each_row(pre, false, |t, mut r| r.quantize(&y[t * cols..(t + 1) * cols]));
                         let (mut got, mut want_y) = (vec![f32::NAN; m * rows], vec![f32::NAN; m * rows]);
                         matmul(&w, &x, m, &mut got, &mut s);
                         matmul(&w, &y, m, &mut want_y, &mut s);
@@ -233,7 +231,7 @@ fn prequantized_rows_give_the_same_result_as_the_matmuls_own_pass() {
                     // Prequantized for another buffer: the next call quantizes itself.
                     let other = vec![9.0f32; m * cols];
                     if let Some(pre) = s.prequantize(&[&w], &other, cols) {
-                        for_each_row(pre.into_rows(), false, |t, mut r| r.quantize(&other[t * cols..(t + 1) * cols]));
+                        for_each_row(pre, false, |t, mut r| r.quantize(&other[t * cols..(t + 1) * cols]));
                     }
                     let mut got = vec![f32::NAN; m * rows];
                     matmul(&w, &x, m, &mut got, &mut s);

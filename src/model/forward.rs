@@ -149,7 +149,7 @@ fn for_rows2(
     f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync + Send,
 ) {
     let par = a.len() / wa.max(1) >= PAR_ROWS;
-    let rows = (Chunks::new(a, wa), Chunks::new(b, wb), quant.map(PreQuant::into_rows));
+    let rows = (Chunks::new(a, wa), Chunks::new(b, wb), quant);
     for_each_row(rows, par, |t, (ra, rb, qr)| {
         f(t, ra, rb);
         if let Some(mut qr) = qr {
@@ -162,7 +162,7 @@ fn for_rows2(
 /// that reads it next.
 fn for_rows(buf: &mut [f32], width: usize, quant: Option<PreQuant<'_>>, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     let par = buf.len() / width.max(1) >= PAR_ROWS;
-    for_each_row((Chunks::new(buf, width), quant.map(PreQuant::into_rows)), par, |t, (row, qr)| {
+    for_each_row((Chunks::new(buf, width), quant), par, |t, (row, qr)| {
         f(t, row);
         if let Some(mut qr) = qr {
             qr.quantize(row);
@@ -647,7 +647,7 @@ impl Model {
         let tasks = if plan.len() > items.len() { threads * ATTENTION_TASKS_PER_THREAD } else { threads };
         let width = c.n_head * hdv;
         let quant = mm.prequantize(&[wo], att, width);
-        for_each_row_in((Chunks::new(att, width), quant.map(PreQuant::into_rows)), tasks, |t, (row, qr)| {
+        for_each_row_in((Chunks::new(att, width), quant), tasks, |t, (row, qr)| {
             for (r, out) in row.chunks_exact_mut(heads * hdv).enumerate() {
                 task(t * runs_per_token + r, out);
             }
