@@ -17,7 +17,7 @@ use crate::gguf::{GgufError, GgufFile};
 use super::config::{Activation, ModelConfig};
 use super::kv_cache::{KvElem, KvError, KvPool, KvRow, SeqKv, TilesMut};
 use super::ops;
-use super::weights::ModelWeights;
+use super::weights::{LayerWeights, ModelWeights};
 
 /// A loaded model: configuration, weights (zero-copy in the file's memory map) and the file itself.
 pub struct Model {
@@ -161,8 +161,19 @@ fn for_rows2(
 /// Row `t` of a matrix (`width` values per row); with `quant`, each finished row is also quantized for the matmul
 /// that reads it next.
 fn for_rows(buf: &mut [f32], width: usize, quant: Option<PreQuant<'_>>, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
-    let par = buf.len() / width.max(1) >= PAR_ROWS;
-    for_each_row((Chunks::new(buf, width), quant), par, |t, (row, qr)| {
+    let tasks = if buf.len() / width.max(1) >= PAR_ROWS { parallel::threads() } else { 1 };
+    for_rows_in(buf, width, quant, tasks, f)
+}
+
+/// [`for_rows`] in `tasks` runs of rows (see [`for_each_row_in`]).
+fn for_rows_in(
+    buf: &mut [f32],
+    width: usize,
+    quant: Option<PreQuant<'_>>,
+    tasks: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync + Send,
+) {
+    for_each_row_in((Chunks::new(buf, width), quant), tasks, |t, (row, qr)| {
         f(t, row);
         if let Some(mut qr) = qr {
             qr.quantize(row);
@@ -255,6 +266,11 @@ impl Model {
         l.matrix(&self.file)
     }
 
+    /// A layer's query, key and value projections, which one matmul call runs together.
+    fn qkv<'a>(&'a self, l: &'a LayerWeights) -> [WeightMatrix<'a>; 3] {
+        [self.mat(&l.wq), self.mat(&l.wk), self.mat(&l.wv)]
+    }
+
     /// Runs one batch through the decoder, appending the new tokens to each sequence's cache.
     ///
     /// The current rayon pool's threads stay together as one team for the whole pass (see
@@ -337,8 +353,7 @@ impl Model {
         // The first layer's input norm; every later one is fused with the residual that ends the layer before.
         if let Some(l0) = self.weights.layers.first() {
             let x = &s.x[..t_count * n_embd];
-            let qkv = [self.mat(&l0.wq), self.mat(&l0.wk), self.mat(&l0.wv)];
-            let quant = s.matmul.prequantize(&[&qkv[0], &qkv[1], &qkv[2]], &s.xb[..t_count * n_embd], n_embd);
+            let quant = s.matmul.prequantize(&self.qkv(l0).each_ref(), &s.xb[..t_count * n_embd], n_embd);
             for_rows(&mut s.xb[..t_count * n_embd], n_embd, quant, |t, row| {
                 ops::rmsnorm(row, &x[t * n_embd..(t + 1) * n_embd], &l0.attn_norm, c.rms_eps)
             });
@@ -346,10 +361,10 @@ impl Model {
         for (il, lw) in self.weights.layers.iter().enumerate() {
             // Q, K, V from one pass over the normed input.
             {
-                let (wq, wk, wv) = (self.mat(&lw.wq), self.mat(&lw.wk), self.mat(&lw.wv));
                 let mut outs: [&mut [f32]; 3] =
                     [&mut s.q[..t_count * q_dim], &mut s.k[..t_count * k_dim], &mut s.v[..t_count * v_dim]];
-                matmul_multi(&[&wq, &wk, &wv], &s.xb[..t_count * n_embd], t_count, &mut outs, &mut s.matmul);
+                let qkv = self.qkv(lw);
+                matmul_multi(&qkv.each_ref(), &s.xb[..t_count * n_embd], t_count, &mut outs, &mut s.matmul);
             }
 
             // Per-head norms and rotations.
@@ -445,10 +460,8 @@ impl Model {
             matmul(&wd, &s.gate[..t_count * n_ff], t_count, &mut s.xb2[..t_count * n_embd], &mut s.matmul);
             // Residual, then the next layer's input norm (quantized for its first matmul).
             let next_layer = self.weights.layers.get(il + 1);
-            let quant = next_layer.and_then(|l| {
-                let qkv = [self.mat(&l.wq), self.mat(&l.wk), self.mat(&l.wv)];
-                s.matmul.prequantize(&[&qkv[0], &qkv[1], &qkv[2]], &s.xb[..t_count * n_embd], n_embd)
-            });
+            let quant = next_layer
+                .and_then(|l| s.matmul.prequantize(&self.qkv(l).each_ref(), &s.xb[..t_count * n_embd], n_embd));
             let next = next_layer.map(|l| (l.attn_norm.as_slice(), &mut s.xb[..t_count * n_embd]));
             let delta = &s.xb2[..t_count * n_embd];
             self.residual(&mut s.x[..t_count * n_embd], delta, lw.ffn_post_norm.as_deref(), next, quant);
@@ -647,12 +660,9 @@ impl Model {
         let tasks = if plan.len() > items.len() { threads * ATTENTION_TASKS_PER_THREAD } else { threads };
         let width = c.n_head * hdv;
         let quant = mm.prequantize(&[wo], att, width);
-        for_each_row_in((Chunks::new(att, width), quant), tasks, |t, (row, qr)| {
+        for_rows_in(att, width, quant, tasks, |t, row| {
             for (r, out) in row.chunks_exact_mut(heads * hdv).enumerate() {
                 task(t * runs_per_token + r, out);
-            }
-            if let Some(mut qr) = qr {
-                qr.quantize(row);
             }
         });
     }
