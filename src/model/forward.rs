@@ -211,15 +211,7 @@ fn rotate_and_store<T: KvElem>(
     );
     for_each_row(rows, n >= PAR_ROWS, |t, (qr, kr, k_tile, v_tile)| {
         rotate(t, qr, kr);
-        let lane = at.lanes[t];
-        T::store(
-            k_tile,
-            lane,
-            at.bs,
-            kr,
-            &mut v_tile[lane * v_dim..(lane + 1) * v_dim],
-            &v[t * v_dim..(t + 1) * v_dim],
-        );
+        T::store(k_tile, v_tile, at.lanes[t], at.bs, kr, &v[t * v_dim..(t + 1) * v_dim]);
     });
 }
 

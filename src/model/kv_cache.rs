@@ -77,36 +77,57 @@ impl KvStore {
 
 /// An element type of cached keys and values: how one position's new key and value rows go into their tiles.
 pub trait KvElem: Copy + Send + Sync {
-    /// Writes position `lane`'s key (`k`, one value per key dimension) down its column of a transposed key tile
-    /// (`k.len()` rows of `stride` lanes), and its value row into `v_row`.
-    fn store(k_tile: &mut [Self], lane: usize, stride: usize, k: &[f32], v_row: &mut [Self], v: &[f32]);
+    /// Writes `src`, converted, to `dst[0]`, `dst[stride]`, `dst[2·stride]`, … (`dst` long enough).
+    fn put_strided(dst: &mut [Self], stride: usize, src: &[f32]);
+    /// Writes `src`, converted, to `dst` (of the same length).
+    fn put_row(dst: &mut [Self], src: &[f32]);
+
+    /// Stores one position of a block: its key `k` down lane `lane` of the transposed key tile (`k.len()` rows of
+    /// `bs` lanes) and its value `v` as row `lane` of the value tile (`bs` rows of `v.len()`).
+    fn store(k_tile: &mut [Self], v_tile: &mut [Self], lane: usize, bs: usize, k: &[f32], v: &[f32]) {
+        assert!(
+            lane < bs && k_tile.len() == k.len() * bs && v_tile.len() == v.len() * bs,
+            "a key of {} and a value of {} do not fit tiles of {} and {} at lane {lane} of {bs}",
+            k.len(),
+            v.len(),
+            k_tile.len(),
+            v_tile.len()
+        );
+        Self::put_strided(&mut k_tile[lane..], bs, k);
+        Self::put_row(&mut v_tile[lane * v.len()..(lane + 1) * v.len()], v);
+    }
 }
 
 impl KvElem for f32 {
-    fn store(k_tile: &mut [f32], lane: usize, stride: usize, k: &[f32], v_row: &mut [f32], v: &[f32]) {
-        for (dst, &x) in k_tile[lane..].iter_mut().step_by(stride).zip(k) {
-            *dst = x;
+    fn put_strided(dst: &mut [f32], stride: usize, src: &[f32]) {
+        for (&x, d) in src.iter().zip(dst.iter_mut().step_by(stride)) {
+            *d = x;
         }
-        v_row.copy_from_slice(v);
+    }
+    fn put_row(dst: &mut [f32], src: &[f32]) {
+        dst.copy_from_slice(src);
     }
 }
 
 impl KvElem for f16 {
-    fn store(k_tile: &mut [f16], lane: usize, stride: usize, k: &[f32], v_row: &mut [f16], v: &[f32]) {
+    fn put_strided(dst: &mut [f16], stride: usize, src: &[f32]) {
         // Convert in runs with F16C (`half`'s slice conversion), then scatter: one value at a time would go through
-        // the portable conversion. Whole rows convert the same way (one value at a time was 3% of a batched step).
+        // the portable conversion.
         const RUN: usize = 64;
         let mut buf = [f16::ZERO; RUN];
-        let mut column = k_tile[lane..].iter_mut().step_by(stride);
-        for chunk in k.chunks(RUN) {
+        let mut column = dst.iter_mut().step_by(stride);
+        for chunk in src.chunks(RUN) {
             let buf = &mut buf[..chunk.len()];
             buf.convert_from_f32_slice(chunk);
             // `buf` leads the zip: when it runs out, the column is not advanced past the next chunk's first lane.
-            for (&h, dst) in buf.iter().zip(column.by_ref()) {
-                *dst = h;
+            for (&h, d) in buf.iter().zip(column.by_ref()) {
+                *d = h;
             }
         }
-        v_row.convert_from_f32_slice(v);
+    }
+    fn put_row(dst: &mut [f16], src: &[f32]) {
+        // Whole rows convert with F16C too (one value at a time was 3% of a batched step).
+        dst.convert_from_f32_slice(src);
     }
 }
 
@@ -296,14 +317,13 @@ impl KvPool {
     /// Stores the key and value rows of position `pos` (reserved beforehand) for `layer`.
     pub fn write(&mut self, seq: &SeqKv, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
         let (tile, lane) = self.tile_of(seq, layer, pos);
-        let (bs, (k_tile, v_tile)) = (self.block_size, self.tile_sizes(layer));
-        let v_at = tile * v_tile + lane * v.len();
+        let (bs, (kn, vn)) = (self.block_size, self.tile_sizes(layer));
         match self.tiles_mut(layer) {
             TilesMut::F32 { k: kt, v: vt } => {
-                f32::store(&mut kt[tile * k_tile..][..k_tile], lane, bs, k, &mut vt[v_at..v_at + v.len()], v)
+                f32::store(&mut kt[tile * kn..][..kn], &mut vt[tile * vn..][..vn], lane, bs, k, v)
             }
             TilesMut::F16 { k: kt, v: vt } => {
-                f16::store(&mut kt[tile * k_tile..][..k_tile], lane, bs, k, &mut vt[v_at..v_at + v.len()], v)
+                f16::store(&mut kt[tile * kn..][..kn], &mut vt[tile * vn..][..vn], lane, bs, k, v)
             }
         }
     }
@@ -350,24 +370,35 @@ impl KvPool {
 mod tests {
     use super::*;
 
-    /// One position's key goes down exactly its lane of the transposed tile and its value into the row, at any key
-    /// width (including more than one conversion run of 64), and nothing else is touched.
+    /// One position's key goes down exactly its lane of the transposed tile and its value into its row of the value
+    /// tile, at any key width (including more than one conversion run of 64), and nothing else is touched.
     fn check_store<T: KvElem + PartialEq + std::fmt::Debug>(zero: T, from: impl Fn(f32) -> T) {
         const BS: usize = 16;
+        const V: usize = 5;
         for k_len in [1, 63, 64, 65, 192, 200] {
             for lane in [0, 7, BS - 1] {
                 let k: Vec<f32> = (0..k_len).map(|i| 1.0 + i as f32).collect();
-                let v: Vec<f32> = (0..5).map(|i| -1.0 - i as f32).collect();
-                let mut tile = vec![zero; k_len * BS];
-                let mut row = vec![zero; 5];
-                T::store(&mut tile, lane, BS, &k, &mut row, &v);
-                for (i, x) in tile.iter().enumerate() {
+                let v: Vec<f32> = (0..V).map(|i| -1.0 - i as f32).collect();
+                let mut k_tile = vec![zero; k_len * BS];
+                let mut v_tile = vec![zero; V * BS];
+                T::store(&mut k_tile, &mut v_tile, lane, BS, &k, &v);
+                for (i, x) in k_tile.iter().enumerate() {
                     let want = if i % BS == lane { from(k[i / BS]) } else { zero };
-                    assert_eq!(*x, want, "k_len {k_len} lane {lane} element {i}");
+                    assert_eq!(*x, want, "k_len {k_len} lane {lane} key element {i}");
                 }
-                assert_eq!(row, v.iter().map(|&x| from(x)).collect::<Vec<_>>());
+                for (i, x) in v_tile.iter().enumerate() {
+                    let want = if i / V == lane { from(v[i % V]) } else { zero };
+                    assert_eq!(*x, want, "lane {lane} value element {i}");
+                }
             }
         }
+    }
+
+    #[test]
+    #[should_panic(expected = "do not fit tiles")]
+    fn store_rejects_a_key_wider_than_its_tile() {
+        let (mut k_tile, mut v_tile) = (vec![0f32; 4 * 16], vec![0f32; 2 * 16]);
+        f32::store(&mut k_tile, &mut v_tile, 0, 16, &[1.0; 5], &[1.0; 2]);
     }
 
     #[test]
