@@ -259,22 +259,38 @@ impl<'a, T: Send> Rows<'a> for Chunks<'a, T> {
     }
 }
 
+/// Row indices checked once to be distinct, so that any number of [`Picked`] row sets (keys and values, say) can
+/// share them without checking again.
+#[derive(Clone, Copy, Debug)]
+pub struct DistinctIndices<'a> {
+    idx: &'a [usize],
+    /// One past the largest index (0 when empty).
+    end: usize,
+}
+
+impl<'a> DistinctIndices<'a> {
+    /// Panics if an index appears twice.
+    pub fn new(idx: &'a [usize]) -> Self {
+        let mut sorted = idx.to_vec();
+        sorted.sort_unstable();
+        assert!(sorted.windows(2).all(|w| w[0] != w[1]), "picked rows repeat");
+        DistinctIndices { idx, end: sorted.last().map_or(0, |&i| i + 1) }
+    }
+}
+
 /// Rows of a mutable slice (rows of `width` elements) chosen by index: task row `i` is the slice's row `picks[i]`.
-/// Every index must differ, which [`Picked::new`] checks, so no row is handed out twice.
+/// The indices are distinct ([`DistinctIndices`]), so no row is handed out twice.
 pub struct Picked<'a, T> {
     chunks: Chunks<'a, T>,
     picks: &'a [usize],
 }
 
 impl<'a, T> Picked<'a, T> {
-    /// Panics if an index is out of range or appears twice.
-    pub fn new(slice: &'a mut [T], width: usize, picks: &'a [usize]) -> Self {
+    /// Panics if an index is out of range.
+    pub fn new(slice: &'a mut [T], width: usize, picks: DistinctIndices<'a>) -> Self {
         let chunks = Chunks::new(slice, width);
-        let mut sorted = picks.to_vec();
-        sorted.sort_unstable();
-        assert!(sorted.windows(2).all(|w| w[0] != w[1]), "picked rows repeat");
-        assert!(sorted.last().is_none_or(|&i| i < chunks.count), "picked row out of range");
-        Picked { chunks, picks }
+        assert!(picks.end <= chunks.count, "picked row out of range");
+        Picked { chunks, picks: picks.idx }
     }
 }
 
@@ -286,8 +302,8 @@ impl<'a, T: Send> Rows<'a> for Picked<'a, T> {
     }
     #[inline]
     unsafe fn row(&self, i: usize) -> &'a mut [T] {
-        // SAFETY: the picks are distinct (checked in `new`), so distinct `i` give distinct rows; the caller takes
-        // each `i` once.
+        // SAFETY: the picks are distinct (checked by `DistinctIndices::new`) and in range (checked in `new`), so
+        // distinct `i` give distinct rows; the caller takes each `i` once.
         unsafe { self.chunks.row(self.picks[i]) }
     }
 }
@@ -315,44 +331,26 @@ fn joint_count(counts: &[Option<usize>]) -> Option<usize> {
     first
 }
 
-impl<'a, A: Rows<'a>, B: Rows<'a>> Rows<'a> for (A, B) {
-    type Row = (A::Row, B::Row);
-    #[inline]
-    fn count(&self) -> Option<usize> {
-        joint_count(&[self.0.count(), self.1.count()])
-    }
-    #[inline]
-    unsafe fn row(&self, i: usize) -> Self::Row {
-        // SAFETY: the caller's contract, passed on to each part.
-        unsafe { (self.0.row(i), self.1.row(i)) }
-    }
+/// Tuples of row parts: row `i` of each, together.
+macro_rules! tuple_rows {
+    ($($P:ident . $i:tt),+) => {
+        impl<'a, $($P: Rows<'a>),+> Rows<'a> for ($($P,)+) {
+            type Row = ($($P::Row,)+);
+            #[inline]
+            fn count(&self) -> Option<usize> {
+                joint_count(&[$(self.$i.count()),+])
+            }
+            #[inline]
+            unsafe fn row(&self, i: usize) -> Self::Row {
+                // SAFETY: the caller's contract, passed on to each part.
+                unsafe { ($(self.$i.row(i),)+) }
+            }
+        }
+    };
 }
-
-impl<'a, A: Rows<'a>, B: Rows<'a>, C: Rows<'a>, D: Rows<'a>> Rows<'a> for (A, B, C, D) {
-    type Row = (A::Row, B::Row, C::Row, D::Row);
-    #[inline]
-    fn count(&self) -> Option<usize> {
-        joint_count(&[self.0.count(), self.1.count(), self.2.count(), self.3.count()])
-    }
-    #[inline]
-    unsafe fn row(&self, i: usize) -> Self::Row {
-        // SAFETY: the caller's contract, passed on to each part.
-        unsafe { (self.0.row(i), self.1.row(i), self.2.row(i), self.3.row(i)) }
-    }
-}
-
-impl<'a, A: Rows<'a>, B: Rows<'a>, C: Rows<'a>> Rows<'a> for (A, B, C) {
-    type Row = (A::Row, B::Row, C::Row);
-    #[inline]
-    fn count(&self) -> Option<usize> {
-        joint_count(&[self.0.count(), self.1.count(), self.2.count()])
-    }
-    #[inline]
-    unsafe fn row(&self, i: usize) -> Self::Row {
-        // SAFETY: the caller's contract, passed on to each part.
-        unsafe { (self.0.row(i), self.1.row(i), self.2.row(i)) }
-    }
-}
+tuple_rows!(A.0, B.1);
+tuple_rows!(A.0, B.1, C.2);
+tuple_rows!(A.0, B.1, C.2, D.3);
 
 /// Runs `f(i, row i)` for every row of `rows`: across the threads (see [`for_each_index`]) when `parallel`, else
 /// in order on the calling thread. Each thread gets one contiguous run of rows, so neighbouring rows (and the cache

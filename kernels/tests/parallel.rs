@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use infer_kernels::parallel::{Chunks, for_each_index, for_each_row, with_team};
+use infer_kernels::parallel::{Chunks, DistinctIndices, Picked, for_each_index, for_each_row, with_team};
 
 fn pool(threads: usize) -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap()
@@ -149,4 +149,35 @@ fn rows_are_whole_and_disjoint() {
 fn row_parts_must_agree_on_their_count() {
     let (mut a, mut b) = (vec![0u8; 8], vec![0u8; 9]);
     for_each_row((Chunks::new(&mut a, 2), Chunks::new(&mut b, 3)), false, |_, _| {});
+}
+
+#[test]
+fn picked_rows_follow_their_indices_and_share_one_check() {
+    pool(2).install(|| {
+        let (mut a, mut b) = (vec![0u32; 5 * 3], vec![0u32; 5 * 2]);
+        let idx = [4, 0, 2];
+        let picks = DistinctIndices::new(&idx);
+        let rows = (Picked::new(&mut a, 3, picks), Picked::new(&mut b, 2, picks));
+        with_team(|| {
+            for_each_row(rows, true, |i, (ra, rb)| {
+                ra.fill(i as u32 + 1);
+                rb.fill(10 * (i as u32 + 1));
+            })
+        });
+        assert_eq!(a, [2, 2, 2, 0, 0, 0, 3, 3, 3, 0, 0, 0, 1, 1, 1]);
+        assert_eq!(b, [20, 20, 0, 0, 30, 30, 0, 0, 10, 10]);
+    });
+}
+
+#[test]
+#[should_panic(expected = "picked rows repeat")]
+fn picked_indices_must_differ() {
+    DistinctIndices::new(&[3, 1, 3]);
+}
+
+#[test]
+#[should_panic(expected = "picked row out of range")]
+fn picked_indices_must_be_rows_of_the_slice() {
+    let mut a = vec![0u8; 4];
+    let _ = Picked::new(&mut a, 2, DistinctIndices::new(&[0, 2]));
 }

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use infer_kernels::matmul::{ActPrecision, MatmulScratch, PreQuant, WeightMatrix, matmul, matmul_multi};
-use infer_kernels::parallel::{self, Chunks, Picked, for_each_row, for_each_row_in};
+use infer_kernels::parallel::{self, Chunks, DistinctIndices, Picked, for_each_row, for_each_row_in};
 use infer_kernels::vec_f32;
 
 use crate::gguf::{GgufError, GgufFile};
@@ -192,7 +192,7 @@ struct KvAt<'a> {
 
 /// Per token `t` (in parallel with enough tokens): `rotate(t, q row, k row)`, then the rotated key and the value
 /// row go into the token's KV tiles. The tiles must all differ (one new position per sequence), which
-/// [`Picked`] checks.
+/// [`DistinctIndices`] checks.
 fn rotate_and_store<T: KvElem>(
     q: &mut [f32],
     k: &mut [f32],
@@ -203,11 +203,12 @@ fn rotate_and_store<T: KvElem>(
 ) {
     let n = at.tiles.len();
     let (q_dim, k_dim, v_dim) = (q.len() / n.max(1), k.len() / n.max(1), v.len() / n.max(1));
+    let tiles = DistinctIndices::new(at.tiles);
     let rows = (
         Chunks::new(q, q_dim),
         Chunks::new(k, k_dim),
-        Picked::new(kt, at.sizes.0, at.tiles),
-        Picked::new(vt, at.sizes.1, at.tiles),
+        Picked::new(kt, at.sizes.0, tiles),
+        Picked::new(vt, at.sizes.1, tiles),
     );
     for_each_row(rows, n >= PAR_ROWS, |t, (qr, kr, k_tile, v_tile)| {
         rotate(t, qr, kr);
