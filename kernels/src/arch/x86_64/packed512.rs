@@ -150,14 +150,16 @@ unsafe fn run<F: Quants, const G: usize>(
         let o1 = (o0 + chunk).min(n_out);
         let mut p = panels.start;
         while p < panels.end {
-            // SAFETY (both): p + P ≤ panels.end; the rest is the caller's.
-            if panels.end - p >= 2 {
-                unsafe { rows::<F, G, 2>(w, p, act, o0..o1, out) };
-                p += 2;
+            let n = if panels.end - p >= 2 { 2 } else { 1 };
+            // The next group of this task's panels, which the tiles of this one fetch as they go.
+            let next = Ahead { lines: (panels.end - p - n).min(2) * w.panel_bytes / 64, from: p + n };
+            // SAFETY (both): p + n ≤ panels.end; the rest is the caller's.
+            if n == 2 {
+                unsafe { rows::<F, G, 2>(w, p, act, o0..o1, next, out) };
             } else {
-                unsafe { rows::<F, G, 1>(w, p, act, o0..o1, out) };
-                p += 1;
+                unsafe { rows::<F, G, 1>(w, p, act, o0..o1, next, out) };
             }
+            p += n;
         }
         o0 = o1;
     }
@@ -179,15 +181,16 @@ unsafe fn rows<F: Quants, const G: usize, const P: usize>(
     p: usize,
     act: &Act32<'_>,
     outs: Range<usize>,
+    next: Ahead,
     out: &OutSink<'_>,
 ) {
     let nb = w.nb;
     if outs.len() <= tile_rows(G, P) || nb > SCALE_CACHE_BLOCKS {
         // SAFETY: the caller's contract; no scale cache (the pointers are never read).
-        unsafe { tiles::<F, G, P, false>(w, p, act, outs, [std::ptr::null(); P], out) };
+        unsafe { tiles::<F, G, P, false>(w, p, act, outs, [std::ptr::null(); P], next, out) };
     } else {
         // SAFETY: as above.
-        unsafe { rows_cached::<F, G, P>(w, p, act, outs, out) };
+        unsafe { rows_cached::<F, G, P>(w, p, act, outs, next, out) };
     }
 }
 
@@ -203,6 +206,7 @@ unsafe fn rows_cached<F: Quants, const G: usize, const P: usize>(
     p: usize,
     act: &Act32<'_>,
     outs: Range<usize>,
+    next: Ahead,
     out: &OutSink<'_>,
 ) {
     let nb = w.nb;
@@ -225,13 +229,43 @@ unsafe fn rows_cached<F: Quants, const G: usize, const P: usize>(
         }
     }
     // SAFETY: the caller's contract; `scales` holds every block's widened scales for each panel.
-    unsafe { tiles::<F, G, P, true>(w, p, act, outs, scales, out) };
+    unsafe { tiles::<F, G, P, true>(w, p, act, outs, scales, next, out) };
+}
+
+/// The cache lines of the panel group after the current one in a task (none after its last), which the current
+/// group's tiles prefetch between them.
+#[derive(Clone, Copy)]
+struct Ahead {
+    /// First panel of the next group.
+    from: usize,
+    /// Its size in 64-byte lines: quants, scales and offsets, which lie one after another.
+    lines: usize,
+}
+
+/// Output rows in the next tile when `left` remain: as many as fit the registers, falling back to 4, 3, 2, 1.
+const fn tile_size(left: usize, group: usize, panels: usize) -> usize {
+    let most = tile_rows(group, panels);
+    if left >= 8 && most >= 8 {
+        8
+    } else if left >= 4 && most >= 4 {
+        4
+    } else if left >= 3 && most >= 3 {
+        3
+    } else if left >= 2 {
+        2
+    } else {
+        1
+    }
 }
 
 /// The tile loop of [`rows`].
 ///
+/// Batched, the first tile of a panel group reads it from DRAM and the others from L1. Each tile prefetches an
+/// equal share of the next group's lines, so the reads of the next group are spread over the whole of this one
+/// rather than crowded into its first tile, where they queue behind each other.
+///
 /// # Safety
-/// As [`rows`]; with `CACHED`, `scales` as [`rows`] fills it.
+/// As [`rows`]; with `CACHED`, `scales` as [`rows`] fills it; `next` within `w`'s panels.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
@@ -240,30 +274,46 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
     act: &Act32<'_>,
     outs: Range<usize>,
     scales: [*const f32; P],
+    next: Ahead,
     out: &OutSink<'_>,
 ) {
+    let mut n_tiles = 0;
     let mut o = outs.start;
+    while o < outs.end {
+        o += tile_size(outs.end - o, G, P);
+        n_tiles += 1;
+    }
+    // A single output row is decode, which streams the weights with its own prefetch distance instead.
+    let stream = outs.len() == 1;
+    let ahead = w.bytes.as_ptr().wrapping_add(next.from * w.panel_bytes);
+    let share = |k: usize| {
+        let (lo, hi) = (k * next.lines / n_tiles, (k + 1) * next.lines / n_tiles);
+        Lines { first: ahead.wrapping_add(64 * lo), count: if stream { 0 } else { hi - lo } }
+    };
+    let mut o = outs.start;
+    let mut k = 0;
     // SAFETY (all): o + C ≤ outs.end in every call; the rest is the caller's.
     while o < outs.end {
-        let left = outs.end - o;
-        let first = o == outs.start;
-        if left >= 8 && tile_rows(G, P) >= 8 {
-            unsafe { tile::<F, G, 8, P, CACHED>(w, p, act, o, first, scales, out) };
-            o += 8;
-        } else if left >= 4 && tile_rows(G, P) >= 4 {
-            unsafe { tile::<F, G, 4, P, CACHED>(w, p, act, o, first, scales, out) };
-            o += 4;
-        } else if left >= 3 && tile_rows(G, P) >= 3 {
-            unsafe { tile::<F, G, 3, P, CACHED>(w, p, act, o, first, scales, out) };
-            o += 3;
-        } else if left >= 2 {
-            unsafe { tile::<F, G, 2, P, CACHED>(w, p, act, o, first, scales, out) };
-            o += 2;
-        } else {
-            unsafe { tile::<F, G, 1, P, CACHED>(w, p, act, o, first, scales, out) };
-            o += 1;
+        let c = tile_size(outs.end - o, G, P);
+        let pf = share(k);
+        match c {
+            8 => unsafe { tile::<F, G, 8, P, CACHED>(w, p, act, o, stream, pf, scales, out) },
+            4 => unsafe { tile::<F, G, 4, P, CACHED>(w, p, act, o, stream, pf, scales, out) },
+            3 => unsafe { tile::<F, G, 3, P, CACHED>(w, p, act, o, stream, pf, scales, out) },
+            2 => unsafe { tile::<F, G, 2, P, CACHED>(w, p, act, o, stream, pf, scales, out) },
+            _ => unsafe { tile::<F, G, 1, P, CACHED>(w, p, act, o, stream, pf, scales, out) },
         }
+        o += c;
+        k += 1;
     }
+}
+
+/// Cache lines for one tile to prefetch, spread over its blocks. Prefetches are hints that cannot fault, so the
+/// addresses are computed with `wrapping_add` and never dereferenced.
+#[derive(Clone, Copy)]
+struct Lines {
+    first: *const u8,
+    count: usize,
 }
 
 /// Repeats `body` with `c` bound to each constant `0..C` (`C` ≤ 8) so that `[_; C]` accumulators indexed by `c`
@@ -291,7 +341,8 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
     p: usize,
     act: &Act32<'_>,
     o: usize,
-    first_tile: bool,
+    stream: bool,
+    pf: Lines,
     scales: [*const f32; P],
     out: &OutSink<'_>,
 ) {
@@ -316,21 +367,18 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
         let mut acc = [[_mm512_setzero_ps(); C]; P];
         let mut qp = base;
         for b in 0..nb {
-            if C == 1 {
+            if stream {
                 // Decode streams the weights from DRAM once; the hardware prefetcher alone leaves the cores
-                // waiting. A hint cannot fault, and `wrapping_add` keeps the address computation defined.
+                // waiting.
                 for q in qp {
                     for line in 0..qsb / 64 {
                         _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 64 * line).cast());
                     }
                 }
-            } else if first_tile {
-                // Batched: the first tile of a panel group reads it from DRAM, the following tiles from L1. It
-                // fetches the next group's block as it goes, so that group starts in cache.
-                for q in qp {
-                    for line in 0..qsb / 64 {
-                        _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(P * w.panel_bytes + 64 * line).cast());
-                    }
+            } else if pf.count > 0 {
+                let per_block = pf.count.div_ceil(nb);
+                for line in b * per_block..((b + 1) * per_block).min(pf.count) {
+                    _mm_prefetch::<_MM_HINT_T0>(pf.first.wrapping_add(64 * line).cast());
                 }
             }
             let extra: [__m512i; P] = std::array::from_fn(|i| F::extra(qp[i]));
