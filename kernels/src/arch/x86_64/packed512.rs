@@ -288,7 +288,7 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
     let ahead = w.bytes.as_ptr().wrapping_add(next.from * w.panel_bytes);
     let share = |k: usize| {
         let (lo, hi) = (k * next.lines / n_tiles, (k + 1) * next.lines / n_tiles);
-        Lines { first: ahead.wrapping_add(64 * lo), count: if stream { 0 } else { hi - lo } }
+        if stream { Prefetch::Stream } else { Prefetch::Lines { first: ahead.wrapping_add(64 * lo), count: hi - lo } }
     };
     let mut o = outs.start;
     let mut k = 0;
@@ -297,23 +297,25 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
         let c = tile_size(outs.end - o, G, P);
         let pf = share(k);
         match c {
-            8 => unsafe { tile::<F, G, 8, P, CACHED>(w, p, act, o, stream, pf, scales, out) },
-            4 => unsafe { tile::<F, G, 4, P, CACHED>(w, p, act, o, stream, pf, scales, out) },
-            3 => unsafe { tile::<F, G, 3, P, CACHED>(w, p, act, o, stream, pf, scales, out) },
-            2 => unsafe { tile::<F, G, 2, P, CACHED>(w, p, act, o, stream, pf, scales, out) },
-            _ => unsafe { tile::<F, G, 1, P, CACHED>(w, p, act, o, stream, pf, scales, out) },
+            8 => unsafe { tile::<F, G, 8, P, CACHED>(w, p, act, o, pf, scales, out) },
+            4 => unsafe { tile::<F, G, 4, P, CACHED>(w, p, act, o, pf, scales, out) },
+            3 => unsafe { tile::<F, G, 3, P, CACHED>(w, p, act, o, pf, scales, out) },
+            2 => unsafe { tile::<F, G, 2, P, CACHED>(w, p, act, o, pf, scales, out) },
+            _ => unsafe { tile::<F, G, 1, P, CACHED>(w, p, act, o, pf, scales, out) },
         }
         o += c;
         k += 1;
     }
 }
 
-/// Cache lines for one tile to prefetch, spread over its blocks. Prefetches are hints that cannot fault, so the
-/// addresses are computed with `wrapping_add` and never dereferenced.
+/// What one tile prefetches. Prefetches are hints that cannot fault, so the addresses are computed with
+/// `wrapping_add` and never dereferenced.
 #[derive(Clone, Copy)]
-struct Lines {
-    first: *const u8,
-    count: usize,
+enum Prefetch {
+    /// Decode: a fixed distance ahead of the quants being read.
+    Stream,
+    /// `count` cache lines from `first`, spread over the tile's blocks.
+    Lines { first: *const u8, count: usize },
 }
 
 /// Repeats `body` with `c` bound to each constant `0..C` (`C` ≤ 8) so that `[_; C]` accumulators indexed by `c`
@@ -341,8 +343,7 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
     p: usize,
     act: &Act32<'_>,
     o: usize,
-    stream: bool,
-    pf: Lines,
+    pf: Prefetch,
     scales: [*const f32; P],
     out: &OutSink<'_>,
 ) {
@@ -367,18 +368,18 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
         let mut acc = [[_mm512_setzero_ps(); C]; P];
         let mut qp = base;
         for b in 0..nb {
-            if stream {
+            if let Prefetch::Lines { first, count } = pf {
+                let per_block = count.div_ceil(nb);
+                for line in b * per_block..((b + 1) * per_block).min(count) {
+                    _mm_prefetch::<_MM_HINT_T0>(first.wrapping_add(64 * line).cast());
+                }
+            } else {
                 // Decode streams the weights from DRAM once; the hardware prefetcher alone leaves the cores
                 // waiting.
                 for q in qp {
                     for line in 0..qsb / 64 {
                         _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 64 * line).cast());
                     }
-                }
-            } else if pf.count > 0 {
-                let per_block = pf.count.div_ceil(nb);
-                for line in b * per_block..((b + 1) * per_block).min(pf.count) {
-                    _mm_prefetch::<_MM_HINT_T0>(pf.first.wrapping_add(64 * line).cast());
                 }
             }
             let extra: [__m512i; P] = std::array::from_fn(|i| F::extra(qp[i]));
