@@ -285,6 +285,46 @@ fn main() {
         println!();
     }
 
+    // Batched decode on the panel kernel alone: SmolLM2's 30 Q4_1 layers and its Q8_0 lm_head (49152×576) at 16
+    // tokens, single thread, tokens per CPU-second (CPU time is what a neighbour on a shared machine cannot
+    // steal). Five rounds, so that the spread is visible next to any difference being measured.
+    if filter_arg().as_deref().is_some_and(|f| f.eq_ignore_ascii_case("batched")) {
+        let k = Isa::best().kernels().unwrap();
+        let shapes = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
+        let layer: Vec<Owned> = shapes.iter().map(|&(r, c)| Owned::new(GgmlType::Q4_1, r, c)).collect();
+        let layers: Vec<Vec<Owned>> = (0..30).map(|_| layer.iter().map(Owned::clone_owned).collect()).collect();
+        let packs: Vec<Vec<PackedMatrix>> = layers
+            .iter()
+            .map(|l| {
+                l.iter().zip(shapes).map(|(o, (r, c))| packed::pack(GgmlType::Q4_1, o.bytes(), r, c).unwrap()).collect()
+            })
+            .collect();
+        let head = Owned::new(GgmlType::Q8_0, 49152, 576);
+        let head_pack = packed::pack(GgmlType::Q8_0, head.bytes(), 49152, 576).unwrap();
+        let hw = WeightMatrix::packed(&head_pack);
+        let m = 16;
+        let x = vec![0.5f32; m * 576];
+        let mut logits = vec![0f32; m * 49152];
+        println!("batched decode, {} panels, 16 tokens, 1 thread: tokens per CPU-second", Isa::best().name());
+        println!("  {:<6} {:>10} {:>10} {:>10} {:>10}", "round", "layers q8", "layers x2", "lm_head q8", "lm_head x2");
+        for round in 1..=5 {
+            let mut line = format!("  {round:<6}");
+            for prec in [ActPrecision::Q8, ActPrecision::Q8x2] {
+                let cpu = smollm2_sweep(k, &layers, Some(&packs), GgmlType::Q4_1, &pool1, m, prec, budget).1;
+                line += &format!(" {:>10.0}", m as f64 / cpu);
+            }
+            for prec in [ActPrecision::Q8, ActPrecision::Q8x2] {
+                let mut s = MatmulScratch::new(prec);
+                let cpu = pool1
+                    .install(|| time2(budget, || matmul_multi_with(k, &[&hw], &x, m, &mut [&mut logits], &mut s)))
+                    .1;
+                line += &format!(" {:>10.0}", m as f64 / cpu);
+            }
+            println!("{line}");
+        }
+        return;
+    }
+
     // Whole-model sweeps first: the numbers that predict tokens/s.
     if filter_arg().as_deref().is_none_or(|f| f.eq_ignore_ascii_case("smollm2")) {
         for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
