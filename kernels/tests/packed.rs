@@ -239,3 +239,41 @@ fn packed_matmul_is_the_same_on_one_and_two_threads() {
         }
     }
 }
+
+#[test]
+fn large_matmul_with_a_balancing_tail_is_the_same_on_one_two_and_three_threads() {
+    // 8000 + 160 rows: enough for the tail of small tasks that large matrices get (10% of the rows in two tasks
+    // per thread), cut at bounds that are not whole panels; inside a team and as a plain rayon loop.
+    let cols = 64;
+    for ty in TYPES {
+        let (_, _, _, p1) = pack(ty, 8000, cols, 3);
+        let (al2, len2, _, _) = pack(ty, 160, cols, 4);
+        let w1 = WeightMatrix::packed(&p1);
+        let w2 = WeightMatrix::new(ty, as_bytes(&al2, len2), 160, cols).unwrap();
+        for m in [1, 5] {
+            let x = randv(&mut ChaCha8Rng::seed_from_u64(m as u64), m * cols, 1.0);
+            let run = |threads: usize, team: bool| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                pool.install(|| {
+                    let mut s = MatmulScratch::new(ActPrecision::Q8x2);
+                    let (mut o1, mut o2) = (vec![f32::NAN; m * 8000], vec![f32::NAN; m * 160]);
+                    let mut go = || matmul_multi(&[&w1, &w2], &x, m, &mut [&mut o1, &mut o2], &mut s);
+                    if team {
+                        infer_kernels::parallel::with_team(go)
+                    } else {
+                        go()
+                    }
+                    (o1, o2)
+                })
+            };
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let one = run(1, false);
+            assert!(one.0.iter().chain(&one.1).all(|v| v.is_finite()), "{ty}: every output written");
+            for (threads, team) in [(2, false), (2, true), (3, true)] {
+                let got = run(threads, team);
+                assert_eq!(bits(&one.0), bits(&got.0), "{ty} m={m}: packed, {threads} threads, team {team}");
+                assert_eq!(bits(&one.1), bits(&got.1), "{ty} m={m}: GGUF layout, {threads} threads, team {team}");
+            }
+        }
+    }
+}
