@@ -322,6 +322,19 @@ fn main() {
             }
             println!("{line}");
         }
+        // The kernel's rate where memory is no limit: one L2-resident matrix, in vpdpbusd per CPU-second. One core
+        // of the development machine (Zen 5) retires 8.5-8.6 G/s of them back to back, and FMAs share those pipes.
+        let o = Owned::new(GgmlType::Q4_1, 1536, 576);
+        let pk = packed::pack(GgmlType::Q4_1, o.bytes(), 1536, 576).unwrap();
+        let w = WeightMatrix::packed(&pk);
+        let mut out = vec![0f32; m * 1536];
+        let mut line = "  L2-resident 1536×576 Q4_1, 16 tokens, G vpdpbusd/s:".to_string();
+        for (prec, g) in [(ActPrecision::Q8, 1), (ActPrecision::Q8x2, 2)] {
+            let mut s = MatmulScratch::new(prec);
+            let cpu = pool1.install(|| time2(budget, || matmul_multi_with(k, &[&w], &x, m, &mut [&mut out], &mut s))).1;
+            line += &format!(" {prec:?} {:.2}", (m * 1536 * 576 * g) as f64 / 64.0 / cpu / 1e9);
+        }
+        println!("{line}");
         return;
     }
 
