@@ -130,6 +130,11 @@ thread_local! {
     static SCORES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
+/// How many KV blocks ahead of the one it reads a decoding token's attention prefetches (see
+/// [`KvPool::prefetch`]). Measured with 16 sequences decoding at 512-528 cached positions: 714-719 t/s without,
+/// 842-854 with 2 blocks (4: no better); one sequence at 1024-1056: 145-160 → 185-200 t/s.
+const PREFETCH_BLOCKS: usize = 2;
+
 /// Runs of attention tasks per thread over a prompt: enough to even out tokens with different cache lengths.
 const ATTENTION_TASKS_PER_THREAD: usize = 8;
 
@@ -581,6 +586,9 @@ impl Model {
             let slot = plan[t];
             let kv = &*items[slot.item].kv;
             let kvh = h0 / group;
+            // A prompt's tokens read the same blocks one after another, which stay cached; a decoding token
+            // reads its sequence's blocks once per step, from memory.
+            let fetch_ahead = items[slot.item].tokens.len() == 1;
             let qh = &q[t * q_dim + h0 * hd..t * q_dim + (h0 + heads) * hd];
             let lo = window.map_or(0, |w| (slot.pos + 1).saturating_sub(w));
             out.fill(0.0);
@@ -603,6 +611,10 @@ impl Model {
                 let (mut nb, mut width) = (0, 0);
                 while nb < CHUNK && p <= slot.pos {
                     let (kt, v, lane) = pool.block(kv, il, p);
+                    let ahead = p - lane + PREFETCH_BLOCKS * BS;
+                    if fetch_ahead && ahead <= slot.pos {
+                        pool.prefetch(kv, il, ahead, kvh * hd..(kvh + 1) * hd, kvh * hdv..(kvh + 1) * hdv);
+                    }
                     let n = (BS - lane).min(slot.pos + 1 - p);
                     match kt {
                         KvRow::F32(k) => vec_f32::dot_cols(qh, &k[kvh * hd * BS..(kvh + 1) * hd * BS], BS, tile),

@@ -16,8 +16,11 @@
 //!
 //! Rows hold `n_head_kv · head_dim` values.
 
+use std::ops::Range;
+
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+use infer_kernels::vec_f32::prefetch;
 
 use super::config::ModelConfig;
 
@@ -358,6 +361,30 @@ impl KvPool {
         let g = &self.groups[gi];
         let bs = self.block_size;
         (g.k.slice(tile * bs * g.k_row, bs * g.k_row), g.v.slice(tile * bs * g.v_row, bs * g.v_row), lane)
+    }
+
+    /// Asks the CPU to fetch part of the block holding position `pos` of `layer`: key rows `keys` of its
+    /// transposed key tile and columns `values` of each row of its value tile (one key head's share). A
+    /// sequence's blocks lie scattered in the pool, where the hardware prefetcher does not follow, so attention
+    /// asks for the blocks it will read next.
+    pub fn prefetch(&self, seq: &SeqKv, layer: usize, pos: usize, keys: Range<usize>, values: Range<usize>) {
+        let (gi, tile, _) = self.locate(seq, layer, pos);
+        let g = &self.groups[gi];
+        let bs = self.block_size;
+        let (k0, v0) = (tile * bs * g.k_row, tile * bs * g.v_row);
+        let rows =
+            |v_at: usize| (0..bs).map(move |r| v_at + r * g.v_row + values.start..v_at + r * g.v_row + values.end);
+        match (&g.k, &g.v) {
+            (KvStore::F32(k), KvStore::F32(v)) => {
+                prefetch(&k[k0 + keys.start * bs..k0 + keys.end * bs]);
+                rows(v0).for_each(|r| prefetch(&v[r]));
+            }
+            (KvStore::F16(k), KvStore::F16(v)) => {
+                prefetch(&k[k0 + keys.start * bs..k0 + keys.end * bs]);
+                rows(v0).for_each(|r| prefetch(&v[r]));
+            }
+            _ => unreachable!("a group's keys and values have one element type"),
+        }
     }
 
     /// The sliding window of `layer`, if it has one.
