@@ -277,25 +277,21 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
     next: Ahead,
     out: &OutSink<'_>,
 ) {
-    let mut n_tiles = 0;
-    let mut o = outs.start;
-    while o < outs.end {
-        o += tile_size(outs.end - o, G, P);
-        n_tiles += 1;
-    }
     // A single output row is decode, which streams the weights with its own prefetch distance instead.
     let stream = outs.len() == 1;
     let ahead = w.bytes.as_ptr().wrapping_add(next.from * w.panel_bytes);
-    let share = |k: usize| {
-        let (lo, hi) = (k * next.lines / n_tiles, (k + 1) * next.lines / n_tiles);
+    // Each tile's share of the lines is in proportion to its rows, so that a short last tile does not fetch the
+    // last panel's scales just before they are read.
+    let share = |rows: Range<usize>| {
+        let at = |o: usize| (o - outs.start) * next.lines / outs.len();
+        let (lo, hi) = (at(rows.start), at(rows.end));
         if stream { Prefetch::Stream } else { Prefetch::Lines { first: ahead.wrapping_add(64 * lo), count: hi - lo } }
     };
     let mut o = outs.start;
-    let mut k = 0;
     // SAFETY (all): o + C ≤ outs.end in every call; the rest is the caller's.
     while o < outs.end {
         let c = tile_size(outs.end - o, G, P);
-        let pf = share(k);
+        let pf = share(o..o + c);
         match c {
             8 => unsafe { tile::<F, G, 8, P, CACHED>(w, p, act, o, pf, scales, out) },
             4 => unsafe { tile::<F, G, 4, P, CACHED>(w, p, act, o, pf, scales, out) },
@@ -304,7 +300,6 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
             _ => unsafe { tile::<F, G, 1, P, CACHED>(w, p, act, o, pf, scales, out) },
         }
         o += c;
-        k += 1;
     }
 }
 
