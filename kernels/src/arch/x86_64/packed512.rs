@@ -260,9 +260,9 @@ const fn tile_size(left: usize, group: usize, panels: usize) -> usize {
 
 /// The tile loop of [`rows`].
 ///
-/// Batched, the first tile of a panel group reads it from DRAM and the others from L1. Each tile prefetches an
-/// equal share of the next group's lines, so the reads of the next group are spread over the whole of this one
-/// rather than crowded into its first tile, where they queue behind each other.
+/// Batched, the first tile of a panel group reads it from memory and the others from L1. Each tile prefetches a
+/// share of the next group's lines in proportion to its rows, so the reads of the next group are spread over the
+/// whole of this one rather than crowded into its first tile, where they queue behind each other.
 ///
 /// # Safety
 /// As [`rows`]; with `CACHED`, `scales` as [`rows`] fills it; `next` within `w`'s panels.
