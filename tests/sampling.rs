@@ -695,6 +695,37 @@ mod args {
     }
 
     #[test]
+    fn stop_strings_understand_escapes_and_refuse_unknown_ones() {
+        let stops = |arg: &str| parse(&["--stop", arg]).map(|c| c.stop.stop).map_err(|e| e.to_string());
+        for (typed, meant) in [
+            (r"\n\n", "\n\n"),
+            (r"a\tb\r", "a\tb\r"),
+            (r"\\n", "\\n"),
+            (r#"\"q\'"#, "\"q'"),
+            (r"\x41\x7f", "A\u{7f}"),
+            (r"\u{2028}|\u{1F600}", "\u{2028}|\u{1F600}"),
+            ("plain", "plain"),
+            (r"é\\", "é\\"),
+        ] {
+            assert_eq!(stops(typed), Ok(vec![meant.to_string()]), "--stop {typed:?}");
+        }
+        for (typed, needle) in [
+            (r"\q", "'\\q' is not an escape"),
+            (r"ab\", "lone backslash"),
+            (r"\xZZ", "not an ASCII escape"),
+            (r"\x80", "not an ASCII escape"),
+            (r"\x4", "not an ASCII escape"),
+            (r"\u{110000}", "Unicode scalar"),
+            (r"\u{D800}", "Unicode scalar"),
+            (r"\u{}", "Unicode scalar"),
+            (r"\u2028", "Unicode scalar"),
+        ] {
+            let message = stops(typed).unwrap_err();
+            assert!(message.contains(needle), "--stop {typed:?}: {message}");
+        }
+    }
+
+    #[test]
     fn explicit_seed_is_kept_and_random_seeds_differ() {
         let cmd = parse(&["--seed", "7"]).unwrap();
         assert_eq!(cmd.sampling.to_params().seed, 7);
