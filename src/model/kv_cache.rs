@@ -62,6 +62,16 @@ pub enum KvRow<'a> {
     F16(&'a [f16]),
 }
 
+impl KvRow<'_> {
+    /// Asks the CPU to fetch elements `range` (see [`infer_kernels::vec_f32::prefetch`]).
+    fn prefetch(&self, range: Range<usize>) {
+        match self {
+            KvRow::F32(s) => prefetch(&s[range]),
+            KvRow::F16(s) => prefetch(&s[range]),
+        }
+    }
+}
+
 impl KvStore {
     fn new(dtype: KvDtype, len: usize) -> KvStore {
         match dtype {
@@ -368,22 +378,11 @@ impl KvPool {
     /// sequence's blocks lie scattered in the pool, where the hardware prefetcher does not follow, so attention
     /// asks for the blocks it will read next.
     pub fn prefetch(&self, seq: &SeqKv, layer: usize, pos: usize, keys: Range<usize>, values: Range<usize>) {
-        let (gi, tile, _) = self.locate(seq, layer, pos);
-        let g = &self.groups[gi];
-        let bs = self.block_size;
-        let (k0, v0) = (tile * bs * g.k_row, tile * bs * g.v_row);
-        let rows =
-            |v_at: usize| (0..bs).map(move |r| v_at + r * g.v_row + values.start..v_at + r * g.v_row + values.end);
-        match (&g.k, &g.v) {
-            (KvStore::F32(k), KvStore::F32(v)) => {
-                prefetch(&k[k0 + keys.start * bs..k0 + keys.end * bs]);
-                rows(v0).for_each(|r| prefetch(&v[r]));
-            }
-            (KvStore::F16(k), KvStore::F16(v)) => {
-                prefetch(&k[k0 + keys.start * bs..k0 + keys.end * bs]);
-                rows(v0).for_each(|r| prefetch(&v[r]));
-            }
-            _ => unreachable!("a group's keys and values have one element type"),
+        let (k, v, _) = self.block(seq, layer, pos);
+        let (bs, v_row) = (self.block_size, self.groups[self.layer_slot[layer].0].v_row);
+        k.prefetch(keys.start * bs..keys.end * bs);
+        for r in 0..bs {
+            v.prefetch(r * v_row + values.start..r * v_row + values.end);
         }
     }
 
