@@ -211,68 +211,41 @@ fn packed_matmul_equals_the_gguf_layout_and_keeps_rows_independent() {
 }
 
 #[test]
-fn packed_matmul_is_the_same_on_one_and_two_threads() {
-    let pool1 = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-    let pool2 = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-    for ty in TYPES {
-        // Two matrices whose concatenation is cut mid-panel by an even split (304 + 160 rows).
-        let cols = 576;
-        let (_, _, _, p1) = pack(ty, 304, cols, 1);
-        let (al2, len2, _, _) = pack(ty, 160, cols, 2);
-        let w1 = WeightMatrix::packed(&p1);
-        let w2 = WeightMatrix::new(ty, as_bytes(&al2, len2), 160, cols).unwrap();
-        for m in [1, 6] {
-            let x = randv(&mut ChaCha8Rng::seed_from_u64(m as u64), m * cols, 1.0);
-            let run = |pool: &rayon::ThreadPool| {
-                pool.install(|| {
-                    let mut s = MatmulScratch::new(ActPrecision::Q8x2);
-                    let (mut o1, mut o2) = (vec![f32::NAN; m * 304], vec![f32::NAN; m * 160]);
-                    matmul_multi(&[&w1, &w2], &x, m, &mut [&mut o1, &mut o2], &mut s);
-                    (o1, o2)
-                })
-            };
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            let (a, b) = (run(&pool1), run(&pool2));
-            assert!(a.0.iter().chain(&a.1).all(|v| v.is_finite()), "{ty}: every output written");
-            assert_eq!(bits(&a.0), bits(&b.0), "{ty} m={m}: packed, 1 vs 2 threads");
-            assert_eq!(bits(&a.1), bits(&b.1), "{ty} m={m}: GGUF layout after a packed matrix, 1 vs 2 threads");
-        }
-    }
-}
-
-#[test]
-fn large_matmul_with_a_balancing_tail_is_the_same_on_one_two_and_three_threads() {
-    // 8000 + 160 rows: enough for the tail of small tasks that large matrices get (10% of the rows in two tasks
-    // per thread), cut at bounds that are not whole panels; inside a team and as a plain rayon loop.
-    let cols = 64;
-    for ty in TYPES {
-        let (_, _, _, p1) = pack(ty, 8000, cols, 3);
-        let (al2, len2, _, _) = pack(ty, 160, cols, 4);
-        let w1 = WeightMatrix::packed(&p1);
-        let w2 = WeightMatrix::new(ty, as_bytes(&al2, len2), 160, cols).unwrap();
-        for m in [1, 5] {
-            let x = randv(&mut ChaCha8Rng::seed_from_u64(m as u64), m * cols, 1.0);
-            let run = |threads: usize, team: bool| {
-                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-                pool.install(|| {
-                    let mut s = MatmulScratch::new(ActPrecision::Q8x2);
-                    let (mut o1, mut o2) = (vec![f32::NAN; m * 8000], vec![f32::NAN; m * 160]);
-                    let mut go = || matmul_multi(&[&w1, &w2], &x, m, &mut [&mut o1, &mut o2], &mut s);
-                    if team {
-                        infer_kernels::parallel::with_team(go)
-                    } else {
-                        go()
-                    }
-                    (o1, o2)
-                })
-            };
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            let one = run(1, false);
-            assert!(one.0.iter().chain(&one.1).all(|v| v.is_finite()), "{ty}: every output written");
-            for (threads, team) in [(2, false), (2, true), (3, true)] {
-                let got = run(threads, team);
-                assert_eq!(bits(&one.0), bits(&got.0), "{ty} m={m}: packed, {threads} threads, team {team}");
-                assert_eq!(bits(&one.1), bits(&got.1), "{ty} m={m}: GGUF layout, {threads} threads, team {team}");
+fn packed_matmul_is_the_same_on_one_two_and_three_threads() {
+    // A packed matrix, then one in the GGUF layout, whose concatenation is cut mid-panel by the task split:
+    // 304 + 160 rows (an even split), and 8000 + 160 (enough for the tail of small tasks that large matrices get,
+    // 10% of the rows in two tasks per thread). Inside a team and as a plain rayon loop.
+    for (rows1, cols, ms, seed) in [(304, 576, [1, 6], 1), (8000, 64, [1, 5], 3)] {
+        for ty in TYPES {
+            let (_, _, _, p1) = pack(ty, rows1, cols, seed);
+            let (al2, len2, _, _) = pack(ty, 160, cols, seed + 1);
+            let w1 = WeightMatrix::packed(&p1);
+            let w2 = WeightMatrix::new(ty, as_bytes(&al2, len2), 160, cols).unwrap();
+            for m in ms {
+                let x = randv(&mut ChaCha8Rng::seed_from_u64(m as u64), m * cols, 1.0);
+                let run = |threads: usize, team: bool| {
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                    pool.install(|| {
+                        let mut s = MatmulScratch::new(ActPrecision::Q8x2);
+                        let (mut o1, mut o2) = (vec![f32::NAN; m * rows1], vec![f32::NAN; m * 160]);
+                        let mut go = || matmul_multi(&[&w1, &w2], &x, m, &mut [&mut o1, &mut o2], &mut s);
+                        if team {
+                            infer_kernels::parallel::with_team(go)
+                        } else {
+                            go()
+                        }
+                        (o1, o2)
+                    })
+                };
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                let one = run(1, false);
+                assert!(one.0.iter().chain(&one.1).all(|v| v.is_finite()), "{ty} {rows1} rows: every output written");
+                for (threads, team) in [(2, false), (2, true), (3, true)] {
+                    let got = run(threads, team);
+                    let what = format!("{ty} {rows1} rows m={m}, {threads} threads, team {team}");
+                    assert_eq!(bits(&one.0), bits(&got.0), "{what}: packed");
+                    assert_eq!(bits(&one.1), bits(&got.1), "{what}: GGUF layout after a packed matrix");
+                }
             }
         }
     }
