@@ -144,6 +144,22 @@ fn memory_bandwidth(pool: &rayon::ThreadPool, budget: Duration) -> (f64, f64, f6
     (bytes / read1 / 1e9, bytes / read2 / 1e9, 2.0 * bytes / copy / 1e9)
 }
 
+/// One SmolLM2-135M layer's matrices (rows × cols): q, k, v, o, gate, up, down.
+const SMOLLM2_LAYER: [(usize, usize); 7] =
+    [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
+
+/// SmolLM2's 30 layers of `ty` weights (distinct copies, so that they stream from memory as in the model), and
+/// the same layers repacked into panels.
+fn smollm2_layers(ty: GgmlType) -> (Vec<Vec<Owned>>, Vec<Vec<PackedMatrix>>) {
+    let layer: Vec<Owned> = SMOLLM2_LAYER.iter().map(|&(r, c)| Owned::new(ty, r, c)).collect();
+    let layers: Vec<Vec<Owned>> = (0..30).map(|_| layer.iter().map(Owned::clone_owned).collect()).collect();
+    let packs = layers
+        .iter()
+        .map(|l| l.iter().zip(SMOLLM2_LAYER).map(|(o, (r, c))| packed::pack(ty, o.bytes(), r, c).unwrap()).collect())
+        .collect();
+    (layers, packs)
+}
+
 /// SmolLM2-135M's per-token matmuls (30 layers: q/k/v 576→576/192/192, o 576→576, gate/up 576→1536, down
 /// 1536→576) with every layer's weights in their own memory (≈66 MB in Q4_1, more than the L3), as the model runs
 /// them: q/k/v and gate/up through `matmul_multi`; with `packs`, the weights repacked into panels. Returns (wall s,
@@ -159,12 +175,13 @@ fn smollm2_sweep(
     prec: ActPrecision,
     budget: Duration,
 ) -> (f64, f64) {
-    let shapes = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
     let ws: Vec<Vec<WeightMatrix>> = match packs {
         Some(p) => p.iter().map(|l| l.iter().map(WeightMatrix::packed).collect()).collect(),
         None => layers
             .iter()
-            .map(|l| l.iter().zip(shapes).map(|(o, (r, c))| WeightMatrix::new(ty, o.bytes(), r, c).unwrap()).collect())
+            .map(|l| {
+                l.iter().zip(SMOLLM2_LAYER).map(|(o, (r, c))| WeightMatrix::new(ty, o.bytes(), r, c).unwrap()).collect()
+            })
             .collect(),
     };
     let x = vec![0.5f32; m * 576];
@@ -290,15 +307,7 @@ fn main() {
     // steal). Five rounds, so that the spread is visible next to any difference being measured.
     if filter_arg().as_deref().is_some_and(|f| f.eq_ignore_ascii_case("batched")) {
         let k = Isa::best().kernels().unwrap();
-        let shapes = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
-        let layer: Vec<Owned> = shapes.iter().map(|&(r, c)| Owned::new(GgmlType::Q4_1, r, c)).collect();
-        let layers: Vec<Vec<Owned>> = (0..30).map(|_| layer.iter().map(Owned::clone_owned).collect()).collect();
-        let packs: Vec<Vec<PackedMatrix>> = layers
-            .iter()
-            .map(|l| {
-                l.iter().zip(shapes).map(|(o, (r, c))| packed::pack(GgmlType::Q4_1, o.bytes(), r, c).unwrap()).collect()
-            })
-            .collect();
+        let (layers, packs) = smollm2_layers(GgmlType::Q4_1);
         let head = Owned::new(GgmlType::Q8_0, 49152, 576);
         let head_pack = packed::pack(GgmlType::Q8_0, head.bytes(), 49152, 576).unwrap();
         let hw = WeightMatrix::packed(&head_pack);
@@ -341,15 +350,8 @@ fn main() {
     // Whole-model sweeps first: the numbers that predict tokens/s.
     if filter_arg().as_deref().is_none_or(|f| f.eq_ignore_ascii_case("smollm2")) {
         for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
-            let shapes = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
-            let layer: Vec<Owned> = shapes.iter().map(|&(r, c)| Owned::new(ty, r, c)).collect();
-            let layers: Vec<Vec<Owned>> = (0..30).map(|_| layer.iter().map(Owned::clone_owned).collect()).collect();
+            let (layers, packs) = smollm2_layers(ty);
             let mb: f64 = layers.iter().flatten().map(|o| o.bytes().len() as f64).sum::<f64>() / 1e6;
-            let shapes = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
-            let packs: Vec<Vec<PackedMatrix>> = layers
-                .iter()
-                .map(|l| l.iter().zip(shapes).map(|(o, (r, c))| packed::pack(ty, o.bytes(), r, c).unwrap()).collect())
-                .collect();
             println!("SmolLM2-135M matmuls, {ty} weights ({mb:.0} MB, 30 layers; no attention, no lm_head): tokens/s");
             println!("  (x2: Q8x2 activations; +panels: weights repacked into 16-row panels)");
             println!(
