@@ -117,6 +117,37 @@ pub fn load(spec: Option<&str>, engine: &EngineArgs) -> anyhow::Result<Loaded> {
     Ok(Loaded { model, tokenizer })
 }
 
+/// The chat template for a model: `--chat-template` (a template file, or a built-in's name) or the model's own.
+pub fn chat_template(
+    model: &crate::model::Model,
+    arg: Option<&str>,
+) -> anyhow::Result<crate::tokenizer::chat::ChatTemplate> {
+    use crate::tokenizer::chat::ChatTemplate;
+    use anyhow::Context;
+    // A file's contents become the template source.
+    let source = match arg {
+        Some(t) if std::path::Path::new(t).is_file() => Some(ChatTemplate::read_file(std::path::Path::new(t))?),
+        Some(t) if t.contains('/') || t.ends_with(".jinja") => anyhow::bail!("no such chat template file: {t}"),
+        Some(t) => Some(t.to_string()),
+        None => None,
+    };
+    ChatTemplate::from_gguf(model.file(), source.as_deref()).context("loading the chat template")
+}
+
+/// A flag that Ctrl-C sets; generation checks it between tokens and stops. A second Ctrl-C while the flag is still
+/// set (the first not yet honoured) exits at once with status 130. Callers clear the flag once they have stopped.
+pub fn cancel_on_ctrl_c() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let cancel = std::sync::Arc::new(AtomicBool::new(false));
+    let flag = cancel.clone();
+    let _ = ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+    });
+    cancel
+}
+
 /// Engine settings shared by every command that runs a model.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct EngineArgs {
