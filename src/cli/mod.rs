@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 pub mod args;
 pub mod bench;
+pub mod chat;
 pub mod info;
 pub mod list;
 pub mod logits;
@@ -35,6 +36,8 @@ pub enum Command {
     List(list::ListArgs),
     /// Generate text from a prompt, streamed to stdout.
     Run(run::RunArgs),
+    /// Chat with a model: line editing and history on a terminal, one message per line from a pipe.
+    Chat(chat::ChatArgs),
     /// Print the top-K raw logits at every position of token-id sequences read from stdin (fidelity checks).
     Logits(logits::LogitsArgs),
     /// Measure speed: prefill (pp), generation (tg) and the batched-decode curve (--batch), like llama-bench.
@@ -50,6 +53,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::List(args) => list::run(args),
         Command::Logits(args) => logits::run(args),
         Command::Run(args) => run::run(args),
+        Command::Chat(args) => chat::run(args),
         Command::Bench(args) => bench::run(args),
     }
 }
