@@ -236,7 +236,7 @@ pub struct ContextUsage {
     pub system: usize,
     /// The exchanges.
     pub history: usize,
-    /// Kept free for the next reply.
+    /// Kept free for the next reply (what is left of [`Chat::reserve`] when the conversation reaches into it).
     pub reserve: usize,
     /// What is left.
     pub free: usize,
@@ -369,7 +369,8 @@ impl<'m> Chat<'m> {
         };
         let system = fixed.min(used);
         let n_ctx = self.n_ctx();
-        let reserve = self.reserve();
+        // After a long reply the conversation may reach into the reserve: what is left of it is what there is.
+        let reserve = self.reserve().min(n_ctx.saturating_sub(used));
         Ok(ContextUsage { n_ctx, system, history: used - system, reserve, free: n_ctx.saturating_sub(used + reserve) })
     }
 
