@@ -107,7 +107,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     };
     if interactive {
         let history = (!args.no_history).then(|| crate::registry::infer_home().join("history"));
-        let banner = banner(model, n_ctx, repl.threads);
+        let banner = banner(&loaded.path, model, n_ctx, repl.threads);
         terminal::run(&mut repl, &banner, history)
     } else {
         repl.piped()
@@ -115,17 +115,11 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
 }
 
 /// The first lines on a terminal: the model, the context, where help is.
-fn banner(model: &crate::model::Model, n_ctx: usize, threads: usize) -> String {
-    let md = model.file().metadata();
-    let name = md.opt_str("general.name").ok().flatten().unwrap_or("the model").to_string();
-    let quant = md
-        .get("general.file_type")
-        .and_then(crate::gguf::MetaValue::as_u64)
-        .and_then(crate::cli::info::file_type_name)
-        .map(|q| format!(" ({q})"))
-        .unwrap_or_default();
+fn banner(path: &std::path::Path, model: &crate::model::Model, n_ctx: usize, threads: usize) -> String {
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let arch = model.file().metadata().opt_str("general.architecture").ok().flatten().unwrap_or("?").to_string();
     format!(
-        "infer chat with {name}{quant}: context {n_ctx} tokens, {threads} threads, {}\n\
+        "infer chat with {name} ({arch}): context {n_ctx} tokens, {threads} threads, {}\n\
          /help lists the commands; \"\"\" starts a message of several lines; Ctrl-D leaves.",
         crate::cli::isa_in_use()
     )

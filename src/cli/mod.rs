@@ -94,6 +94,7 @@ pub fn isa_in_use() -> String {
 
 /// A model and its tokenizer, loaded for a command.
 pub struct Loaded {
+    pub path: std::path::PathBuf,
     pub model: crate::model::Model,
     pub tokenizer: crate::tokenizer::Tokenizer,
 }
@@ -118,7 +119,7 @@ pub fn load(spec: Option<&str>, engine: &EngineArgs) -> anyhow::Result<Loaded> {
     let (path, model) = load_model(spec, engine)?;
     let tokenizer = crate::tokenizer::Tokenizer::from_gguf(model.file())
         .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
-    Ok(Loaded { model, tokenizer })
+    Ok(Loaded { path, model, tokenizer })
 }
 
 /// The chat template for a model: `--chat-template` (a template file, or a built-in's name) or the model's own.
