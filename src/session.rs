@@ -176,6 +176,7 @@ impl<'m> Session<'m> {
         if req.prompt.len() > self.n_ctx {
             return Err(GenerateError::PromptTooLong { prompt: req.prompt.len(), n_ctx: self.n_ctx });
         }
+        let began = Instant::now();
         let mut sampler = Sampler::new(req.sampling)?;
         let mut stop = StopMatcher::new(req.stop.iter().cloned())?;
         let n_vocab = self.model.config.n_vocab;
@@ -189,16 +190,15 @@ impl<'m> Session<'m> {
                 self.pool.truncate(&mut self.kv, keep);
                 self.cached.truncate(keep);
             } else {
-                // The sliding-window layers have freed part of the window that position `keep` sees. Recomputing
-                // just those positions would need their own windows, which are gone too, and so on back to the
-                // start: only a prefill from position 0 gives the same cache as before.
+                // Nothing in common, or the sliding-window layers have freed part of the window that position `keep`
+                // sees. Recomputing just those positions would need their own windows, which are gone too, and so on
+                // back to the start: only a prefill from position 0 gives the same cache as before.
                 self.reset();
             }
         }
 
         // Prefill.
         let start = Instant::now();
-        let began = start;
         let todo: Vec<u32> = req.prompt[self.cached.len()..].to_vec();
         let chunks: Vec<&[u32]> = todo.chunks(PREFILL_CHUNK).collect();
         for (i, chunk) in chunks.iter().enumerate() {

@@ -357,6 +357,19 @@ struct Tmux {
 }
 
 impl Tmux {
+    /// A server for one test, or `None` (with a note) when tmux is missing; CI, which installs it, fails instead.
+    fn start(test: &str) -> Option<Tmux> {
+        let have = std::process::Command::new("tmux").arg("-V").output().is_ok_and(|o| o.status.success());
+        if !have {
+            if std::env::var_os("INFER_REQUIRE_MODELS").is_some() || std::env::var_os("CI").is_some() {
+                panic!("tmux is required for the terminal tests (.ci/run installs it)");
+            }
+            eprintln!("note: skipping, tmux is not installed");
+            return None;
+        }
+        Some(Tmux { socket: format!("infer-{test}-test-{}", std::process::id()) })
+    }
+
     fn cmd(&self, args: &[&str]) -> Output {
         std::process::Command::new("tmux").arg("-L").arg(&self.socket).args(args).output().expect("run tmux")
     }
@@ -390,21 +403,11 @@ impl Drop for Tmux {
     }
 }
 
-fn have_tmux() -> bool {
-    std::process::Command::new("tmux").arg("-V").output().is_ok_and(|o| o.status.success())
-}
-
 #[test]
 fn in_a_terminal_ctrl_c_stops_a_reply_and_the_history_keeps_both_inputs() {
     let Some(m) = smollm2() else { return };
-    if !have_tmux() {
-        if std::env::var_os("INFER_REQUIRE_MODELS").is_some() || std::env::var_os("CI").is_some() {
-            panic!("tmux is required for the terminal test (.ci/run installs it)");
-        }
-        return eprintln!("note: skipping, tmux is not installed");
-    }
+    let Some(tmux) = Tmux::start("chat") else { return };
     let home = tempdir();
-    let tmux = Tmux { socket: format!("infer-chat-test-{}", std::process::id()) };
     let command = format!(
         "env INFER_HOME='{}' '{}' chat '{m}' --temp 0 -c 2048 -t 2; echo \"exited with $?\"; sleep 60",
         home.path().display(),
@@ -446,13 +449,7 @@ fn in_a_terminal_ctrl_c_stops_a_reply_and_the_history_keeps_both_inputs() {
 #[test]
 fn on_a_terminal_run_ends_its_text_with_a_newline_before_the_timing_line() {
     let Some(m) = smollm2() else { return };
-    if !have_tmux() {
-        if std::env::var_os("INFER_REQUIRE_MODELS").is_some() || std::env::var_os("CI").is_some() {
-            panic!("tmux is required for the terminal test (.ci/run installs it)");
-        }
-        return eprintln!("note: skipping, tmux is not installed");
-    }
-    let tmux = Tmux { socket: format!("infer-run-test-{}", std::process::id()) };
+    let Some(tmux) = Tmux::start("run") else { return };
     let command = format!(
         "'{}' run '{m}' -p 'The capital of France is' -n 2 --temp 0 -t 2; echo \"exited with $?\"; sleep 60",
         env!("CARGO_BIN_EXE_infer"),
