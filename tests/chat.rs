@@ -152,7 +152,7 @@ fn bad_commands_and_values_are_one_line_errors_and_the_repl_goes_on() {
     std::fs::write(&bad_json, r#"{"messages": [{"role": "user", "content": "hi"}]}"#).unwrap();
     let input = format!(
         "/frobnicate\n/set temp hot\n/set top-p 1.5\n/set colour red\n/save\n/undo\n/regen\n/load {}\n/load {}\n\
-         /set temp 0\nhello\n/context\n",
+         /set temp 0\nhello\n/context\n/stats\n",
         dir.path().join("missing.json").display(),
         bad_json.display()
     );
@@ -176,6 +176,7 @@ fn bad_commands_and_values_are_one_line_errors_and_the_repl_goes_on() {
     // The REPL went on: a reply (noise from random weights), then /context's line.
     let text = stdout(&out);
     assert!(text.contains("= context 128 tokens"), "{text:?}");
+    assert!(text.contains("first token after"), "/stats: {text:?}");
 }
 
 #[test]
@@ -432,12 +433,19 @@ fn in_a_terminal_ctrl_c_stops_a_reply_and_the_history_keeps_both_inputs() {
     let answer = screen.split(question).nth(1).unwrap();
     assert!(answer.contains("Paris"), "{screen}");
 
-    tmux.keys(&[EXIT, "Enter"]);
+    // Colours on a terminal: the prompt is dimmed.
+    let coloured = tmux.cmd(&["capture-pane", "-p", "-e", "-t", "t"]).stdout;
+    assert!(String::from_utf8_lossy(&coloured).contains("\x1b["), "no colours on a terminal");
+
+    // Ctrl-C at an empty prompt says how to leave; a second one leaves.
+    tmux.keys(&["C-c"]);
+    tmux.wait_for("how to leave", |s| s.contains("(Ctrl-C again to leave"));
+    tmux.keys(&["C-c"]);
     tmux.wait_for("the exit", |s| s.contains("exited with 0"));
     let history = home.path().join("history");
     let text = std::fs::read_to_string(&history).unwrap();
     let entries: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
-    assert_eq!(entries, [story, question, EXIT], "{text}");
+    assert_eq!(entries, [story, question], "{text}");
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -465,4 +473,20 @@ fn on_a_terminal_run_ends_its_text_with_a_newline_before_the_timing_line() {
         "the timing line on a line of its own: {screen}"
     );
     assert_eq!(lines[2], "exited with 0");
+}
+
+#[test]
+fn no_color_turns_the_colours_off_on_a_terminal() {
+    let Some(m) = smollm2() else { return };
+    let Some(tmux) = Tmux::start("no-color") else { return };
+    let command = format!(
+        "env NO_COLOR=1 '{}' chat '{m}' --no-history -c 256 -t 2; echo \"exited with $?\"; sleep 60",
+        env!("CARGO_BIN_EXE_infer"),
+    );
+    assert!(tmux.cmd(&["new-session", "-d", "-s", "t", "-x", "100", "-y", "20", &command]).status.success());
+    tmux.wait_for("the banner and prompt", |s| s.contains("/help") && s.contains("/256] >"));
+    let screen = tmux.cmd(&["capture-pane", "-p", "-e", "-t", "t"]).stdout;
+    assert!(!String::from_utf8_lossy(&screen).contains("\x1b["), "{}", String::from_utf8_lossy(&screen));
+    tmux.keys(&[EXIT, "Enter"]);
+    tmux.wait_for("the exit", |s| s.contains("exited with 0"));
 }
