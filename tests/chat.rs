@@ -312,6 +312,7 @@ fn gemma3_across_the_sliding_window_matches_a_fresh_session() {
     assert_eq!(again.generation.timings.prompt_tokens, again.prompt_tokens, "the window was gone: all re-prefilled");
     let regen = chat.regenerate(&cancel, no_text).unwrap();
     assert_eq!(regen.generation.tokens, want, "/regen back across the window");
+    assert_eq!(regen.generation.timings.prompt_tokens, regen.prompt_tokens, "all re-prefilled");
 
     // A follow-up of more than one prefill chunk, starting past the window at a position inside a block.
     // (Where it starts, and how many tokens it prefills.)
@@ -333,6 +334,14 @@ fn gemma3_across_the_sliding_window_matches_a_fresh_session() {
     assert!(r3.generation.timings.prompt_tokens > 512, "{}", r3.generation.timings.prompt_tokens);
     let want3 = fresh_reply(&model, &tok, &template(), &conversation.messages(Some(&m3)), N);
     assert_eq!(r3.generation.tokens, want3, "a long follow-up at an unaligned position");
+    eprintln!(
+        "Gemma 3, window {window}: turn 2's prompt {} tokens; /undo and /regen re-prefilled {} and {}; a follow-up \
+         of {} tokens from position {at}",
+        r2.prompt_tokens,
+        again.generation.timings.prompt_tokens,
+        regen.generation.timings.prompt_tokens,
+        r3.generation.timings.prompt_tokens,
+    );
 
     // With the default margin (one more window), the same rewinds are truncations: one token runs again.
     let session = Session::new(&model, &tok, 2048, KvDtype::F16);
