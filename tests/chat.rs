@@ -361,14 +361,14 @@ fn gemma3_across_the_sliding_window_matches_a_fresh_session() {
 /// a URL).
 const EXIT: &str = "\u{2f}exit";
 
-/// A tmux server of our own (its own socket), killed when dropped.
+/// A tmux server of our own, on a socket in its own directory; killed (and the directory removed) when dropped.
 struct Tmux {
-    socket: String,
+    dir: tempfile::TempDir,
 }
 
 impl Tmux {
     /// A server for one test, or `None` (with a note) when tmux is missing; CI, which installs it, fails instead.
-    fn start(test: &str) -> Option<Tmux> {
+    fn start() -> Option<Tmux> {
         let have = std::process::Command::new("tmux").arg("-V").output().is_ok_and(|o| o.status.success());
         if !have {
             if std::env::var_os("INFER_REQUIRE_MODELS").is_some() || std::env::var_os("CI").is_some() {
@@ -377,11 +377,12 @@ impl Tmux {
             eprintln!("note: skipping, tmux is not installed");
             return None;
         }
-        Some(Tmux { socket: format!("infer-{test}-test-{}", std::process::id()) })
+        Some(Tmux { dir: tempdir() })
     }
 
     fn cmd(&self, args: &[&str]) -> Output {
-        std::process::Command::new("tmux").arg("-L").arg(&self.socket).args(args).output().expect("run tmux")
+        let socket = self.dir.path().join("socket");
+        std::process::Command::new("tmux").arg("-S").arg(socket).args(args).output().expect("run tmux")
     }
 
     fn keys(&self, keys: &[&str]) {
@@ -416,7 +417,7 @@ impl Drop for Tmux {
 #[test]
 fn in_a_terminal_ctrl_c_stops_a_reply_and_the_history_keeps_both_inputs() {
     let Some(m) = smollm2() else { return };
-    let Some(tmux) = Tmux::start("chat") else { return };
+    let Some(tmux) = Tmux::start() else { return };
     let home = tempdir();
     let command = format!(
         "env INFER_HOME='{}' '{}' chat '{m}' --temp 0 -c 2048 -t 2; echo \"exited with $?\"; sleep 60",
@@ -466,7 +467,7 @@ fn in_a_terminal_ctrl_c_stops_a_reply_and_the_history_keeps_both_inputs() {
 #[test]
 fn on_a_terminal_run_ends_its_text_with_a_newline_before_the_timing_line() {
     let Some(m) = smollm2() else { return };
-    let Some(tmux) = Tmux::start("run") else { return };
+    let Some(tmux) = Tmux::start() else { return };
     let command = format!(
         "'{}' run '{m}' -p 'The capital of France is' -n 2 --temp 0 -t 2; echo \"exited with $?\"; sleep 60",
         env!("CARGO_BIN_EXE_infer"),
@@ -487,7 +488,7 @@ fn on_a_terminal_run_ends_its_text_with_a_newline_before_the_timing_line() {
 #[test]
 fn no_color_turns_the_colours_off_on_a_terminal() {
     let Some(m) = smollm2() else { return };
-    let Some(tmux) = Tmux::start("no-color") else { return };
+    let Some(tmux) = Tmux::start() else { return };
     let command = format!(
         "env NO_COLOR=1 '{}' chat '{m}' --no-history -c 256 -t 2; echo \"exited with $?\"; sleep 60",
         env!("CARGO_BIN_EXE_infer"),
