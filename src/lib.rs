@@ -5,8 +5,10 @@
 #![deny(unsafe_code)]
 
 pub mod cli;
+pub mod eval;
 pub mod gguf;
 pub mod model;
+pub mod quantize;
 pub mod registry;
 pub mod sampling;
 pub mod session;
