@@ -221,7 +221,11 @@ impl Quantizer {
             let t0 = Instant::now();
             let info = &self.input.tensors()[p.index];
             let data = self.input.tensor_data(info);
-            let imp = importance.and_then(|m| m.get(&p.name)).filter(|v| v.len() as u64 == info.ne0());
+            let fallback_imp = if self.mode == Mode::Search { self.norm_importance(&p.name) } else { None };
+            let imp = importance
+                .and_then(|m| m.get(&p.name))
+                .or(fallback_imp.as_ref())
+                .filter(|v| v.len() as u64 == info.ne0());
             let bytes: &[u8] = if p.from == p.to {
                 // Already of its type (as llama-quantize, which also copies these): requantizing values that lie
                 // on the type's grid could only lose.
@@ -261,6 +265,26 @@ impl Quantizer {
         summary.file_bytes_out = std::fs::metadata(output).map(|m| m.len()).unwrap_or(0);
         summary.elapsed = start.elapsed();
         Ok(summary)
+    }
+
+    /// A data-free importance for a matrix whose input is a normalised hidden state: the square of the norm's
+    /// weights, which scale each input column (an RMS-normalised vector has columns of similar size before them).
+    fn norm_importance(&self, name: &str) -> Option<Vec<f32>> {
+        let tied = self.input.tensor_info("output.weight").is_none();
+        let norm = if name == "output.weight" || (tied && name == "token_embd.weight") {
+            "output_norm.weight".to_string()
+        } else {
+            let (layer, matrix) = name.strip_prefix("blk.")?.split_once('.')?;
+            match matrix {
+                "attn_q.weight" | "attn_k.weight" | "attn_v.weight" => format!("blk.{layer}.attn_norm.weight"),
+                "ffn_gate.weight" | "ffn_up.weight" => format!("blk.{layer}.ffn_norm.weight"),
+                _ => return None,
+            }
+        };
+        let info = self.input.tensor_info(&norm)?;
+        let mut g = vec![0f32; info.n_elements as usize];
+        infer_kernels::dequantize(info.ty, self.input.tensor_data(info), &mut g).ok()?;
+        Some(g.iter().map(|v| v * v + 1e-6).collect())
     }
 
     /// Quantizes `x` (rows of `row_len`) into `out` in parallel row ranges.

@@ -71,9 +71,8 @@ pub fn quantize(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), QuantizeE
     quantize_rows(ty, x, x.len(), out, Method::Rtn)
 }
 
-/// [`quantize`] of `x` as rows of `row_len` values (a whole number of blocks each; a searching quantizer weighs a
-/// value's error by its row's mean square), with a choice of [`Method`]. An importance vector has one value per
-/// column (`row_len` values).
+/// [`quantize`] of `x` as rows of `row_len` values (a whole number of blocks each), with a choice of [`Method`].
+/// An importance vector has one value per column (`row_len` values).
 pub fn quantize_rows(
     ty: GgmlType,
     x: &[f32],

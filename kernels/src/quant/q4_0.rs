@@ -49,8 +49,8 @@ pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ4_0]) {
 }
 
 /// Quantizes `x` (`y.len() * 32` values) into `y`, choosing each block's scale by search rather than from its
-/// largest value (see [`super::search`]): the scale that minimises the weighted squared error, with the weights
-/// `importance · sqrt(σ² + x²)` (`importance`: one per value, 1 if `None`). Same format, so readable by anything
+/// largest value (see [`super::search`]): the scale that minimises the squared error weighted by `importance` (one
+/// per value, 1 if `None`). Same format, so readable by anything
 /// that reads Q4_0; not llama.cpp's bytes (that is [`quantize_row_ref`]).
 ///
 /// # Panics
