@@ -4,6 +4,7 @@ mod bench;
 mod common;
 mod gguf;
 mod model;
+mod quantize;
 mod reference_dequant;
 mod reference_quantize;
 mod registry;

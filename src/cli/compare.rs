@@ -178,10 +178,30 @@ fn print_table(r: &Report) -> std::io::Result<()> {
     if let (Some(common), Some(n)) = (r.greedy_common_prefix, r.greedy_tokens) {
         print_line(&format!("greedy_common_prefix {common} of {n} tokens"))?;
         print_line("")?;
-        for (label, side) in [("BASE ", &r.base), ("OTHER", &r.other)] {
-            let text = side.greedy_text.as_deref().unwrap_or("").replace('\n', "⏎");
-            print_line(&format!("{label} | {text}"))?;
+        print_columns(r.base.greedy_text.as_deref().unwrap_or(""), r.other.greedy_text.as_deref().unwrap_or(""))?;
+    }
+    Ok(())
+}
+
+/// The two greedy texts side by side, each wrapped to its column (newlines shown as ⏎).
+fn print_columns(base: &str, other: &str) -> std::io::Result<()> {
+    const WIDTH: usize = 40;
+    let wrap = |text: &str| -> Vec<String> {
+        let mut lines = vec![String::new()];
+        for c in text.replace('\n', "⏎").chars() {
+            if lines.last().is_some_and(|l| l.chars().count() >= WIDTH) {
+                lines.push(String::new());
+            }
+            lines.last_mut().expect("starts with one line").push(c);
         }
+        lines
+    };
+    let (a, b) = (wrap(base), wrap(other));
+    print_line(&format!("{:<WIDTH$} | {}", "BASE greedy", "OTHER greedy"))?;
+    for i in 0..a.len().max(b.len()) {
+        let (l, r) = (a.get(i).map_or("", String::as_str), b.get(i).map_or("", String::as_str));
+        let pad = WIDTH.saturating_sub(l.chars().count());
+        print_line(&format!("{l}{:pad$} | {r}", ""))?;
     }
     Ok(())
 }

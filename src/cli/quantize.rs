@@ -78,6 +78,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     };
     let mode = if args.rtn { Mode::Rtn } else { Mode::Search };
     let quantizer = Quantizer::open(&input, &args.output, &policy, mode, args.allow_requantize)?;
+    let output = quantizer.create_output(&args.output)?;
 
     let cancel = Arc::new(AtomicBool::new(false));
     {
@@ -152,7 +153,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
                 }
                 bar.inc(1);
             };
-            let result = quantizer.run(&args.output, importance.as_ref(), &cancel, &mut on_tensor);
+            let result = quantizer.run(output, importance.as_ref(), &cancel, &mut on_tensor);
             bar.finish_and_clear();
             let s = result?;
             eprintln!(

@@ -55,8 +55,22 @@ pub enum QuantizeError {
     Quantize { name: String, cause: infer_kernels::quant::QuantizeError },
     #[error("interrupted; no output was written")]
     Cancelled,
-    #[error(transparent)]
-    Gguf(#[from] GgufError),
+    // Displayed, not chained: `GgufError::Io` already prints its cause.
+    #[error("{0}")]
+    Gguf(GgufError),
+}
+
+impl From<GgufError> for QuantizeError {
+    fn from(e: GgufError) -> Self {
+        QuantizeError::Gguf(e)
+    }
+}
+
+/// The output file while it is being written: created by [`Quantizer::create_output`] (so that an unwritable
+/// path fails before any work), filled by [`Quantizer::run`].
+pub struct Output {
+    path: PathBuf,
+    writer: GgufStreamWriter,
 }
 
 /// A planned conversion of one file.
@@ -186,16 +200,9 @@ impl Quantizer {
         groups
     }
 
-    /// Writes the output. `importance` (from [`calibrate`]) weights the search where it has the tensor; `cancel`
-    /// is polled between row ranges, and setting it leaves no output; `on_tensor` hears of each tensor written.
-    pub fn run(
-        &self,
-        output: &Path,
-        importance: Option<&Importance>,
-        cancel: &AtomicBool,
-        on_tensor: &mut dyn FnMut(&TensorDone),
-    ) -> Result<Summary, QuantizeError> {
-        let start = Instant::now();
+    /// Creates the output's temporary file and writes its header (metadata with `general.file_type` and
+    /// `general.quantization_version` set, and the planned tensor types). Dropping the result removes the file.
+    pub fn create_output(&self, output: &Path) -> Result<Output, QuantizeError> {
         let mut metadata = self.input.metadata().clone();
         let target = self.plan.iter().filter(|p| p.reason == Reason::Target).map(|p| p.to).next();
         let main_type = target.or_else(|| self.plan.iter().find(|p| p.dims.len() > 1).map(|p| p.to));
@@ -203,7 +210,21 @@ impl Quantizer {
         metadata.set("general.quantization_version", MetaValue::U32(QUANTIZATION_VERSION));
         let layout =
             self.plan.iter().map(|p| TensorLayout { name: p.name.clone(), dims: p.dims.clone(), ty: p.to }).collect();
-        let mut writer = GgufStreamWriter::create(output, &metadata, layout)?;
+        Ok(Output { path: output.to_path_buf(), writer: GgufStreamWriter::create(output, &metadata, layout)? })
+    }
+
+    /// Writes every tensor into `output` and renames it into place. `importance` (from [`calibrate`]) weights the
+    /// search where it has the tensor; `cancel` is polled between row ranges, and setting it leaves no output;
+    /// `on_tensor` hears of each tensor written.
+    pub fn run(
+        &self,
+        output: Output,
+        importance: Option<&Importance>,
+        cancel: &AtomicBool,
+        on_tensor: &mut dyn FnMut(&TensorDone),
+    ) -> Result<Summary, QuantizeError> {
+        let start = Instant::now();
+        let Output { path, mut writer } = output;
         let (mut x, mut out) = (Vec::<f32>::new(), Vec::<u8>::new());
         let mut summary = Summary {
             tensors: self.plan.len(),
@@ -262,7 +283,7 @@ impl Quantizer {
             return Err(QuantizeError::Cancelled);
         }
         writer.finish()?;
-        summary.file_bytes_out = std::fs::metadata(output).map(|m| m.len()).unwrap_or(0);
+        summary.file_bytes_out = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         summary.elapsed = start.elapsed();
         Ok(summary)
     }
