@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use infer_kernels::GgmlType;
 
 use super::args::ThreadArgs;
-use crate::quantize::{Importance, Mode, Policy, Quantizer, TARGETS, calibrate, parse_target};
+use crate::quantize::{Importance, Mode, Policy, Quantizer, TARGETS, calibrate, parse_target, self_calibrate};
 use crate::registry::human_size;
 
 /// Type names as the command line spells them, for clap's list of possible values.
@@ -39,7 +39,8 @@ pub struct QuantizeArgs {
     #[arg(long)]
     pub pure: bool,
     /// Round each block to the nearest level of a scale taken from its extremes: llama-quantize's exact bytes.
-    /// The default searches each block's scale (and minimum) for the least weighted squared error instead.
+    /// The default searches each block's scale (and minimum) for the least squared error, weighted by each column's
+    /// importance: from --calibrate's text, or else from a run of the model over 128 pseudo-random tokens.
     #[arg(long, conflicts_with = "calibrate")]
     pub rtn: bool,
     /// Run the model over this text first and weight each column's error by the mean square of its inputs
@@ -98,7 +99,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         args.target,
         match (mode, &args.calibrate) {
             (Mode::Rtn, _) => ", rounding to nearest",
-            (Mode::Search, None) => ", searching block scales",
+            (Mode::Search, None) => ", searching block scales weighted by a self-calibration",
             (Mode::Search, Some(_)) => ", searching block scales weighted by calibration",
         }
     );
@@ -120,9 +121,10 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
 
     args.threads
         .install(|| -> anyhow::Result<()> {
-            let importance = match &args.calibrate {
-                Some(path) => Some(run_calibration(&input, path, &args, &cancel)?),
-                None => None,
+            let importance = match (&args.calibrate, mode) {
+                (Some(path), _) => Some(run_calibration(&input, path, &args, &cancel)?),
+                (None, Mode::Search) if quantizer.searches() => self_calibration(&input, &cancel),
+                _ => None,
             };
             let total = quantizer.plan().len() as u64;
             let bar = progress_bar(total);
@@ -169,8 +171,22 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         .context("starting worker threads")?
 }
 
+/// Runs IN over pseudo-random tokens of its vocabulary for the columns' importance; if IN cannot run here, says so
+/// and goes on without (the search then weighs columns by the preceding norms).
+fn self_calibration(input: &std::path::Path, cancel: &AtomicBool) -> Option<Importance> {
+    let result = super::load(Some(&input.to_string_lossy()), &super::EngineArgs::default())
+        .and_then(|m| Ok(self_calibrate(&m.model, &m.tokenizer, cancel)?));
+    match result {
+        Ok(importance) => Some(importance),
+        Err(e) => {
+            eprintln!("note: no self-calibration ({e:#}); weighting columns by the norms before them");
+            None
+        }
+    }
+}
+
 /// Loads IN as a model and gathers its columns' importance over the text in `path`.
-pub fn run_calibration(
+fn run_calibration(
     input: &std::path::Path,
     path: &std::path::Path,
     args: &QuantizeArgs,

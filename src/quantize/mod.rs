@@ -24,7 +24,7 @@ use rayon::prelude::*;
 
 use crate::gguf::{GgufError, GgufFile, GgufStreamWriter, MetaValue, TensorLayout};
 
-pub use calibrate::{Importance, calibrate};
+pub use calibrate::{Importance, calibrate, self_calibrate};
 pub use policy::{Policy, Reason, TARGETS, TensorPlan, parse_target};
 
 /// GGML's quantization version (`GGML_QNT_VERSION`), stored as `general.quantization_version`.
@@ -175,6 +175,12 @@ impl Quantizer {
 
     pub fn plan(&self) -> &[TensorPlan] {
         &self.plan
+    }
+
+    /// Whether any tensor will be searched (in [`Mode::Search`]), so that importance would matter.
+    pub fn searches(&self) -> bool {
+        use GgmlType::*;
+        self.plan.iter().any(|p| p.from != p.to && matches!(p.to, Q4_0 | Q4_1 | Q5_0 | Q2_K | Q4_K | Q6_K))
     }
 
     /// The quantized types among the input's tensors (which must be dequantized first).
