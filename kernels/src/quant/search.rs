@@ -253,8 +253,8 @@ fn affine_impl<L: Lanes>(l: L, x: &[f32; QK], w: &[f32; QK], nmax: i32) -> Affin
         chosen = next;
     }
     let mut q = [0u8; QK];
-    for j in 0..QK {
-        q[j] = chosen.2[j] as u8;
+    for (o, &v) in q.iter_mut().zip(&chosen.2) {
+        *o = v as u8;
     }
     Affine { d: chosen.0, m: chosen.1, q }
 }
