@@ -214,10 +214,6 @@ fn every_output_type_loads_generates_and_reads_in_gguf_py() {
             file.metadata().get("general.quantization_version").and_then(infer::gguf::MetaValue::as_u64),
             Some(2)
         );
-        if *ty == "bf16" {
-            // The engine has no BF16 matrix kernel yet: the file is checked with gguf-py only.
-            continue;
-        }
         let out = infer(&["run", path.to_str().unwrap(), "-p", "The capital of France is", "-n", "4", "--temp", "0"]);
         ok(&out);
         assert!(!out.stdout.is_empty(), "{ty} generated nothing");
