@@ -79,14 +79,14 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     };
     let mode = if args.rtn { Mode::Rtn } else { Mode::Search };
     let quantizer = Quantizer::open(&input, &args.output, &policy, mode, args.allow_requantize)?;
-    let output = quantizer.create_output(&args.output)?;
-
     let cancel = Arc::new(AtomicBool::new(false));
     {
         let cancel = cancel.clone();
-        // Ctrl-C stops at the next row range; the temporary file is removed on the way out.
+        // Ctrl-C stops at the next row range; the temporary file is removed on the way out. (Installed before the
+        // file is created, so that no signal finds it there without this handler.)
         let _ = ctrlc::set_handler(move || cancel.store(true, Ordering::SeqCst));
     }
+    let output = quantizer.create_output(&args.output)?;
 
     let file = quantizer.input();
     let in_type = file.metadata().get("general.file_type").and_then(crate::gguf::MetaValue::as_u64);
