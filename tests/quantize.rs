@@ -129,7 +129,7 @@ fn compare(other: &Path) -> serde_json::Value {
 }
 
 #[test]
-fn q8_0_is_closer_to_f32_than_q4_0_and_calibration_beats_rounding() {
+fn q8_0_is_closer_to_f32_than_q4_0_and_search_beats_rounding() {
     let Some(_) = smollm2_f32() else { return };
     let q8 = quantized(&["q8_0"]).unwrap();
     let rtn = quantized(&["q4_0", "--pure", "--rtn"]).unwrap();
@@ -142,9 +142,10 @@ fn q8_0_is_closer_to_f32_than_q4_0_and_calibration_beats_rounding() {
     assert_eq!(c8["positions"], 2 * 255);
     assert!(c8["top1_agreement"].as_f64().unwrap() >= 0.95, "{c8}");
     assert!(kld(&c8) < kld(&cs), "q8_0 must be closer to f32 than q4_0");
-    // Measured on these chunks: rtn 0.40, search 0.40, calibrated 0.24 (0.59x).
-    assert!(kld(&cc) < 0.75 * kld(&cr), "calibrated q4_0 {} vs rtn {}", kld(&cc), kld(&cr));
-    assert!(kld(&cs) < 1.05 * kld(&cr), "search q4_0 {} vs rtn {}", kld(&cs), kld(&cr));
+    // On 4 chunks: round to nearest 0.403, the default search (self-calibrated) 0.246, calibrated 0.238; the README
+    // has llama-perplexity's figures on 30 chunks (0.60x and 0.58x).
+    assert!(kld(&cs) < 0.8 * kld(&cr), "search q4_0 {} vs rtn {}", kld(&cs), kld(&cr));
+    assert!(kld(&cc) < 0.8 * kld(&cr), "calibrated q4_0 {} vs rtn {}", kld(&cc), kld(&cr));
     // The same positions, so the base's perplexity is the same number in every comparison.
     assert_eq!(c8["ppl_base"], cr["ppl_base"]);
     assert!(c8["other"]["bits_per_weight"].as_f64().unwrap() > 8.0);
