@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::EngineArgs;
 use super::args::ThreadArgs;
 use super::output::print_line;
-use super::perplexity::read_text;
+use super::perplexity::{ChunkArgs, read_text};
 use crate::eval::{DivergenceReport, Greedy, common_prefix, compare_continuation, compare_text, greedy, tokenize_text};
 use crate::registry::human_size;
 
@@ -34,13 +34,8 @@ pub struct CompareArgs {
     /// Score a text instead (or as well), in chunks of -c tokens as llama-perplexity does.
     #[arg(short = 'f', long = "file", value_name = "TEXT_FILE")]
     pub file: Option<PathBuf>,
-    /// Tokens per chunk for -f; the second half of each chunk is scored.
-    #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 512,
-          value_parser = clap::value_parser!(u32).range(4..=131072))]
-    pub ctx: u32,
-    /// Score at most this many chunks of -f.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub chunks: Option<u32>,
+    #[command(flatten)]
+    pub chunking: ChunkArgs,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -125,10 +120,18 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
                         }
                     }
                 };
-                let chunks = args.chunks.map(|c| c as usize);
-                let (div, rates) =
-                    compare_text(&base.model, &other, &tokens, args.ctx as usize, chunks, bos, &cancel, &mut on_chunk)
-                        .context("scoring the text")?;
+                let chunks = args.chunking.chunks.map(|c| c as usize);
+                let (div, rates) = compare_text(
+                    &base.model,
+                    &other,
+                    &tokens,
+                    args.chunking.ctx as usize,
+                    chunks,
+                    bos,
+                    &cancel,
+                    &mut on_chunk,
+                )
+                .context("scoring the text")?;
                 report.divergence = div;
                 report.base.prompt_tps = report.base.prompt_tps.or(Some(rates[0]));
                 report.other.prompt_tps = report.other.prompt_tps.or(Some(rates[1]));

@@ -19,13 +19,8 @@ pub struct PerplexityArgs {
     /// The text to score.
     #[arg(short = 'f', long = "file", value_name = "TEXT_FILE")]
     pub file: PathBuf,
-    /// Tokens per chunk; the second half of each chunk is scored.
-    #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 512,
-          value_parser = clap::value_parser!(u32).range(4..=131072))]
-    pub ctx: u32,
-    /// Score at most this many chunks.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub chunks: Option<u32>,
+    #[command(flatten)]
+    pub chunking: ChunkArgs,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -33,6 +28,19 @@ pub struct PerplexityArgs {
     pub threads: ThreadArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+// How a text is cut for scoring (shared with `compare -f`). (Plain comment: a doc comment on a flattened `Args`
+// struct would replace the command's `about` text.)
+#[derive(Args, Debug, Clone, Copy)]
+pub struct ChunkArgs {
+    /// Tokens per chunk; the second half of each chunk is scored, as llama-perplexity does.
+    #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(4..=131072))]
+    pub ctx: u32,
+    /// Score at most this many chunks.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub chunks: Option<u32>,
 }
 
 /// Reads a text file for scoring, naming it in errors.
@@ -58,8 +66,8 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
                     }
                 }
             };
-            let chunks = args.chunks.map(|c| c as usize);
-            perplexity(&loaded.model, &tokens, args.ctx as usize, chunks, bos, &cancel, &mut on_chunk)
+            let chunks = args.chunking.chunks.map(|c| c as usize);
+            perplexity(&loaded.model, &tokens, args.chunking.ctx as usize, chunks, bos, &cancel, &mut on_chunk)
         })
         .context("starting worker threads")?
         .with_context(|| format!("scoring {}", args.file.display()))?;
