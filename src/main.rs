@@ -5,6 +5,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// The system allocator with per-thread memory budgets, which bound the work a model file can make us do (its chat
+/// template is rendered under one).
+#[global_allocator]
+static ALLOC: infer::kernels::budget::BudgetAlloc = infer::kernels::budget::BudgetAlloc;
+
 fn main() -> ExitCode {
     let cli = infer::cli::Cli::parse();
     match infer::cli::run(cli) {
