@@ -13,6 +13,11 @@ pub enum GgufError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "{path}: the file changed on disk since it was loaded ({was} bytes then, {now} now); load it again",
+        now = now.map_or("missing".to_string(), |n| format!("{n} bytes"))
+    )]
+    FileChanged { path: PathBuf, was: u64, now: Option<u64> },
     #[error("{path}: is a directory, not a GGUF file")]
     IsDirectory { path: PathBuf },
     #[error("not a GGUF file: magic bytes are {found:?}, expected \"GGUF\"")]
@@ -75,6 +80,10 @@ pub enum GgufError {
     OverlappingTensors { first: String, second: String },
     #[error("no tensor named '{name}'")]
     MissingTensor { name: String },
+    #[error(
+        "tensor '{name}' is not used by the {arch} decoder: this model variant is not supported (running without it would give wrong text)"
+    )]
+    UnusedTensor { name: String, arch: String },
     #[error("tensor '{name}': type {ty} ({id}) is not supported yet", id = ty.id())]
     UnsupportedType { name: String, ty: GgmlType },
     #[error("tensor '{name}': shape {found:?}, expected {expected:?}")]

@@ -72,6 +72,8 @@ impl Storage {
 pub struct GgufFile {
     path: PathBuf,
     storage: Storage,
+    /// Length and modification time of a mapped file when it was opened (see [`GgufFile::check_unchanged`]).
+    mapped_stamp: Option<(u64, Option<std::time::SystemTime>)>,
     version: u32,
     metadata: Metadata,
     tensors: Vec<TensorInfo>,
@@ -101,26 +103,55 @@ impl GgufFile {
             return Err(GgufError::IsDirectory { path: path.to_path_buf() });
         }
         let file = File::open(path).map_err(io)?;
-        let storage = if meta.len() == 0 {
+        if meta.len() == 0 {
             // mmap of an empty file fails on some systems; an empty file is simply too short.
-            Storage::Owned(Vec::new())
-        } else {
-            Storage::Mapped(map_file(&file).map_err(io)?)
-        };
-        Self::parse(path.to_path_buf(), storage)
+            return Self::parse(path.to_path_buf(), Storage::Owned(Vec::new()), None);
+        }
+        let storage = Storage::Mapped(map_file(&file).map_err(io)?);
+        Self::parse(path.to_path_buf(), storage, Some((meta.len(), meta.modified().ok())))
     }
 
-    /// Validates a file held in memory (tests, fuzzing, `--no-mmap`).
+    /// Reads and validates a whole file into memory (`--no-mmap`): later changes to the file on disk cannot
+    /// affect it, at the cost of the file's size in memory.
+    pub fn read(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
+        let path = path.as_ref();
+        let io = |source| GgufError::Io { path: path.to_path_buf(), source };
+        if std::fs::metadata(path).map_err(io)?.is_dir() {
+            return Err(GgufError::IsDirectory { path: path.to_path_buf() });
+        }
+        let bytes = std::fs::read(path).map_err(io)?;
+        Self::parse(path.to_path_buf(), Storage::Owned(bytes), None)
+    }
+
+    /// Validates a file held in memory (tests, fuzzing).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
-        Self::parse(PathBuf::from("<memory>"), Storage::Owned(bytes))
+        Self::parse(PathBuf::from("<memory>"), Storage::Owned(bytes), None)
     }
 
-    fn parse(path: PathBuf, storage: Storage) -> Result<GgufFile, GgufError> {
+    /// Whether the mapped file still has the length and modification time it had when opened. Anything reading
+    /// the map after the file changed would read bytes nobody validated (or, past a new end, fault), so a
+    /// generation checks this before it starts. Always true for a file read into memory.
+    pub fn check_unchanged(&self) -> Result<(), GgufError> {
+        let Some((len, modified)) = self.mapped_stamp else { return Ok(()) };
+        let now = std::fs::metadata(&self.path).map(|m| (m.len(), m.modified().ok()));
+        match now {
+            Ok((l, m)) if l == len && m == modified => Ok(()),
+            Ok((l, _)) => Err(GgufError::FileChanged { path: self.path.clone(), was: len, now: Some(l) }),
+            Err(_) => Err(GgufError::FileChanged { path: self.path.clone(), was: len, now: None }),
+        }
+    }
+
+    fn parse(
+        path: PathBuf,
+        storage: Storage,
+        mapped_stamp: Option<(u64, Option<std::time::SystemTime>)>,
+    ) -> Result<GgufFile, GgufError> {
         let parsed = parse_layout(storage.bytes())?;
         let by_name = parsed.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
         Ok(GgufFile {
             path,
             storage,
+            mapped_stamp,
             version: parsed.version,
             metadata: parsed.metadata,
             tensors: parsed.tensors,
@@ -158,6 +189,11 @@ impl GgufFile {
     /// Size of the whole file in bytes.
     pub fn file_len(&self) -> u64 {
         self.storage.bytes().len() as u64
+    }
+
+    /// The position of the tensor named `name` in [`GgufFile::tensors`], if present.
+    pub fn tensor_index(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
     }
 
     /// The tensor named `name`, if present.
