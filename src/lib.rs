@@ -7,6 +7,7 @@
 pub mod chat;
 pub mod cli;
 pub mod gguf;
+pub mod memory;
 pub mod model;
 pub mod registry;
 pub mod sampling;

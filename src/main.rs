@@ -11,6 +11,10 @@ use clap::Parser;
 static ALLOC: infer::kernels::budget::BudgetAlloc = infer::kernels::budget::BudgetAlloc;
 
 fn main() -> ExitCode {
+    infer::kernels::signals::exit_on_sigbus(
+        "error: the model file shrank or changed on disk while infer was reading it (SIGBUS); stopped. Replace a \
+         model only while no infer uses it, or run with --no-mmap\n",
+    );
     let cli = infer::cli::Cli::parse();
     match infer::cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,6 +14,7 @@ pub mod dispatch;
 pub mod matmul;
 pub mod packed;
 pub mod parallel;
+pub mod signals;
 pub mod vec_f32;
 
 pub use dequant::{DequantError, dequantize};
