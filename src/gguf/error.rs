@@ -34,8 +34,8 @@ pub enum GgufError {
     CountTooLarge { field: &'static str, value: u64, offset: u64, remaining: u64 },
     #[error("metadata key #{index} at offset {offset} is empty")]
     EmptyKey { index: u64, offset: u64 },
-    #[error("metadata key #{index} at offset {offset} is not valid UTF-8")]
-    InvalidKey { index: u64, offset: u64 },
+    #[error("metadata key #{index} at offset {offset} {why}")]
+    InvalidKey { index: u64, offset: u64, why: &'static str },
     #[error("duplicate metadata key '{key}' at offset {offset}")]
     DuplicateKey { key: String, offset: u64 },
     #[error("metadata key '{key}' at offset {offset}: unknown value type {type_id}")]
@@ -44,8 +44,8 @@ pub enum GgufError {
     NestedArray { key: String, offset: u64 },
     #[error("metadata key '{key}' at offset {offset}: bool byte is {byte}, must be 0 or 1")]
     InvalidBool { key: String, byte: u8, offset: u64 },
-    #[error("metadata key '{key}' at offset {offset}: string of {len} bytes exceeds the {limit}-byte limit")]
-    StringTooLong { key: String, len: u64, limit: u64, offset: u64 },
+    #[error("{what} at offset {offset}: a string of {len} bytes exceeds the {limit}-byte limit")]
+    StringTooLong { what: String, len: u64, limit: u64, offset: u64 },
     #[error("general.alignment = {value} is invalid: must be a power of two between 1 and 1 MiB")]
     InvalidAlignment { value: u64 },
     #[error("missing metadata key '{key}'")]
