@@ -99,6 +99,16 @@ const MAX_DIM: usize = 1 << 20;
 impl ModelConfig {
     /// Reads the configuration common to the decoder family; the architecture file adjusts the quirks.
     pub fn from_metadata(meta: &Metadata) -> Result<ModelConfig, GgufError> {
+        // A shard holds only some of the tensors; the rest live in sibling files this loader does not open.
+        if let Some(n) = meta.opt_u64("split.count")?
+            && n > 1
+        {
+            return Err(GgufError::ValueOutOfRange {
+                key: "split.count".into(),
+                value: n.to_string(),
+                why: "split (sharded) GGUF files are not supported: merge the shards into one file first".into(),
+            });
+        }
         let arch_name = meta.architecture()?;
         let arch = Arch::from_name(arch_name).ok_or_else(|| GgufError::ValueOutOfRange {
             key: "general.architecture".into(),
@@ -183,9 +193,18 @@ impl ModelConfig {
                 });
             }
         };
-        let n_vocab = match meta.opt_usize(&k("vocab_size"))? {
-            Some(n) => n,
-            None => meta.get_array("tokenizer.ggml.tokens")?.len(),
+        let n_tokens = meta.opt_array("tokenizer.ggml.tokens")?.map(|a| a.len());
+        let n_vocab = match (meta.opt_usize(&k("vocab_size"))?, n_tokens) {
+            (Some(n), Some(t)) if n != t => {
+                return Err(GgufError::ValueOutOfRange {
+                    key: k("vocab_size"),
+                    value: n.to_string(),
+                    why: format!("tokenizer.ggml.tokens has {t} entries; token ids and embedding rows must agree"),
+                });
+            }
+            (Some(n), _) => n,
+            (None, Some(t)) => t,
+            (None, None) => return Err(GgufError::MissingKey { key: "tokenizer.ggml.tokens".into() }),
         };
         if n_vocab == 0 {
             return Err(GgufError::ValueOutOfRange {

@@ -97,35 +97,41 @@ pub struct ModelWeights {
 }
 
 impl ModelWeights {
+    /// Looks up every tensor the decoder consumes, checking its shape and type; then refuses the file if it holds a
+    /// tensor the decoder did not ask for, since ignoring a weight (a `rope_freqs.weight`, an attention bias, a
+    /// variant's extra norm) would quietly give wrong text. Which tensors an architecture consumes is therefore
+    /// defined in one place, by what this function looks up for its configuration.
     pub fn load(file: &GgufFile, c: &ModelConfig) -> Result<ModelWeights, GgufError> {
-        let token_embd = linear(file, "token_embd.weight", c.n_vocab, c.n_embd)?;
-        let output = match file.tensor_info("output.weight") {
-            Some(_) => linear(file, "output.weight", c.n_vocab, c.n_embd)?,
+        let t = Consumed::new(file);
+        let token_embd = linear(&t, "token_embd.weight", c.n_vocab, c.n_embd)?;
+        let output = match t.optional("output.weight") {
+            Some(_) => linear(&t, "output.weight", c.n_vocab, c.n_embd)?,
             None => token_embd.clone(),
         };
-        let output_norm = vector(file, "output_norm.weight", c.n_embd)?;
+        let output_norm = vector(&t, "output_norm.weight", c.n_embd)?;
         let mut layers = Vec::with_capacity(c.n_layer);
         for il in 0..c.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
             let opt_vec = |s: &str, len: usize, wanted: bool| -> Result<Option<Vec<f32>>, GgufError> {
-                if wanted { vector(file, &n(s), len).map(Some) } else { Ok(None) }
+                if wanted { vector(&t, &n(s), len).map(Some) } else { Ok(None) }
             };
             layers.push(LayerWeights {
-                attn_norm: vector(file, &n("attn_norm"), c.n_embd)?,
-                wq: linear(file, &n("attn_q"), c.q_dim(), c.n_embd)?,
-                wk: linear(file, &n("attn_k"), c.k_dim(), c.n_embd)?,
-                wv: linear(file, &n("attn_v"), c.v_dim(), c.n_embd)?,
-                wo: linear(file, &n("attn_output"), c.n_embd, c.n_head * c.head_dim_v)?,
+                attn_norm: vector(&t, &n("attn_norm"), c.n_embd)?,
+                wq: linear(&t, &n("attn_q"), c.q_dim(), c.n_embd)?,
+                wk: linear(&t, &n("attn_k"), c.k_dim(), c.n_embd)?,
+                wv: linear(&t, &n("attn_v"), c.v_dim(), c.n_embd)?,
+                wo: linear(&t, &n("attn_output"), c.n_embd, c.n_head * c.head_dim_v)?,
                 q_norm: opt_vec("attn_q_norm", c.head_dim, c.qk_norm)?,
                 k_norm: opt_vec("attn_k_norm", c.head_dim, c.qk_norm)?,
                 attn_post_norm: opt_vec("post_attention_norm", c.n_embd, c.post_norms)?,
-                ffn_norm: vector(file, &n("ffn_norm"), c.n_embd)?,
-                ffn_gate: linear(file, &n("ffn_gate"), c.n_ff, c.n_embd)?,
-                ffn_up: linear(file, &n("ffn_up"), c.n_ff, c.n_embd)?,
-                ffn_down: linear(file, &n("ffn_down"), c.n_embd, c.n_ff)?,
+                ffn_norm: vector(&t, &n("ffn_norm"), c.n_embd)?,
+                ffn_gate: linear(&t, &n("ffn_gate"), c.n_ff, c.n_embd)?,
+                ffn_up: linear(&t, &n("ffn_up"), c.n_ff, c.n_embd)?,
+                ffn_down: linear(&t, &n("ffn_down"), c.n_embd, c.n_ff)?,
                 ffn_post_norm: opt_vec("post_ffw_norm", c.n_embd, c.post_norms)?,
             });
         }
+        t.all_consumed(c.arch.name())?;
         let mut w = ModelWeights { token_embd, layers, output_norm, output };
         w.pack(file);
         Ok(w)
@@ -149,33 +155,80 @@ fn check_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), GgufError> {
     Ok(())
 }
 
-/// A matrix tensor of ggml shape `[cols, rows]` whose type the kernels support.
-fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linear, GgufError> {
-    let t = file.tensor(name)?;
-    check_shape(t, &[cols as u64, rows as u64])?;
-    if !t.ty.is_supported() || t.ty == GgmlType::Q8_K {
-        return Err(GgufError::UnsupportedType { name: name.to_string(), ty: t.ty });
+/// The file's tensors, remembering which ones the loader looked up.
+struct Consumed<'a> {
+    file: &'a GgufFile,
+    used: std::cell::RefCell<Vec<bool>>,
+}
+
+impl<'a> Consumed<'a> {
+    fn new(file: &'a GgufFile) -> Consumed<'a> {
+        Consumed { file, used: std::cell::RefCell::new(vec![false; file.tensors().len()]) }
     }
-    let widened = if t.ty == GgmlType::BF16 {
+
+    fn mark(&self, name: &str) -> Option<&'a TensorInfo> {
+        let i = self.file.tensor_index(name)?;
+        if let Some(u) = self.used.borrow_mut().get_mut(i) {
+            *u = true;
+        }
+        self.file.tensors().get(i)
+    }
+
+    /// A tensor the decoder needs, or an error naming it.
+    fn required(&self, name: &str) -> Result<&'a TensorInfo, GgufError> {
+        self.mark(name).ok_or_else(|| GgufError::MissingTensor { name: name.to_string() })
+    }
+
+    /// A tensor the decoder uses when present.
+    fn optional(&self, name: &str) -> Option<&'a TensorInfo> {
+        self.mark(name)
+    }
+
+    /// Fails on the first tensor nobody looked up.
+    fn all_consumed(&self, arch: &str) -> Result<(), GgufError> {
+        let used = self.used.borrow();
+        match self.file.tensors().iter().zip(used.iter()).find(|(_, u)| !**u) {
+            Some((t, _)) => Err(GgufError::UnusedTensor { name: t.name.clone(), arch: arch.to_string() }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A matrix tensor of ggml shape `[cols, rows]` whose type the kernels support.
+fn linear(t: &Consumed<'_>, name: &str, rows: usize, cols: usize) -> Result<Linear, GgufError> {
+    let info = t.required(name)?;
+    check_shape(info, &[cols as u64, rows as u64])?;
+    if !info.ty.is_supported() || info.ty == GgmlType::Q8_K {
+        return Err(GgufError::UnsupportedType { name: name.to_string(), ty: info.ty });
+    }
+    // BF16 matrices are widened to f32 once at load (exact), since the kernels have no BF16 path.
+    let widened = if info.ty == GgmlType::BF16 {
         let mut w = vec![0f32; rows * cols];
-        infer_kernels::dequant::dequantize(t.ty, file.tensor_data(t), &mut w)
-            .map_err(|_| GgufError::UnsupportedType { name: name.to_string(), ty: t.ty })?;
+        infer_kernels::dequant::dequantize(info.ty, t.file.tensor_data(info), &mut w)
+            .map_err(|_| GgufError::UnsupportedType { name: name.to_string(), ty: info.ty })?;
         Some(Arc::new(w))
     } else {
         None
     };
-    let start = (file.data_offset() + t.offset) as usize;
-    let bytes = start..start + t.n_bytes as usize;
-    Ok(Linear { name: name.to_string(), ty: t.ty, rows, cols, bytes, packed: None, widened })
+    let start = (t.file.data_offset() + info.offset) as usize;
+    Ok(Linear {
+        name: name.to_string(),
+        ty: info.ty,
+        rows,
+        cols,
+        bytes: start..start + info.n_bytes as usize,
+        packed: None,
+        widened,
+    })
 }
 
 /// A 1-D tensor of `len` values, converted to f32.
-fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, GgufError> {
-    let t = file.tensor(name)?;
-    check_shape(t, &[len as u64])?;
+fn vector(t: &Consumed<'_>, name: &str, len: usize) -> Result<Vec<f32>, GgufError> {
+    let info = t.required(name)?;
+    check_shape(info, &[len as u64])?;
     let mut out = vec![0f32; len];
-    infer_kernels::dequant::dequantize(t.ty, file.tensor_data(t), &mut out)
-        .map_err(|_| GgufError::UnsupportedType { name: name.to_string(), ty: t.ty })?;
+    infer_kernels::dequant::dequantize(info.ty, t.file.tensor_data(info), &mut out)
+        .map_err(|_| GgufError::UnsupportedType { name: name.to_string(), ty: info.ty })?;
     if out.iter().any(|v| !v.is_finite()) {
         return Err(GgufError::ValueOutOfRange {
             key: name.to_string(),
