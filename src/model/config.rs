@@ -9,23 +9,35 @@ use crate::gguf::{GgufError, Metadata};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
     Llama,
+    Qwen2,
+    Qwen3,
+    Phi3,
+    Gemma2,
     Gemma3,
 }
 
+/// Every architecture with its GGUF name, in one table so the two directions cannot disagree.
+const ARCHES: [(Arch, &str); 6] = [
+    (Arch::Llama, "llama"),
+    (Arch::Qwen2, "qwen2"),
+    (Arch::Qwen3, "qwen3"),
+    (Arch::Phi3, "phi3"),
+    (Arch::Gemma2, "gemma2"),
+    (Arch::Gemma3, "gemma3"),
+];
+
 impl Arch {
     pub fn from_name(name: &str) -> Option<Arch> {
-        match name {
-            "llama" => Some(Arch::Llama),
-            "gemma3" => Some(Arch::Gemma3),
-            _ => None,
-        }
+        ARCHES.iter().find(|(_, n)| *n == name).map(|(a, _)| *a)
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Gemma3 => "gemma3",
-        }
+        ARCHES.iter().find(|(a, _)| *a == self).map_or("?", |(_, n)| n)
+    }
+
+    /// The supported names, for error messages.
+    pub fn names() -> String {
+        ARCHES.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -88,6 +100,14 @@ pub struct ModelConfig {
     pub post_norms: bool,
     /// Softcap on the final logits (`final_logit_softcapping`), if any.
     pub final_logit_softcap: Option<f32>,
+    /// Softcap on the scaled attention scores (`attn_logit_softcapping`, gemma2), if any.
+    pub attn_softcap: Option<f32>,
+    /// Biases on the query, key and value projections (qwen2).
+    pub qkv_bias: bool,
+    /// Query, key and value stored as one `attn_qkv` matrix (phi3).
+    pub fused_qkv: bool,
+    /// Gate and up projections stored as one `ffn_up` matrix of `2·n_ff` rows, gate first (phi3).
+    pub fused_gate_up: bool,
 }
 
 /// Upper bounds on metadata-derived sizes: a hostile file must not make us allocate or loop without limit before
@@ -113,7 +133,7 @@ impl ModelConfig {
         let arch = Arch::from_name(arch_name).ok_or_else(|| GgufError::ValueOutOfRange {
             key: "general.architecture".into(),
             value: arch_name.to_string(),
-            why: "this architecture is not supported (supported: llama, gemma3)".into(),
+            why: format!("this architecture is not supported (supported: {})", Arch::names()),
         })?;
         let k = |suffix: &str| format!("{arch_name}.{suffix}");
         let bounded = |key: String, max: usize| -> Result<usize, GgufError> {
@@ -215,6 +235,7 @@ impl ModelConfig {
         }
         let n_ctx_train = meta.opt_usize(&k("context_length"))?.unwrap_or(2048).max(1);
         let final_logit_softcap = meta.opt_f32(&k("final_logit_softcapping"))?.filter(|c| *c > 0.0);
+        let attn_softcap = meta.opt_f32(&k("attn_logit_softcapping"))?.filter(|c| *c > 0.0);
         let mut config = ModelConfig {
             arch,
             n_vocab,
@@ -240,10 +261,19 @@ impl ModelConfig {
             qk_norm: false,
             post_norms: false,
             final_logit_softcap,
+            attn_softcap,
+            qkv_bias: false,
+            fused_qkv: false,
+            fused_gate_up: false,
         };
+        use super::arch as quirks;
         match arch {
-            Arch::Llama => super::arch::llama::configure(&mut config, meta)?,
-            Arch::Gemma3 => super::arch::gemma3::configure(&mut config, meta)?,
+            Arch::Llama => quirks::llama::configure(&mut config, meta)?,
+            Arch::Qwen2 => quirks::qwen2::configure(&mut config, meta)?,
+            Arch::Qwen3 => quirks::qwen3::configure(&mut config, meta)?,
+            Arch::Phi3 => quirks::phi3::configure(&mut config, meta)?,
+            Arch::Gemma2 => quirks::gemma2::configure(&mut config, meta)?,
+            Arch::Gemma3 => quirks::gemma3::configure(&mut config, meta)?,
         }
         Ok(config)
     }

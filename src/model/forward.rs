@@ -242,7 +242,7 @@ impl Model {
     pub fn from_file(file: Arc<GgufFile>) -> Result<Model, GgufError> {
         let config = ModelConfig::from_metadata(file.metadata())?;
         let weights = ModelWeights::load(&file, &config)?;
-        let rope_freqs = [
+        let mut rope_freqs = [
             ops::rope_freqs(config.n_rot, config.rope_base),
             if config.layer_is_swa.iter().any(|&s| s) {
                 ops::rope_freqs(config.n_rot, config.rope_base_swa)
@@ -250,6 +250,18 @@ impl Model {
                 Vec::new()
             },
         ];
+        if let Some(divisors) = &weights.rope_freqs {
+            if let Some(bad) = divisors.iter().find(|d| !(**d > 0.0)) {
+                return Err(GgufError::ValueOutOfRange {
+                    key: "rope_freqs.weight".into(),
+                    value: bad.to_string(),
+                    why: "rotary frequency divisors must be > 0".into(),
+                });
+            }
+            for freqs in &mut rope_freqs {
+                freqs.iter_mut().zip(divisors).for_each(|(f, d)| *f /= *d as f64);
+            }
+        }
         Ok(Model { config, weights, file, precision: ActPrecision::Q8x2, rope_freqs })
     }
 
@@ -381,6 +393,11 @@ impl Model {
                     st.add(il, Site::AttnIn, &s.xb[..t_count * n_embd]);
                 }
                 matmul_multi(&qkv.each_ref(), &s.xb[..t_count * n_embd], t_count, &mut outs, &mut s.matmul);
+                for (out, bias) in outs.iter_mut().zip([&lw.bq, &lw.bk, &lw.bv]) {
+                    if let Some(b) = bias {
+                        for_rows(out, b.len(), None, |_, row| row.iter_mut().zip(b).for_each(|(x, bv)| *x += bv));
+                    }
+                }
             }
 
             // Per-head norms and rotations.
@@ -661,8 +678,17 @@ impl Model {
                     p += n;
                 }
                 for (h, state) in softmax[..heads].iter_mut().enumerate() {
+                    let sc = &mut scores[h * row..h * row + width];
+                    // Soft-capping (gemma2) bends the scaled scores, so the softmax then takes them unscaled.
+                    let scale = match c.attn_softcap {
+                        Some(cap) => {
+                            sc.iter_mut().for_each(|v| *v = cap * (*v * scale / cap).tanh());
+                            1.0
+                        }
+                        None => scale,
+                    };
                     // Scores become softmax weights in place; what was summed under an older maximum is rescaled.
-                    let r = vec_f32::softmax_block(&mut scores[h * row..h * row + width], scale, state);
+                    let r = vec_f32::softmax_block(sc, scale, state);
                     if r != 1.0 {
                         vec_f32::scale(r, &mut out[h * hdv..(h + 1) * hdv]);
                     }

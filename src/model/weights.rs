@@ -56,6 +56,22 @@ impl Linear {
         self.packed = packed::pack(self.ty, data, self.rows, self.cols).map(Arc::new);
     }
 
+    /// Rows `r` of this matrix as a matrix of their own (a fused matrix's part: phi3's `attn_qkv`), still zero-copy
+    /// in the file. Call before [`Linear::pack`].
+    fn rows_of(&self, r: Range<usize>) -> Linear {
+        let row_len = self.bytes.len() / self.rows;
+        let start = self.bytes.start + r.start * row_len;
+        Linear {
+            name: self.name.clone(),
+            ty: self.ty,
+            rows: r.len(),
+            cols: self.cols,
+            bytes: start..start + r.len() * row_len,
+            packed: None,
+            widened: self.widened.as_ref().map(|w| Arc::new(w[r.start * self.cols..r.end * self.cols].to_vec())),
+        }
+    }
+
     /// The raw bytes of row `r` (for embedding lookups).
     pub fn row_bytes<'a>(&self, file: &'a GgufFile, r: usize) -> &'a [u8] {
         let row_len = self.bytes.len() / self.rows;
@@ -76,6 +92,9 @@ pub struct LayerWeights {
     pub wk: Linear,                       // (n_head_kv·head_dim, n_embd)
     pub wv: Linear,                       // (n_head_kv·head_dim_v, n_embd)
     pub wo: Linear,                       // (n_embd, n_head·head_dim_v)
+    pub bq: Option<Vec<f32>>,             // (n_head·head_dim), qwen2
+    pub bk: Option<Vec<f32>>,             // (n_head_kv·head_dim), qwen2
+    pub bv: Option<Vec<f32>>,             // (n_head_kv·head_dim_v), qwen2
     pub q_norm: Option<Vec<f32>>,         // (head_dim), gemma3
     pub k_norm: Option<Vec<f32>>,         // (head_dim), gemma3
     pub attn_post_norm: Option<Vec<f32>>, // (n_embd), gemma3
@@ -94,6 +113,8 @@ pub struct ModelWeights {
     pub output_norm: Vec<f32>, // (n_embd)
     /// The output projection: `output.weight`, or the token embedding when the model ties them.
     pub output: Linear, // (n_vocab, n_embd)
+    /// Per-frequency divisors of the rotary angles (`rope_freqs.weight`, Llama 3.1's rope scaling), n_rot/2.
+    pub rope_freqs: Option<Vec<f32>>,
 }
 
 impl ModelWeights {
@@ -109,30 +130,57 @@ impl ModelWeights {
             None => token_embd.clone(),
         };
         let output_norm = vector(&t, "output_norm.weight", c.n_embd)?;
+        let rope_freqs = match t.optional("rope_freqs.weight") {
+            Some(_) => Some(vector(&t, "rope_freqs.weight", c.n_rot / 2)?),
+            None => None,
+        };
         let mut layers = Vec::with_capacity(c.n_layer);
         for il in 0..c.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
             let opt_vec = |s: &str, len: usize, wanted: bool| -> Result<Option<Vec<f32>>, GgufError> {
                 if wanted { vector(&t, &n(s), len).map(Some) } else { Ok(None) }
             };
+            let bias = |s: &str, len: usize| -> Result<Option<Vec<f32>>, GgufError> {
+                if c.qkv_bias { vector(&t, &format!("blk.{il}.{s}.bias"), len).map(Some) } else { Ok(None) }
+            };
+            let (q, k, v) = (c.q_dim(), c.k_dim(), c.v_dim());
+            let (wq, wk, wv) = if c.fused_qkv {
+                let qkv = linear(&t, &n("attn_qkv"), q + k + v, c.n_embd)?;
+                (qkv.rows_of(0..q), qkv.rows_of(q..q + k), qkv.rows_of(q + k..q + k + v))
+            } else {
+                (
+                    linear(&t, &n("attn_q"), q, c.n_embd)?,
+                    linear(&t, &n("attn_k"), k, c.n_embd)?,
+                    linear(&t, &n("attn_v"), v, c.n_embd)?,
+                )
+            };
+            let (ffn_gate, ffn_up) = if c.fused_gate_up {
+                let gate_up = linear(&t, &n("ffn_up"), 2 * c.n_ff, c.n_embd)?;
+                (gate_up.rows_of(0..c.n_ff), gate_up.rows_of(c.n_ff..2 * c.n_ff))
+            } else {
+                (linear(&t, &n("ffn_gate"), c.n_ff, c.n_embd)?, linear(&t, &n("ffn_up"), c.n_ff, c.n_embd)?)
+            };
             layers.push(LayerWeights {
                 attn_norm: vector(&t, &n("attn_norm"), c.n_embd)?,
-                wq: linear(&t, &n("attn_q"), c.q_dim(), c.n_embd)?,
-                wk: linear(&t, &n("attn_k"), c.k_dim(), c.n_embd)?,
-                wv: linear(&t, &n("attn_v"), c.v_dim(), c.n_embd)?,
+                wq,
+                wk,
+                wv,
                 wo: linear(&t, &n("attn_output"), c.n_embd, c.n_head * c.head_dim_v)?,
+                bq: bias("attn_q", q)?,
+                bk: bias("attn_k", k)?,
+                bv: bias("attn_v", v)?,
                 q_norm: opt_vec("attn_q_norm", c.head_dim, c.qk_norm)?,
                 k_norm: opt_vec("attn_k_norm", c.head_dim, c.qk_norm)?,
                 attn_post_norm: opt_vec("post_attention_norm", c.n_embd, c.post_norms)?,
                 ffn_norm: vector(&t, &n("ffn_norm"), c.n_embd)?,
-                ffn_gate: linear(&t, &n("ffn_gate"), c.n_ff, c.n_embd)?,
-                ffn_up: linear(&t, &n("ffn_up"), c.n_ff, c.n_embd)?,
+                ffn_gate,
+                ffn_up,
                 ffn_down: linear(&t, &n("ffn_down"), c.n_embd, c.n_ff)?,
                 ffn_post_norm: opt_vec("post_ffw_norm", c.n_embd, c.post_norms)?,
             });
         }
         t.all_consumed(c.arch.name())?;
-        let mut w = ModelWeights { token_embd, layers, output_norm, output };
+        let mut w = ModelWeights { token_embd, layers, output_norm, output, rope_freqs };
         w.pack(file);
         Ok(w)
     }
