@@ -8,6 +8,7 @@ mod bench;
 mod catalogue;
 mod chat;
 mod common;
+mod families;
 mod gguf;
 mod model;
 mod quantize;

@@ -1,0 +1,165 @@
+//! The model families against Hugging Face transformers: tiny random-weight models built by
+//! `tests/data/families/make.py` from transformers' own classes, converted by llama.cpp's converter, with
+//! transformers' f32 logits and greedy continuations beside them. Every weight is F32 and the KV cache is f32, so
+//! the only differences left are summation order.
+
+use std::path::PathBuf;
+
+use infer::gguf::{GgufFile, GgufWriter};
+use infer::model::{ForwardScratch, KvDtype, KvPool, Logits, Model, SeqKv, SeqStep};
+
+use crate::common::{assert_clean_failure, infer, infer_bin};
+
+const FAMILIES: [&str; 5] = ["qwen2", "qwen3", "llama", "phi3", "gemma2"];
+const MAX_ABS_DELTA: f32 = 1e-3;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/families").join(name)
+}
+
+struct Expected {
+    n_vocab: usize,
+    sequences: Vec<Vec<u32>>,
+    logits: Vec<Vec<Vec<f32>>>,
+    greedy_prompt: Vec<u32>,
+    greedy: Vec<u32>,
+}
+
+fn expected(family: &str) -> Expected {
+    let text = std::fs::read_to_string(fixture(&format!("{family}.json"))).expect("fixture json");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("fixture json parses");
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    };
+    Expected {
+        n_vocab: v["n_vocab"].as_u64().expect("n_vocab") as usize,
+        sequences: v["sequences"].as_array().expect("sequences").iter().map(ids).collect(),
+        logits: serde_json::from_value(v["logits"].clone()).expect("logits"),
+        greedy_prompt: ids(&v["greedy_prompt"]),
+        greedy: ids(&v["greedy"]),
+    }
+}
+
+fn argmax(row: &[f32]) -> usize {
+    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best })
+}
+
+/// `infer logits` on each family's fixture, every logit of every position against transformers'.
+#[test]
+fn logits_match_transformers() {
+    for family in FAMILIES {
+        let e = expected(family);
+        let stdin: String = e.sequences.iter().map(|s| format!("{s:?}\n")).collect();
+        let gguf = fixture(&format!("{family}.gguf"));
+        let k = e.n_vocab.to_string();
+        let mut child = infer_bin()
+            .args(["logits", gguf.to_str().unwrap(), "--top-k", &k, "--kv-type", "f32"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn infer");
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{family}: {}", String::from_utf8_lossy(&out.stderr));
+        let lines: Vec<&str> = std::str::from_utf8(&out.stdout).unwrap().lines().collect();
+        assert_eq!(lines.len(), e.sequences.len(), "{family}: one line per sequence");
+        let (mut max_delta, mut agree, mut positions) = (0f32, 0, 0);
+        for (line, want) in lines.iter().zip(&e.logits) {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let top: Vec<Vec<(u32, f32)>> = serde_json::from_value(v["top"].clone()).unwrap();
+            assert_eq!(top.len(), want.len(), "{family}: positions");
+            for (got, want) in top.iter().zip(want) {
+                assert_eq!(got.len(), e.n_vocab, "{family}: every logit printed");
+                let mut row = vec![f32::NAN; e.n_vocab];
+                for &(id, l) in got {
+                    row[id as usize] = l;
+                }
+                for (a, b) in row.iter().zip(want) {
+                    let d = (a - b).abs();
+                    assert!(!d.is_nan(), "{family}: a logit is missing or NaN");
+                    max_delta = max_delta.max(d);
+                }
+                agree += usize::from(got[0].0 as usize == argmax(want));
+                positions += 1;
+            }
+        }
+        eprintln!("{family}: {positions} positions, max |Δ| {max_delta:.2e}, top-1 agreement {agree}/{positions}");
+        assert!(max_delta <= MAX_ABS_DELTA, "{family}: max |Δ| {max_delta} > {MAX_ABS_DELTA}");
+        assert_eq!(agree, positions, "{family}: top-1 agreement");
+    }
+}
+
+/// 32 greedy tokens through the library: the prompt in one pass, then one token per pass from the f32 cache.
+#[test]
+fn greedy_matches_transformers() {
+    for family in FAMILIES {
+        let e = expected(family);
+        let model = Model::load(fixture(&format!("{family}.gguf"))).expect("fixture loads");
+        let n = e.greedy_prompt.len() + e.greedy.len();
+        let mut pool = KvPool::new(&model.config, KvDtype::F32, n, n);
+        let mut kv = SeqKv::new();
+        let mut scratch = ForwardScratch::new(&model);
+        let mut next = e.greedy_prompt.clone();
+        let mut got = Vec::new();
+        while got.len() < e.greedy.len() {
+            let mut items = [SeqStep { tokens: &next, kv: &mut kv, logits: Logits::Last }];
+            model.forward(&mut items, &mut pool, &mut scratch).expect("forward");
+            let t = argmax(scratch.logits(0, model.config.n_vocab)) as u32;
+            got.push(t);
+            next = vec![t];
+        }
+        assert_eq!(got, e.greedy, "{family}: greedy continuation");
+    }
+}
+
+/// A copy of a fixture with one tensor dropped or one added (and metadata edited), at `path`.
+fn rewrite(family: &str, path: &std::path::Path, drop: Option<&str>, add: Option<&str>, meta: &[(&str, &str)]) {
+    let file = GgufFile::open(fixture(&format!("{family}.gguf"))).unwrap();
+    let mut w = GgufWriter::new();
+    w.copy_metadata(file.metadata());
+    for (k, v) in meta {
+        w.set_str(k, v);
+    }
+    for t in file.tensors().iter().filter(|t| Some(t.name.as_str()) != drop) {
+        w.add_tensor(&t.name, &t.dims, t.ty, file.tensor_data(t).to_vec()).unwrap();
+    }
+    if let Some(name) = add {
+        w.add_f32(name, &[64], &[0.0; 64]).unwrap();
+    }
+    w.write_file(path).unwrap();
+}
+
+#[test]
+fn unknown_or_missing_tensors_are_refused_by_name() {
+    let dir = crate::common::tempdir();
+    // (family, a tensor it lacks that a variant would bring, a tensor it needs)
+    let cases = [
+        ("qwen2", "blk.0.attn_q_norm.weight", "blk.1.attn_v.bias"),
+        ("qwen3", "blk.0.attn_q.bias", "blk.0.attn_k_norm.weight"),
+        ("llama", "blk.1.attn_q.bias", "blk.1.ffn_gate.weight"),
+        ("phi3", "rope_factors_long.weight", "blk.0.attn_qkv.weight"),
+        ("gemma2", "blk.0.attn_q_norm.weight", "blk.2.post_ffw_norm.weight"),
+    ];
+    for (family, extra, needed) in cases {
+        let path = dir.path().join(format!("{family}-extra.gguf"));
+        rewrite(family, &path, None, Some(extra), &[]);
+        let out = infer(&["logits", path.to_str().unwrap()]);
+        assert_clean_failure(&out, &format!("tensor '{extra}' is not used by the {family} decoder"));
+        let path = dir.path().join(format!("{family}-missing.gguf"));
+        rewrite(family, &path, Some(needed), None, &[]);
+        let out = infer(&["logits", path.to_str().unwrap()]);
+        assert_clean_failure(&out, &format!("no tensor named '{needed}'"));
+    }
+}
+
+#[test]
+fn unknown_rope_scaling_is_refused_by_name() {
+    let dir = crate::common::tempdir();
+    let path = dir.path().join("yarn.gguf");
+    rewrite("qwen2", &path, None, None, &[("qwen2.rope.scaling.type", "yarn")]);
+    let out = infer(&["logits", path.to_str().unwrap()]);
+    assert_clean_failure(&out, "qwen2.rope.scaling.type");
+    assert_clean_failure(&out, "yarn");
+}
