@@ -10,7 +10,7 @@ use infer::model::{ForwardScratch, KvDtype, KvPool, Logits, Model, SeqKv, SeqSte
 
 use crate::common::{assert_clean_failure, infer, infer_bin};
 
-const FAMILIES: [&str; 5] = ["qwen2", "qwen3", "llama", "phi3", "gemma2"];
+const FAMILIES: [&str; 6] = ["qwen2", "qwen3", "llama", "phi3", "gemma2", "qwen3moe"];
 const MAX_ABS_DELTA: f32 = 1e-3;
 
 fn fixture(name: &str) -> PathBuf {
@@ -141,6 +141,7 @@ fn unknown_or_missing_tensors_are_refused_by_name() {
         ("llama", "blk.1.attn_q.bias", "blk.1.ffn_gate.weight"),
         ("phi3", "rope_factors_long.weight", "blk.0.attn_qkv.weight"),
         ("gemma2", "blk.0.attn_q_norm.weight", "blk.2.post_ffw_norm.weight"),
+        ("qwen3moe", "blk.0.ffn_gate_shexp.weight", "blk.1.ffn_down_exps.weight"),
     ];
     for (family, extra, needed) in cases {
         let path = dir.path().join(format!("{family}-extra.gguf"));

@@ -14,16 +14,18 @@ pub enum Arch {
     Phi3,
     Gemma2,
     Gemma3,
+    Qwen3Moe,
 }
 
 /// Every architecture with its GGUF name, in one table so the two directions cannot disagree.
-const ARCHES: [(Arch, &str); 6] = [
+const ARCHES: [(Arch, &str); 7] = [
     (Arch::Llama, "llama"),
     (Arch::Qwen2, "qwen2"),
     (Arch::Qwen3, "qwen3"),
     (Arch::Phi3, "phi3"),
     (Arch::Gemma2, "gemma2"),
     (Arch::Gemma3, "gemma3"),
+    (Arch::Qwen3Moe, "qwen3moe"),
 ];
 
 impl Arch {
@@ -108,6 +110,19 @@ pub struct ModelConfig {
     pub fused_qkv: bool,
     /// Gate and up projections stored as one `ffn_up` matrix of `2·n_ff` rows, gate first (phi3).
     pub fused_gate_up: bool,
+    /// A mixture of experts in place of every layer's feed-forward (qwen3moe).
+    pub moe: Option<Moe>,
+}
+
+/// A mixture-of-experts feed-forward: a router picks `n_used` of `n_expert` SwiGLU experts per token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Moe {
+    pub n_expert: usize,
+    pub n_used: usize,
+    /// One expert's feed-forward width.
+    pub n_ff: usize,
+    /// Whether the chosen experts' softmax weights are renormalised to sum to 1 (`norm_topk_prob`).
+    pub norm_weights: bool,
 }
 
 /// Upper bounds on metadata-derived sizes: a hostile file must not make us allocate or loop without limit before
@@ -265,6 +280,7 @@ impl ModelConfig {
             qkv_bias: false,
             fused_qkv: false,
             fused_gate_up: false,
+            moe: None,
         };
         use super::arch as quirks;
         match arch {
@@ -274,6 +290,7 @@ impl ModelConfig {
             Arch::Phi3 => quirks::phi3::configure(&mut config, meta)?,
             Arch::Gemma2 => quirks::gemma2::configure(&mut config, meta)?,
             Arch::Gemma3 => quirks::gemma3::configure(&mut config, meta)?,
+            Arch::Qwen3Moe => quirks::qwen3moe::configure(&mut config, meta)?,
         }
         Ok(config)
     }

@@ -18,7 +18,7 @@ use super::config::{Activation, ModelConfig};
 use super::kv_cache::{KvElem, KvError, KvPool, KvRow, SeqKv, TilesMut};
 use super::ops;
 use super::stats::{ActivationStats, Site};
-use super::weights::{LayerWeights, ModelWeights};
+use super::weights::{Experts, Ffn, LayerWeights, Linear, ModelWeights};
 
 /// A loaded model: configuration, weights (zero-copy in the file's memory map) and the file itself.
 pub struct Model {
@@ -54,6 +54,14 @@ pub enum ForwardError {
     Kv(#[from] KvError),
 }
 
+/// One of a token's chosen experts and its weight.
+#[derive(Debug, Clone, Copy)]
+struct Route {
+    token: usize,
+    expert: usize,
+    weight: f32,
+}
+
 /// Where token `t` of the stacked batch comes from.
 #[derive(Debug, Clone, Copy)]
 struct TokenSlot {
@@ -83,6 +91,12 @@ pub struct ForwardScratch {
     out_items: Vec<(usize, usize)>, // per item: (first logits row, number of rows)
     out_x: Vec<f32>,                // (n_out, n_embd)
     logits: Vec<f32>,               // (n_out, n_vocab)
+    router: Vec<f32>,               // (T, n_expert) router scores, then softmax weights
+    routes: Vec<Route>,             // (T·n_used) each token's chosen experts, then grouped by expert
+    moe_x: Vec<f32>,                // (tokens of one expert, n_embd) gathered inputs
+    moe_y: Vec<f32>,                // (tokens of one expert, n_embd) that expert's outputs
+    /// Per layer and expert: how many times the last forward pass ran the expert's matrices (0 or 1).
+    expert_reads: Vec<u32>,
     matmul: MatmulScratch,
     /// Matrix-input statistics, gathered while `Some` (see [`ForwardScratch::collect_stats`]).
     stats: Option<Box<ActivationStats>>,
@@ -116,6 +130,11 @@ impl ForwardScratch {
             out_items: Vec::new(),
             out_x: Vec::new(),
             logits: Vec::new(),
+            router: Vec::new(),
+            routes: Vec::new(),
+            moe_x: Vec::new(),
+            moe_y: Vec::new(),
+            expert_reads: vec![0; model.config.moe.map_or(0, |m| m.n_expert * model.config.n_layer)],
             matmul: MatmulScratch::new(model.precision),
             stats: None,
         }
@@ -130,6 +149,12 @@ impl ForwardScratch {
     /// Stops gathering and returns what was gathered.
     pub fn take_stats(&mut self) -> Option<ActivationStats> {
         self.stats.take().map(|s| *s)
+    }
+
+    /// How many times the last forward pass read each expert's matrices, per layer (`n_layer × n_expert`, row-major;
+    /// empty without experts). Grouping tokens by expert makes every entry 0 or 1.
+    pub fn expert_reads(&self) -> &[u32] {
+        &self.expert_reads
     }
 
     /// The logits of batch item `item` from the last forward pass: `rows × n_vocab` values, one row per position
@@ -465,8 +490,11 @@ impl Model {
             }
             matmul(&wo, &s.att[..t_count * att_dim], t_count, &mut s.xb2[..t_count * n_embd], &mut s.matmul);
             // Residual, then the feed-forward's input norm (quantized for its first matmul), in one pass.
-            let (wg, wu) = (self.mat(&lw.ffn_gate), self.mat(&lw.ffn_up));
-            let quant = s.matmul.prequantize(&[&wg, &wu], &s.xb[..t_count * n_embd], n_embd);
+            let xb = &s.xb[..t_count * n_embd];
+            let quant = match &lw.ffn {
+                Ffn::Dense { gate, up, .. } => s.matmul.prequantize(&[&self.mat(gate), &self.mat(up)], xb, n_embd),
+                Ffn::Experts(x) => s.matmul.prequantize(&[&self.mat(&x.router)], xb, n_embd),
+            };
             self.residual(
                 &mut s.x[..t_count * n_embd],
                 &s.xb2[..t_count * n_embd],
@@ -474,32 +502,10 @@ impl Model {
                 Some((lw.ffn_norm.as_slice(), &mut s.xb[..t_count * n_embd])),
                 quant,
             );
-
-            // Feed-forward.
-            {
-                let mut outs: [&mut [f32]; 2] = [&mut s.gate[..t_count * n_ff], &mut s.up[..t_count * n_ff]];
-                if let Some(st) = &mut s.stats {
-                    st.add(il, Site::FfnIn, &s.xb[..t_count * n_embd]);
-                }
-                matmul_multi(&[&wg, &wu], &s.xb[..t_count * n_embd], t_count, &mut outs, &mut s.matmul);
+            match &lw.ffn {
+                Ffn::Dense { gate, up, down } => self.dense_ffn(il, [gate, up, down], t_count, s),
+                Ffn::Experts(x) => self.experts_ffn(il, x, t_count, s),
             }
-            let wd = self.mat(&lw.ffn_down);
-            {
-                let up = &s.up[..t_count * n_ff];
-                let act = c.activation;
-                let quant = s.matmul.prequantize(&[&wd], &s.gate[..t_count * n_ff], n_ff);
-                for_rows(&mut s.gate[..t_count * n_ff], n_ff, quant, |t, g| {
-                    let u = &up[t * n_ff..(t + 1) * n_ff];
-                    match act {
-                        Activation::Silu => ops::swiglu(g, u),
-                        Activation::GeluTanh => ops::geglu(g, u),
-                    }
-                });
-            }
-            if let Some(st) = &mut s.stats {
-                st.add(il, Site::FfnDownIn, &s.gate[..t_count * n_ff]);
-            }
-            matmul(&wd, &s.gate[..t_count * n_ff], t_count, &mut s.xb2[..t_count * n_embd], &mut s.matmul);
             // Residual, then the next layer's input norm (quantized for its first matmul).
             let next_layer = self.weights.layers.get(il + 1);
             let quant = next_layer
@@ -550,6 +556,99 @@ impl Model {
             pool.advance(item.kv, item.tokens.len());
         }
         Ok(())
+    }
+
+    /// The feed-forward `xb2 = down(act(gate·xb) ⊙ up·xb)` for the batch's `t_count` rows.
+    fn dense_ffn(&self, il: usize, [wg, wu, wd]: [&Linear; 3], t_count: usize, s: &mut ForwardScratch) {
+        let (n_embd, n_ff) = (self.config.n_embd, self.config.n_ff);
+        let (wg, wu, wd) = (self.mat(wg), self.mat(wu), self.mat(wd));
+        {
+            let mut outs: [&mut [f32]; 2] = [&mut s.gate[..t_count * n_ff], &mut s.up[..t_count * n_ff]];
+            if let Some(st) = &mut s.stats {
+                st.add(il, Site::FfnIn, &s.xb[..t_count * n_embd]);
+            }
+            matmul_multi(&[&wg, &wu], &s.xb[..t_count * n_embd], t_count, &mut outs, &mut s.matmul);
+        }
+        {
+            let up = &s.up[..t_count * n_ff];
+            let act = self.config.activation;
+            let quant = s.matmul.prequantize(&[&wd], &s.gate[..t_count * n_ff], n_ff);
+            for_rows(&mut s.gate[..t_count * n_ff], n_ff, quant, |t, g| {
+                let u = &up[t * n_ff..(t + 1) * n_ff];
+                match act {
+                    Activation::Silu => ops::swiglu(g, u),
+                    Activation::GeluTanh => ops::geglu(g, u),
+                }
+            });
+        }
+        if let Some(st) = &mut s.stats {
+            st.add(il, Site::FfnDownIn, &s.gate[..t_count * n_ff]);
+        }
+        matmul(&wd, &s.gate[..t_count * n_ff], t_count, &mut s.xb2[..t_count * n_embd], &mut s.matmul);
+    }
+
+    /// The mixture of experts: each token's router picks its experts, then tokens are grouped by expert so that each
+    /// chosen expert's three matrices are read once for all the tokens that chose it (and an expert nobody chose is
+    /// not read at all); `xb2` gets each token's weighted sum of its experts' outputs.
+    fn experts_ffn(&self, il: usize, x: &Experts, t_count: usize, s: &mut ForwardScratch) {
+        let c = &self.config;
+        let m = c.moe.expect("expert weights come with an expert configuration");
+        let (n_embd, n_ff, n_expert, k) = (c.n_embd, m.n_ff, m.n_expert, m.n_used);
+        let router = grow(&mut s.router, t_count * n_expert);
+        matmul(&self.mat(&x.router), &s.xb[..t_count * n_embd], t_count, router, &mut s.matmul);
+        // Per token: softmax over all experts, the top k (ties to the lower index), renormalised if asked.
+        s.routes.clear();
+        for t in 0..t_count {
+            let row = &mut router[t * n_expert..(t + 1) * n_expert];
+            let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let mut sum = 0.0;
+            for v in row.iter_mut() {
+                *v = (*v - max).exp();
+                sum += *v;
+            }
+            let first = s.routes.len();
+            for _ in 0..k {
+                let best = (0..n_expert)
+                    .filter(|e| !s.routes[first..].iter().any(|r| r.expert == *e))
+                    .fold(None, |b: Option<usize>, e| if b.is_none_or(|b| row[e] > row[b]) { Some(e) } else { b })
+                    .expect("k ≤ n_expert");
+                s.routes.push(Route { token: t, expert: best, weight: row[best] / sum });
+            }
+            if m.norm_weights {
+                let total: f32 = s.routes[first..].iter().map(|r| r.weight).sum();
+                s.routes[first..].iter_mut().for_each(|r| r.weight /= total);
+            }
+        }
+        // Group by expert (a stable sort keeps each expert's tokens in batch order).
+        s.routes.sort_by_key(|r| r.expert);
+        let out = &mut s.xb2[..t_count * n_embd];
+        out.fill(0.0);
+        let reads = &mut s.expert_reads[il * n_expert..(il + 1) * n_expert];
+        reads.fill(0);
+        let mut i = 0;
+        while i < s.routes.len() {
+            let e = s.routes[i].expert;
+            let group = s.routes[i..].iter().take_while(|r| r.expert == e).count();
+            let rows = &s.routes[i..i + group];
+            let xin = grow(&mut s.moe_x, group * n_embd);
+            for (j, r) in rows.iter().enumerate() {
+                xin[j * n_embd..(j + 1) * n_embd].copy_from_slice(&s.xb[r.token * n_embd..(r.token + 1) * n_embd]);
+            }
+            let (gate, up) = (grow(&mut s.gate, group * n_ff), grow(&mut s.up, group * n_ff));
+            let (wg, wu, wd) = (self.mat(&x.gate[e]), self.mat(&x.up[e]), self.mat(&x.down[e]));
+            matmul_multi(&[&wg, &wu], xin, group, &mut [&mut *gate, &mut *up], &mut s.matmul);
+            for (g, u) in gate.chunks_exact_mut(n_ff).zip(up.chunks_exact(n_ff)) {
+                ops::swiglu(g, u);
+            }
+            let y = grow(&mut s.moe_y, group * n_embd);
+            matmul(&wd, gate, group, y, &mut s.matmul);
+            for (r, yr) in rows.iter().zip(y.chunks_exact(n_embd)) {
+                let o = &mut out[r.token * n_embd..(r.token + 1) * n_embd];
+                o.iter_mut().zip(yr).for_each(|(o, y)| *o += r.weight * y);
+            }
+            reads[e] += 1;
+            i += group;
+        }
     }
 
     /// `x += norm(delta)` (or `x += delta` without a post-norm); with `then = (w, xb)`, also `xb = rmsnorm(x)·w`

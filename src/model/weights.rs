@@ -99,10 +99,27 @@ pub struct LayerWeights {
     pub k_norm: Option<Vec<f32>>,         // (head_dim), gemma3
     pub attn_post_norm: Option<Vec<f32>>, // (n_embd), gemma3
     pub ffn_norm: Vec<f32>,               // (n_embd)
-    pub ffn_gate: Linear,                 // (n_ff, n_embd)
-    pub ffn_up: Linear,                   // (n_ff, n_embd)
-    pub ffn_down: Linear,                 // (n_embd, n_ff)
-    pub ffn_post_norm: Option<Vec<f32>>,  // (n_embd), gemma3
+    pub ffn: Ffn,
+    pub ffn_post_norm: Option<Vec<f32>>, // (n_embd), gemma3
+}
+
+/// A layer's feed-forward block.
+#[derive(Debug, Clone)]
+pub enum Ffn {
+    /// `down(act(gate·x) ⊙ up·x)`: gate and up (n_ff, n_embd), down (n_embd, n_ff).
+    Dense { gate: Linear, up: Linear, down: Linear },
+    /// A mixture of experts (qwen3moe).
+    Experts(Experts),
+}
+
+/// Experts' matrices, one [`Linear`] per expert, each a zero-copy slice of the file's 3-D `ffn_*_exps` tensor, so
+/// a matrix product with one reads that expert's rows and nothing else.
+#[derive(Debug, Clone)]
+pub struct Experts {
+    pub router: Linear,    // (n_expert, n_embd), `ffn_gate_inp`
+    pub gate: Vec<Linear>, // per expert (n_ff_exp, n_embd)
+    pub up: Vec<Linear>,   // per expert (n_ff_exp, n_embd)
+    pub down: Vec<Linear>, // per expert (n_embd, n_ff_exp)
 }
 
 /// All of the model's weights.
@@ -154,11 +171,28 @@ impl ModelWeights {
                     linear(&t, &n("attn_v"), v, c.n_embd)?,
                 )
             };
-            let (ffn_gate, ffn_up) = if c.fused_gate_up {
+            let ffn = if let Some(m) = &c.moe {
+                // 3-D tensors (n_expert matrices stacked): expert e owns rows e·rows..(e+1)·rows.
+                let split = |s: &str, rows: usize, cols: usize| -> Result<Vec<Linear>, GgufError> {
+                    let all = linear_stack(&t, &n(s), m.n_expert, rows, cols)?;
+                    Ok((0..m.n_expert).map(|e| all.rows_of(e * rows..(e + 1) * rows)).collect())
+                };
+                Ffn::Experts(Experts {
+                    router: linear(&t, &n("ffn_gate_inp"), m.n_expert, c.n_embd)?,
+                    gate: split("ffn_gate_exps", m.n_ff, c.n_embd)?,
+                    up: split("ffn_up_exps", m.n_ff, c.n_embd)?,
+                    down: split("ffn_down_exps", c.n_embd, m.n_ff)?,
+                })
+            } else if c.fused_gate_up {
                 let gate_up = linear(&t, &n("ffn_up"), 2 * c.n_ff, c.n_embd)?;
-                (gate_up.rows_of(0..c.n_ff), gate_up.rows_of(c.n_ff..2 * c.n_ff))
+                let down = linear(&t, &n("ffn_down"), c.n_embd, c.n_ff)?;
+                Ffn::Dense { gate: gate_up.rows_of(0..c.n_ff), up: gate_up.rows_of(c.n_ff..2 * c.n_ff), down }
             } else {
-                (linear(&t, &n("ffn_gate"), c.n_ff, c.n_embd)?, linear(&t, &n("ffn_up"), c.n_ff, c.n_embd)?)
+                Ffn::Dense {
+                    gate: linear(&t, &n("ffn_gate"), c.n_ff, c.n_embd)?,
+                    up: linear(&t, &n("ffn_up"), c.n_ff, c.n_embd)?,
+                    down: linear(&t, &n("ffn_down"), c.n_embd, c.n_ff)?,
+                }
             };
             layers.push(LayerWeights {
                 attn_norm: vector(&t, &n("attn_norm"), c.n_embd)?,
@@ -173,9 +207,7 @@ impl ModelWeights {
                 k_norm: opt_vec("attn_k_norm", c.head_dim, c.qk_norm)?,
                 attn_post_norm: opt_vec("post_attention_norm", c.n_embd, c.post_norms)?,
                 ffn_norm: vector(&t, &n("ffn_norm"), c.n_embd)?,
-                ffn_gate,
-                ffn_up,
-                ffn_down: linear(&t, &n("ffn_down"), c.n_embd, c.n_ff)?,
+                ffn,
                 ffn_post_norm: opt_vec("post_ffw_norm", c.n_embd, c.post_norms)?,
             });
         }
@@ -190,7 +222,14 @@ impl ModelWeights {
     fn pack(&mut self, file: &GgufFile) {
         let mut all: Vec<&mut Linear> = vec![&mut self.output];
         for l in &mut self.layers {
-            all.extend([&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.ffn_gate, &mut l.ffn_up, &mut l.ffn_down]);
+            all.extend([&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo]);
+            match &mut l.ffn {
+                Ffn::Dense { gate, up, down } => all.extend([gate, up, down]),
+                Ffn::Experts(x) => {
+                    all.push(&mut x.router);
+                    all.extend(x.gate.iter_mut().chain(&mut x.up).chain(&mut x.down));
+                }
+            }
         }
         all.par_iter_mut().for_each(|l| l.pack(file));
     }
@@ -244,8 +283,19 @@ impl<'a> Consumed<'a> {
 
 /// A matrix tensor of ggml shape `[cols, rows]` whose type the kernels support.
 fn linear(t: &Consumed<'_>, name: &str, rows: usize, cols: usize) -> Result<Linear, GgufError> {
+    linear_dims(t, name, &[cols as u64, rows as u64], rows)
+}
+
+/// `n` matrices of `rows × cols` stacked in one tensor of ggml shape `[cols, rows, n]`, as one matrix of
+/// `n·rows` rows.
+fn linear_stack(t: &Consumed<'_>, name: &str, n: usize, rows: usize, cols: usize) -> Result<Linear, GgufError> {
+    linear_dims(t, name, &[cols as u64, rows as u64, n as u64], n * rows)
+}
+
+fn linear_dims(t: &Consumed<'_>, name: &str, dims: &[u64], rows: usize) -> Result<Linear, GgufError> {
+    let cols = dims[0] as usize;
     let info = t.required(name)?;
-    check_shape(info, &[cols as u64, rows as u64])?;
+    check_shape(info, dims)?;
     if !info.ty.is_supported() || info.ty == GgmlType::Q8_K {
         return Err(GgufError::UnsupportedType { name: name.to_string(), ty: info.ty });
     }

@@ -7,6 +7,7 @@ pub mod llama;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3moe;
 
 use crate::gguf::{GgufError, Metadata};
 use crate::model::config::ModelConfig;
