@@ -164,3 +164,73 @@ fn unknown_rope_scaling_is_refused_by_name() {
     assert_clean_failure(&out, "qwen2.rope.scaling.type");
     assert_clean_failure(&out, "yarn");
 }
+
+/// The bytes of one expert's three matrices, from the file's 3-D tensors (all layers alike in the fixture).
+fn expert_bytes(model: &Model) -> u64 {
+    let n_expert = model.config.moe.expect("an expert model").n_expert as u64;
+    ["gate", "up", "down"]
+        .iter()
+        .map(|m| model.file().tensor_info(&format!("blk.0.ffn_{m}_exps.weight")).expect("expert tensor").n_bytes)
+        .sum::<u64>()
+        / n_expert
+}
+
+/// Decoding one token reads only its 2 chosen experts of 8 per layer, once each: a quarter of the expert bytes.
+/// Decoding 16 sequences in one batch reads each chosen expert once per layer (32 choices, at most 8 reads), and
+/// gives each sequence the logits it gets alone.
+#[test]
+fn experts_are_read_only_when_chosen_and_once_per_step() {
+    let model = Model::load(fixture("qwen3moe.gguf")).expect("fixture loads");
+    let (c, m) = (&model.config, model.config.moe.unwrap());
+    assert_eq!((m.n_expert, m.n_used), (8, 2));
+    let per_expert = expert_bytes(&model);
+    let all_experts = per_expert * (m.n_expert * c.n_layer) as u64;
+    let prompts: Vec<Vec<u32>> = (0..16u32).map(|i| (0..5).map(|j| 4 + (i * 37 + j * 11) % 300).collect()).collect();
+    let mut pool = KvPool::new(c, KvDtype::F32, 32 * 16, 32 * 16);
+    let mut scratch = ForwardScratch::new(&model);
+    // Each sequence alone: its prompt, then one decode step.
+    let mut alone = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let mut kv = SeqKv::new();
+        let mut items = [SeqStep { tokens: &p[..4], kv: &mut kv, logits: Logits::None }];
+        model.forward(&mut items, &mut pool, &mut scratch).unwrap();
+        let mut items = [SeqStep { tokens: &p[4..], kv: &mut kv, logits: Logits::Last }];
+        model.forward(&mut items, &mut pool, &mut scratch).unwrap();
+        alone.push(scratch.logits(0, c.n_vocab).to_vec());
+        pool.release(&mut kv);
+        if i > 0 {
+            continue;
+        }
+        let reads = scratch.expert_reads();
+        for l in 0..c.n_layer {
+            let layer = &reads[l * m.n_expert..(l + 1) * m.n_expert];
+            assert!(layer.iter().all(|&r| r <= 1), "layer {l}: {layer:?}");
+            assert_eq!(layer.iter().sum::<u32>() as usize, m.n_used, "layer {l}: {layer:?}");
+        }
+        let touched: u64 = reads.iter().map(|&r| u64::from(r) * per_expert).sum();
+        let share = touched as f64 / all_experts as f64;
+        eprintln!("one token: {touched} of {all_experts} expert bytes read ({share:.2})");
+        assert_eq!(touched * 4, all_experts);
+    }
+    let mut kvs: Vec<SeqKv> = (0..16).map(|_| SeqKv::new()).collect();
+    for (p, kv) in prompts.iter().zip(&mut kvs) {
+        let mut items = [SeqStep { tokens: &p[..4], kv, logits: Logits::None }];
+        model.forward(&mut items, &mut pool, &mut scratch).unwrap();
+    }
+    // All 16 together.
+    let mut items: Vec<SeqStep> =
+        prompts.iter().zip(&mut kvs).map(|(p, kv)| SeqStep { tokens: &p[4..], kv, logits: Logits::Last }).collect();
+    model.forward(&mut items, &mut pool, &mut scratch).unwrap();
+    let reads = scratch.expert_reads();
+    for l in 0..c.n_layer {
+        let layer = &reads[l * m.n_expert..(l + 1) * m.n_expert];
+        assert!(layer.iter().all(|&r| r <= 1), "layer {l}: an expert read more than once: {layer:?}");
+        assert!(layer.iter().sum::<u32>() as usize >= m.n_used, "layer {l}: {layer:?}");
+    }
+    eprintln!("16 sequences: expert reads per layer {reads:?} (16 tokens × top-2 = 32 choices per layer)");
+    for (i, want) in alone.iter().enumerate() {
+        let got = scratch.logits(i, c.n_vocab);
+        let d = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(d <= 1e-4, "sequence {i}: batched logits differ from its own by {d}");
+    }
+}
