@@ -546,8 +546,8 @@ fn cases() -> Vec<Case> {
         case(
             36,
             "an extra tensor the decoder would ignore",
-            model_tensors(|ts| ts.push(("rope_freqs.weight".into(), vec![8], GgmlType::F32, f32_bytes(&[1.0; 8])))),
-            Err("tensor 'rope_freqs.weight' is not used by the llama decoder"),
+            model_tensors(|ts| ts.push(("blk.0.attn_q.bias".into(), vec![8], GgmlType::F32, f32_bytes(&[1.0; 8])))),
+            Err("tensor 'blk.0.attn_q.bias' is not used by the llama decoder"),
         ),
         case(
             37,

@@ -234,3 +234,23 @@ fn experts_are_read_only_when_chosen_and_once_per_step() {
         assert!(d <= 1e-4, "sequence {i}: batched logits differ from its own by {d}");
     }
 }
+
+/// The SentencePiece flavour Llama and Phi-3 GGUFs carry (`tokenizer.ggml.model = llama`, a space prefix, scores
+/// as merge ranks): the fixtures' vocabulary encodes as the sentencepiece library itself encodes it.
+#[test]
+fn spm_vocabulary_encodes_as_sentencepiece() {
+    let text = std::fs::read_to_string(fixture("spm-tokenize.jsonl")).expect("spm-tokenize.jsonl");
+    for family in ["llama", "phi3"] {
+        let model = Model::load(fixture(&format!("{family}.gguf"))).unwrap();
+        let tok = infer::tokenizer::Tokenizer::from_gguf(model.file()).expect("the fixture's tokenizer loads");
+        let mut n = 0;
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let want: Vec<u32> = serde_json::from_value(v["ids"].clone()).unwrap();
+            let t = v["text"].as_str().unwrap();
+            assert_eq!(tok.encode(t, false, false), want, "{family}: {t:?}");
+            n += 1;
+        }
+        assert!(n >= 8, "{family}: {n} cases");
+    }
+}

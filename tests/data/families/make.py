@@ -8,11 +8,12 @@ Run by hand (not in CI), from anywhere:
     python3 tests/data/families/make.py [--converter PATH/convert_hf_to_gguf.py] [FAMILY ...]
 
 Needs torch, transformers and sentencepiece (pip), and llama.cpp's converter (default: the one in the
-llama-cpp-python 0.3.36 sdist unpacked at /tmp/llama). Writes FAMILY.gguf and FAMILY.json here.
+llama-cpp-python 0.3.36 sdist unpacked at /tmp/llama). Writes FAMILY.gguf and FAMILY.json here, and
+spm-tokenize.jsonl (sentencepiece's own encoding of a few texts with the fixtures' vocabulary).
 
 Every weight is stored as F32, so the GGUF holds exactly the weights transformers ran with. The vocabulary is a
-320-piece SentencePiece model trained on tests/data/jargon-intro.txt: the converter reads it like any Llama-style
-tokenizer.model, and it keeps the embedding small. Weights are drawn wider than transformers' default init
+512-piece SentencePiece model (256 of them byte pieces, as Llama's) trained on tests/data/jargon-intro.txt: the
+converter reads it like any Llama-style tokenizer.model, and it keeps the embedding small. Weights are drawn wider than transformers' default init
 (std 0.02 gives near-uniform logits, whose near-ties would make top-1 and greedy comparisons a coin toss); the
 script records the smallest top-1/top-2 margin, and moves on to the next seed while it is below 2e-3 (twice the
 logits tolerance).
@@ -32,7 +33,7 @@ import transformers as tf
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 DEFAULT_CONVERTER = Path("/tmp/llama/llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py")
-VOCAB = 320
+VOCAB = 512
 GREEDY = 32
 MIN_MARGIN = 2e-3
 
@@ -111,8 +112,35 @@ def make_tokenizer(out: Path):
         eos_id=2,
         unk_id=3,
         pad_id=0,
+        # As Llama's and Phi-3's tokenizer.model: no normalisation, white space kept as written.
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        byte_fallback=True,
         minloglevel=2,
     )
+
+
+# Texts for the tokenizer check: the vocabulary's own prose, white space runs, digits, and characters it lacks.
+TOKENIZE = [
+    "The harbour town woke slowly.",
+    "Hello world",
+    " Hello  world",
+    "hello\n\nworld\tend",
+    "In 1983, version 2.0 shipped.",
+    "  leading and trailing  ",
+    "Ω and 😀 are unknown here",
+    "",
+]
+
+
+def record_tokenize(tok_dir: Path):
+    """sentencepiece's own encoding of TOKENIZE with the fixtures' vocabulary (add_dummy_prefix, as Llama and
+    Phi-3 tokenizers use it), for the SPM flavour those GGUFs carry."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(tok_dir / "tokenizer.model"))
+    lines = [json.dumps({"text": t, "ids": sp.encode(t)}, ensure_ascii=False) for t in TOKENIZE]
+    (HERE / "spm-tokenize.jsonl").write_text("\n".join(lines) + "\n")
 
 
 def randomize(model, seed: int):
@@ -172,7 +200,8 @@ def build(name, config, cls, converter: Path, tok_dir: Path, seed: int):
         run = [sys.executable, str(converter)]
         if name in SPM_VOCAB_FOR:
             run = [sys.executable, "-c", RUN_CONVERTER.format(import_model=SPM_VOCAB_FOR[name]), str(converter)]
-        subprocess.run(run + [str(d), "--outfile", str(out), "--outtype", "f32"], check=True, stdout=subprocess.DEVNULL)
+        args = [str(d), "--outfile", str(out), "--outtype", "f32", "--model-name", f"tiny-{name}"]
+        subprocess.run(run + args, check=True, stdout=subprocess.DEVNULL)
     expected = {
         "family": name,
         "made_by": f"tests/data/families/make.py: transformers {tf.__version__}, torch {torch.__version__}, f32",
@@ -200,6 +229,7 @@ def main():
     with tempfile.TemporaryDirectory() as tok:
         tok = Path(tok)
         make_tokenizer(tok)
+        record_tokenize(tok)
         for name in wanted:
             config, cls = all_families[name]
             if not any(build(name, config, cls, args.converter, tok, args.seed + i) for i in range(20)):
