@@ -13,10 +13,10 @@ spm-tokenize.jsonl (sentencepiece's own encoding of a few texts with the fixture
 
 Every weight is stored as F32, so the GGUF holds exactly the weights transformers ran with. The vocabulary is a
 512-piece SentencePiece model (256 of them byte pieces, as Llama's) trained on tests/data/jargon-intro.txt: the
-converter reads it like any Llama-style tokenizer.model, and it keeps the embedding small. Weights are drawn wider than transformers' default init
-(std 0.02 gives near-uniform logits, whose near-ties would make top-1 and greedy comparisons a coin toss); the
-script records the smallest top-1/top-2 margin, and moves on to the next seed while it is below 2e-3 (twice the
-logits tolerance).
+converter reads it like any Llama-style tokenizer.model, and it keeps the embedding small. Weights are drawn
+wider than transformers' default init (std 0.02 gives near-uniform logits, whose near-ties would make top-1 and
+greedy comparisons a coin toss); the script records the smallest top-1/top-2 margin, and moves on to the next
+seed while it is below 2e-3 (twice the logits tolerance).
 """
 
 import argparse
