@@ -276,11 +276,11 @@ impl Model {
             },
         ];
         if let Some(divisors) = &weights.rope_freqs {
-            if let Some(bad) = divisors.iter().find(|d| !(**d > 0.0)) {
+            if let Some(bad) = divisors.iter().find(|d| !d.is_finite() || **d <= 0.0) {
                 return Err(GgufError::ValueOutOfRange {
                     key: "rope_freqs.weight".into(),
                     value: bad.to_string(),
-                    why: "rotary frequency divisors must be > 0".into(),
+                    why: "rotary frequency divisors must be finite and > 0".into(),
                 });
             }
             for freqs in &mut rope_freqs {
