@@ -619,8 +619,8 @@ impl Model {
                 s.routes[first..].iter_mut().for_each(|r| r.weight /= total);
             }
         }
-        // Group by expert (a stable sort keeps each expert's tokens in batch order).
-        s.routes.sort_by_key(|r| r.expert);
+        // Group by expert, each expert's tokens in batch order (an unstable sort, which does not allocate).
+        s.routes.sort_unstable_by_key(|r| (r.expert, r.token));
         let out = &mut s.xb2[..t_count * n_embd];
         out.fill(0.0);
         let reads = &mut s.expert_reads[il * n_expert..(il + 1) * n_expert];
