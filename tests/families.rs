@@ -85,7 +85,9 @@ fn logits_match_transformers() {
                 positions += 1;
             }
         }
-        eprintln!("{family}: {positions} positions, max |Δ| {max_delta:.2e}, top-1 agreement {agree}/{positions}");
+        // The child runs the same kernel level as this process: both read INFER_ISA, or pick the CPU's best.
+        let isa = infer::kernels::dispatch::isa().name();
+        eprintln!("{family} ({isa}): {positions} positions, max |Δ| {max_delta:.2e}, top-1 {agree}/{positions}");
         assert!(max_delta <= MAX_ABS_DELTA, "{family}: max |Δ| {max_delta} > {MAX_ABS_DELTA}");
         assert_eq!(agree, positions, "{family}: top-1 agreement");
     }
