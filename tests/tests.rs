@@ -3,6 +3,7 @@
 mod bench;
 mod common;
 mod gguf;
+mod kv_pool;
 mod model;
 mod reference_dequant;
 mod reference_quantize;
