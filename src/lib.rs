@@ -5,6 +5,7 @@
 #![deny(unsafe_code)]
 
 pub mod cli;
+pub mod engine;
 pub mod gguf;
 pub mod model;
 pub mod registry;

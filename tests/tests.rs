@@ -2,6 +2,7 @@
 
 mod bench;
 mod common;
+mod engine;
 mod gguf;
 mod kv_pool;
 mod model;

@@ -256,6 +256,8 @@ pub struct KvPool {
 #[derive(Debug, Default, Clone)]
 pub struct SeqKv {
     len: usize,
+    /// Keep sliding-window blocks that leave the window until [`KvPool::release_passed`].
+    keep_passed: bool,
     /// Per group: block ids by block index; `None` where a sliding-window block has been freed.
     tables: Vec<Vec<Option<u32>>>,
 }
@@ -263,6 +265,12 @@ pub struct SeqKv {
 impl SeqKv {
     pub fn new() -> SeqKv {
         SeqKv::default()
+    }
+
+    /// A sequence whose sliding-window blocks stay held after they leave the window, until its owner calls
+    /// [`KvPool::release_passed`] (the serving engine first lets its prefix cache take them).
+    pub fn keeping_passed_blocks() -> SeqKv {
+        SeqKv { keep_passed: true, ..SeqKv::default() }
     }
 
     /// Positions cached so far (the next token's position).
@@ -521,6 +529,14 @@ impl KvPool {
     /// future query can see.
     pub fn advance(&mut self, seq: &mut SeqKv, n: usize) {
         seq.len += n;
+        if !seq.keep_passed {
+            self.release_passed(seq);
+        }
+    }
+
+    /// Frees the sequence's sliding-window blocks that no future query can see (done by [`advance`](Self::advance)
+    /// unless the sequence keeps them).
+    pub fn release_passed(&mut self, seq: &mut SeqKv) {
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
             let Some(window) = g.window else { continue };
             // The next query sits at position `len` and sees positions > len - window.
