@@ -108,6 +108,28 @@ fn csv_and_markdown_and_sweeps() {
 }
 
 #[test]
+fn depth_runs_each_test_after_a_filled_cache() {
+    let dir = tempdir();
+    let model = tiny_model(dir.path());
+    let args =
+        ["bench", model.to_str().unwrap(), "-p", "8", "-n", "4", "-d", "0,40", "-r", "1", "-t", "1", "-o", "json"];
+    let records: Vec<serde_json::Value> = serde_json::from_str(&run_ok(&args)).expect("a JSON array");
+    let got: Vec<(&str, u64)> =
+        records.iter().map(|r| (r["test"].as_str().unwrap(), r["n_depth"].as_u64().unwrap())).collect();
+    assert_eq!(got, [("pp8", 0), ("tg4", 0), ("pp8 @ d40", 40), ("tg4 @ d40", 40)]);
+    for r in &records {
+        assert!(r["avg_ts"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    // Only the context limits the depth: 250 cached positions and 6 more tokens fill the 256 exactly.
+    let full = ["bench", model.to_str().unwrap(), "-p", "6", "-n", "0", "-d", "250", "-r", "1", "-t", "1", "-o", "csv"];
+    let csv = run_ok(&full);
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    let depth = header.iter().position(|h| *h == "n_depth").expect("an n_depth column");
+    assert_eq!(row[depth], "250");
+}
+
+#[test]
 fn batching_curve_records_and_plot() {
     let dir = tempdir();
     let model = tiny_model(dir.path());
@@ -179,8 +201,11 @@ fn bad_flags_fail_cleanly() {
     let dir = tempdir();
     let model = tiny_model(dir.path());
     let m = model.to_str().unwrap();
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["-r", "0"], "repetition"),
+        // The depth counts toward the context: 200 + 100 > 256.
+        (&["-p", "100", "-n", "0", "-d", "200"], "-d 200"),
+        (&["-d", "-1"], "-1"),
         (&["-t", "0"], "thread"),
         (&["--batch", "0"], "batch"),
         (&["-p", "-5"], "-5"),

@@ -7,6 +7,8 @@
 //!
 //! - `pp<N>`: one prompt of N tokens through an empty cache, in forward calls of at most `--ubatch` tokens.
 //! - `tg<N>`: N single-token forward calls from an empty cache, each computing the logits of its token.
+//! - `-d D` (depth, as llama-bench has it): `pp<N> @ d<D>` and `tg<N> @ d<D>` run the same after an untimed prefill
+//!   of D random tokens, so they measure attention over a cache of D positions.
 //! - `--batch B,...`: B independent sequences, each with its own KV table in one shared paged pool. Their prompts are
 //!   prefilled together in one forward call, then every decode step is one forward call over all B sequences, one
 //!   token each. S_PP = B·PP/T_PP and S_TG = B·TG/T_TG are aggregate rates.
@@ -43,6 +45,11 @@ pub struct BenchArgs {
     #[arg(short = 'n', long = "n-gen", value_name = "N,..", value_delimiter = ',', value_parser = parse_length,
           allow_negative_numbers = true)]
     pub n_gen: Vec<usize>,
+    /// Cached positions before each pp/tg test, comma-separated (llama-bench's -d): the test runs after that many
+    /// tokens of an untimed prefill.
+    #[arg(short = 'd', long = "n-depth", value_name = "N,..", value_delimiter = ',', default_value = "0",
+          value_parser = parse_length, allow_negative_numbers = true)]
+    pub n_depth: Vec<usize>,
     /// Timed repetitions of every test (after one untimed warmup run).
     #[arg(short = 'r', long = "repetitions", value_name = "N", default_value_t = 5, value_parser = parse_repetitions,
           allow_negative_numbers = true)]
@@ -189,6 +196,8 @@ pub struct Record {
     pub test: String,
     pub n_prompt: usize,
     pub n_gen: usize,
+    /// Positions cached before the timed part (-d; 0 for the batching curve).
+    pub n_depth: usize,
     /// Parallel sequences (1 for pp/tg).
     pub batch: usize,
     /// Time per repetition: the whole test for pp/tg, the generation phase (T_TG) for the batching curve.
@@ -244,19 +253,23 @@ fn mean_sd(xs: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// One test to run on a model at a thread count.
+/// One test to run on a model at a thread count. Prompt and Gen carry (tokens, depth): the positions already
+/// cached when the timed part starts.
 #[derive(Debug, Clone, Copy)]
 enum Test {
-    Prompt(usize),
-    Gen(usize),
+    Prompt(usize, usize),
+    Gen(usize, usize),
     Curve { batch: usize, prompt: usize, gen_len: usize },
 }
 
 impl Test {
     fn name(self) -> String {
         match self {
-            Test::Prompt(n) => format!("pp{n}"),
-            Test::Gen(n) => format!("tg{n}"),
+            Test::Prompt(n, 0) => format!("pp{n}"),
+            Test::Gen(n, 0) => format!("tg{n}"),
+            // llama-bench's spelling.
+            Test::Prompt(n, d) => format!("pp{n} @ d{d}"),
+            Test::Gen(n, d) => format!("tg{n} @ d{d}"),
             Test::Curve { batch, prompt, gen_len } => format!("pp{prompt}+tg{gen_len} x{batch}"),
         }
     }
@@ -264,7 +277,7 @@ impl Test {
     /// Positions one sequence of this test needs.
     fn positions(self) -> usize {
         match self {
-            Test::Prompt(n) | Test::Gen(n) => n,
+            Test::Prompt(n, depth) | Test::Gen(n, depth) => depth + n,
             Test::Curve { prompt, gen_len, .. } => prompt + gen_len,
         }
     }
@@ -342,39 +355,52 @@ impl Runner<'_> {
         KvPool::new(&self.model.config, self.kv_dtype, cap, cap)
     }
 
+    /// Runs `tokens` through `kv` in forward calls of at most `--ubatch` tokens; `last` is the logits request of
+    /// the final call.
+    fn prefill(&mut self, tokens: &[u32], last: Logits, kv: &mut SeqKv, pool: &mut KvPool) -> anyhow::Result<()> {
+        let chunks = tokens.len().div_ceil(self.ubatch);
+        for (i, chunk) in tokens.chunks(self.ubatch).enumerate() {
+            let logits = if i + 1 == chunks { last } else { Logits::None };
+            let mut items = [SeqStep { tokens: chunk, kv: &mut *kv, logits }];
+            self.model.forward(&mut items, pool, &mut self.scratch)?;
+        }
+        Ok(())
+    }
+
+    /// The untimed prefill of a test at depth `depth` (-d): random tokens, as llama-bench does it, redone for every
+    /// repetition so that each starts from the same cache (sliding-window layers cannot be truncated back).
+    fn fill_depth(&mut self, depth: usize, kv: &mut SeqKv, pool: &mut KvPool) -> anyhow::Result<()> {
+        let tokens = self.random_tokens(depth);
+        self.prefill(&tokens, Logits::None, kv, pool).context("prefill of the -d depth")
+    }
+
     /// Runs `test` once; `pool` was sized for it by [`Runner::pool`].
     fn run_once(&mut self, test: Test, pool: &mut KvPool) -> anyhow::Result<Sample> {
         match test {
-            Test::Prompt(n) => {
+            Test::Prompt(n, depth) => {
                 let tokens = self.random_tokens(n);
                 let mut kv = SeqKv::new();
-                let chunks = n.div_ceil(self.ubatch);
+                let mut result = self.fill_depth(depth, &mut kv, pool);
                 let watch = Stopwatch::start();
-                let mut result = Ok(());
-                for (i, chunk) in tokens.chunks(self.ubatch).enumerate() {
-                    let logits = if i + 1 == chunks { Logits::Last } else { Logits::None };
-                    let mut items = [SeqStep { tokens: chunk, kv: &mut kv, logits }];
-                    result = self.model.forward(&mut items, pool, &mut self.scratch);
-                    if result.is_err() {
-                        break;
-                    }
+                if result.is_ok() {
+                    result = self.prefill(&tokens, Logits::Last, &mut kv, pool);
                 }
                 let (secs, cpu) = watch.stop();
                 pool.release(&mut kv);
                 result.context("prefill forward pass")?;
                 Ok(Sample { pp: secs, tg: 0.0, cpu_pp: cpu, cpu_tg: None })
             }
-            Test::Gen(n) => {
+            Test::Gen(n, depth) => {
                 let tokens = self.random_tokens(n);
                 let mut kv = SeqKv::new();
+                let mut result = self.fill_depth(depth, &mut kv, pool);
                 let watch = Stopwatch::start();
-                let mut result = Ok(());
                 for t in tokens.chunks(1) {
-                    let mut items = [SeqStep { tokens: t, kv: &mut kv, logits: Logits::Last }];
-                    result = self.model.forward(&mut items, pool, &mut self.scratch);
                     if result.is_err() {
                         break;
                     }
+                    let mut items = [SeqStep { tokens: t, kv: &mut kv, logits: Logits::Last }];
+                    result = self.model.forward(&mut items, pool, &mut self.scratch).map_err(Into::into);
                 }
                 let (secs, cpu) = watch.stop();
                 pool.release(&mut kv);
@@ -438,8 +464,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     };
     let mut tests: Vec<Test> = Vec::new();
-    tests.extend(pick(&args.n_prompt, 512).into_iter().map(Test::Prompt));
-    tests.extend(pick(&args.n_gen, 128).into_iter().map(Test::Gen));
+    for &depth in &args.n_depth {
+        tests.extend(pick(&args.n_prompt, 512).into_iter().map(|n| Test::Prompt(n, depth)));
+        tests.extend(pick(&args.n_gen, 128).into_iter().map(|n| Test::Gen(n, depth)));
+    }
     for &prompt in &args.batch_prompt {
         for &gen_len in &args.batch_gen {
             for &batch in &args.batch {
@@ -490,8 +518,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         for &test in &tests {
             if test.positions() > info.n_ctx {
                 let what = match test {
-                    Test::Prompt(n) => format!("-p {n}"),
-                    Test::Gen(n) => format!("-n {n}"),
+                    Test::Prompt(n, 0) => format!("-p {n}"),
+                    Test::Gen(n, 0) => format!("-n {n}"),
+                    Test::Prompt(n, d) => format!("-p {n} at -d {d}"),
+                    Test::Gen(n, d) => format!("-n {n} at -d {d}"),
                     Test::Curve { prompt, gen_len, .. } => {
                         format!("--batch-prompt {prompt} plus --batch-gen {gen_len}")
                     }
@@ -596,15 +626,15 @@ fn make_record(
     test: Test,
     samples: &[Sample],
 ) -> Record {
-    let (n_prompt, n_gen, batch) = match test {
-        Test::Prompt(n) => (n, 0, 1),
-        Test::Gen(n) => (0, n, 1),
-        Test::Curve { batch, prompt, gen_len } => (prompt, gen_len, batch),
+    let (n_prompt, n_gen, n_depth, batch) = match test {
+        Test::Prompt(n, depth) => (n, 0, depth, 1),
+        Test::Gen(n, depth) => (0, n, depth, 1),
+        Test::Curve { batch, prompt, gen_len } => (prompt, gen_len, 0, batch),
     };
     // The timed phase: the prefill for pp, the generation otherwise.
     let (secs, tokens): (Vec<f64>, usize) = match test {
-        Test::Prompt(n) => (samples.iter().map(|s| s.pp).collect(), n),
-        Test::Gen(n) => (samples.iter().map(|s| s.tg).collect(), n),
+        Test::Prompt(n, _) => (samples.iter().map(|s| s.pp).collect(), n),
+        Test::Gen(n, _) => (samples.iter().map(|s| s.tg).collect(), n),
         Test::Curve { batch, gen_len, .. } => (samples.iter().map(|s| s.tg).collect(), batch * gen_len),
     };
     let rate = |t: f64, n: usize| if t > 0.0 { n as f64 / t } else { 0.0 };
@@ -613,7 +643,7 @@ fn make_record(
     let (avg_ts, stddev_ts) = mean_sd(&samples_ts);
     let (avg_s, stddev_s) = mean_sd(&secs);
     let cpu: Option<Vec<f64>> = match test {
-        Test::Prompt(_) => samples.iter().map(|s| s.cpu_pp).collect(),
+        Test::Prompt(..) => samples.iter().map(|s| s.cpu_pp).collect(),
         _ => samples.iter().map(|s| s.cpu_tg).collect(),
     };
     let avg_ts_cpu = cpu.as_ref().and_then(|c| {
@@ -653,6 +683,7 @@ fn make_record(
         test: test.name(),
         n_prompt,
         n_gen,
+        n_depth,
         batch,
         avg_ns: (avg_s * 1e9).round() as u64,
         stddev_ns: (stddev_s * 1e9).round() as u64,
@@ -848,7 +879,7 @@ fn to_markdown(records: &[Record], build: &str) -> String {
 
 /// CSV with a header: one row per record, the batching-curve columns empty for pp/tg rows.
 fn to_csv(records: &[Record]) -> String {
-    const COLUMNS: [&str; 28] = [
+    const COLUMNS: [&str; 29] = [
         "build",
         "model_filename",
         "model_type",
@@ -862,6 +893,7 @@ fn to_csv(records: &[Record]) -> String {
         "test",
         "n_prompt",
         "n_gen",
+        "n_depth",
         "batch",
         "avg_ns",
         "stddev_ns",
@@ -899,6 +931,7 @@ fn to_csv(records: &[Record]) -> String {
             quote(&r.test),
             r.n_prompt.to_string(),
             r.n_gen.to_string(),
+            r.n_depth.to_string(),
             r.batch.to_string(),
             r.avg_ns.to_string(),
             r.stddev_ns.to_string(),
