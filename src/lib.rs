@@ -10,6 +10,7 @@ pub mod gguf;
 pub mod model;
 pub mod registry;
 pub mod sampling;
+pub mod server;
 pub mod session;
 pub mod stop;
 pub mod tokenizer;

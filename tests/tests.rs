@@ -10,6 +10,7 @@ mod reference_dequant;
 mod reference_quantize;
 mod registry;
 mod run;
+mod serve;
 mod sampling;
 mod synthetic;
 mod tokenizer;

@@ -13,6 +13,7 @@ pub mod logits;
 pub mod output;
 pub mod pull;
 pub mod run;
+pub mod serve;
 pub mod tokenize;
 
 /// Run GGUF language models on ordinary CPUs.
@@ -39,6 +40,8 @@ pub enum Command {
     Logits(logits::LogitsArgs),
     /// Measure speed: prefill (pp), generation (tg) and the batched-decode curve (--batch), like llama-bench.
     Bench(bench::BenchArgs),
+    /// Serve an OpenAI-compatible HTTP API, batching many requests at once.
+    Serve(serve::ServeArgs),
 }
 
 /// Runs one parsed command line.
@@ -51,6 +54,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Logits(args) => logits::run(args),
         Command::Run(args) => run::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Serve(args) => serve::run(args),
     }
 }
 
@@ -115,6 +119,22 @@ pub fn load(spec: Option<&str>, engine: &EngineArgs) -> anyhow::Result<Loaded> {
     let tokenizer = crate::tokenizer::Tokenizer::from_gguf(model.file())
         .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
     Ok(Loaded { model, tokenizer })
+}
+
+/// The chat template for `--chat-template FILE|NAME` (a file's contents, or a built-in name), or the model's own.
+pub fn chat_template(
+    file: &crate::gguf::GgufFile,
+    arg: Option<&str>,
+) -> anyhow::Result<crate::tokenizer::chat::ChatTemplate> {
+    use crate::tokenizer::chat::ChatTemplate;
+    use anyhow::Context;
+    let source = match arg {
+        Some(t) if std::path::Path::new(t).is_file() => Some(ChatTemplate::read_file(std::path::Path::new(t))?),
+        Some(t) if t.contains('/') || t.ends_with(".jinja") => anyhow::bail!("no such chat template file: {t}"),
+        Some(t) => Some(t.to_string()),
+        None => None,
+    };
+    ChatTemplate::from_gguf(file, source.as_deref()).context("loading the chat template")
 }
 
 /// Engine settings shared by every command that runs a model.

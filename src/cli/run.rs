@@ -110,15 +110,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let load_time = load_start.elapsed();
 
     let prompt_text = if args.chat {
-        use crate::tokenizer::chat::ChatTemplate;
         // --chat-template names a built-in or a file; a file's contents become the template source.
-        let source = match args.chat_template.as_deref() {
-            Some(t) if std::path::Path::new(t).is_file() => Some(ChatTemplate::read_file(std::path::Path::new(t))?),
-            Some(t) if t.contains('/') || t.ends_with(".jinja") => bail!("no such chat template file: {t}"),
-            Some(t) => Some(t.to_string()),
-            None => None,
-        };
-        let template = ChatTemplate::from_gguf(model.file(), source.as_deref()).context("loading the chat template")?;
+        let template = super::chat_template(model.file(), args.chat_template.as_deref())?;
         let mut messages = Vec::new();
         if let Some(sys) = &args.system {
             messages.push(ChatMessage { role: "system".into(), content: sys.clone() });
