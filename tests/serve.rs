@@ -433,3 +433,80 @@ print("ok", repr(whole))
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.starts_with("ok "), "{stdout}");
 }
+
+/// `infer bench --serve`: the load generator against `infer serve` on a tiny model, a concurrency sweep and a
+/// Poisson rate, synthetic and JSONL prompts; every request counted, every figure there.
+#[test]
+fn the_load_generator_reports_vllm_style_figures() {
+    let dir = tempdir();
+    let server = Server::start(&tiny_model(dir.path()), &["--chat-template", "chatml"]);
+    let run = |extra: &[&str]| -> Vec<Value> {
+        let mut args = vec!["bench", "--serve", &server.base, "--gen-len", "8", "--ignore-eos", "-o", "json"];
+        args.extend_from_slice(extra);
+        let out = crate::common::infer(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("a JSON array")
+    };
+    let sweep = run(&["--concurrency", "1,3", "--num-prompts", "6", "--prompt-len", "12", "--shared-prefix", "20"]);
+    assert_eq!(sweep.len(), 2);
+    for (r, c) in sweep.iter().zip([1, 3]) {
+        assert_eq!(r["max_concurrency"], c);
+        assert_eq!((r["completed"].as_u64(), r["failed"].as_u64()), (Some(6), Some(0)), "{r}");
+        assert_eq!(r["total_output_tokens"], 48);
+        // The synthetic vocabulary spells words byte by byte: 20 + 12 words are well over 32 tokens.
+        assert!(r["total_input_tokens"].as_u64().unwrap() > 6 * 32, "{r}");
+        for key in ["ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"] {
+            let s = &r[key];
+            assert!(
+                s["mean"].as_f64().unwrap() > 0.0 && s["p99"].as_f64().unwrap() >= s["median"].as_f64().unwrap(),
+                "{key}: {s}"
+            );
+        }
+        assert!(r["output_throughput"].as_f64().unwrap() > 0.0);
+        assert_eq!(r["output_lens"].as_array().unwrap().len(), 6);
+    }
+    let file = dir.path().join("prompts.jsonl");
+    std::fs::write(
+        &file,
+        "\"hello there\"\n{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 3}\n",
+    )
+    .unwrap();
+    let poisson =
+        run(&["--rate", "40", "--num-prompts", "5", "--endpoint", "chat", "--prompts", file.to_str().unwrap()]);
+    let r = &poisson[0];
+    assert_eq!((r["completed"].as_u64(), r["request_rate"].as_f64()), (Some(5), Some(40.0)), "{r}");
+    // Three prompts use the default 8 tokens, two the file's 3.
+    assert_eq!(r["total_output_tokens"], 3 * 8 + 2 * 3);
+    assert!(r["max_concurrency"].is_null());
+    // The text report.
+    let out = crate::common::infer(&[
+        "bench",
+        "--serve",
+        &server.base,
+        "--num-prompts",
+        "2",
+        "--gen-len",
+        "4",
+        "--label",
+        "tiny",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("=== tiny ===")
+            && text.contains("Output token throughput (tok/s):")
+            && text.contains("P99 ITL (ms):"),
+        "{text}"
+    );
+    // Bad flags.
+    for (args, needle) in [
+        (vec!["bench", "--serve", "ftp://x"], "http://"),
+        (vec!["bench", "--serve", &server.base, "--rate", "0"], "rate"),
+        (vec!["bench", "--serve", &server.base, "-p", "5"], "do not apply"),
+        (vec!["bench", "--concurrency", "4"], "--serve"),
+        (vec!["bench", "--serve", "http://127.0.0.1:1"], "connecting"),
+    ] {
+        let out = crate::common::infer(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(needle) && !stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}

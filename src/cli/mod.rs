@@ -39,7 +39,7 @@ pub enum Command {
     /// Print the top-K raw logits at every position of token-id sequences read from stdin (fidelity checks).
     Logits(logits::LogitsArgs),
     /// Measure speed: prefill (pp), generation (tg) and the batched-decode curve (--batch), like llama-bench.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Serve an OpenAI-compatible HTTP API, batching many requests at once.
     Serve(serve::ServeArgs),
 }
@@ -53,7 +53,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::List(args) => list::run(args),
         Command::Logits(args) => logits::run(args),
         Command::Run(args) => run::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => bench::run(*args),
         Command::Serve(args) => serve::run(args),
     }
 }

@@ -1,17 +1,21 @@
 //! `infer bench [MODEL...]`: speed of prefill (`pp<N>`), single-sequence decode (`tg<N>`) and batched decode (the
 //! `--batch` curve), in the style of llama-bench and llama-batched-bench.
 //!
-//! Token ids are random (seeded): tokenization and sampling are not part of what is timed, and neither is choosing
-//! the next token. Every test runs once untimed (warmup), then `-r` timed repetitions; rates are reported as the mean
+//! Token ids are random (seeded): tokenization is not part of what is timed, and in pp/tg neither is choosing the
+//! next token. Every test runs once untimed (warmup), then `-r` timed repetitions; rates are reported as the mean
 //! ± the sample standard deviation of the per-repetition rates.
 //!
 //! - `pp<N>`: one prompt of N tokens through an empty cache, in forward calls of at most `--ubatch` tokens.
 //! - `tg<N>`: N single-token forward calls from an empty cache, each computing the logits of its token.
 //! - `-d D` (depth, as llama-bench has it): `pp<N> @ d<D>` and `tg<N> @ d<D>` run the same after an untimed prefill
 //!   of D random tokens, so they measure attention over a cache of D positions.
-//! - `--batch B,...`: B independent sequences, each with its own KV table in one shared paged pool. Their prompts are
-//!   prefilled together in one forward call, then every decode step is one forward call over all B sequences, one
-//!   token each. S_PP = B·PP/T_PP and S_TG = B·TG/T_TG are aggregate rates.
+//! - `--batch B,...`: B requests of random prompts through the serving engine ([`crate::engine`]), which holds their
+//!   KV tables in one shared paged pool. The first step prefills all B prompts together, then every step decodes one
+//!   token for each of the B sequences. S_PP = B·PP/T_PP and S_TG = B·TG/T_TG are aggregate rates. Unlike pp/tg,
+//!   these steps include the engine's own work: scheduling, choosing each sequence's next token (greedy) and
+//!   streaming its text, which is what a server pays too.
+//! - `--serve URL`: a load generator against an OpenAI-compatible server (see [`loadgen`]).
+mod loadgen;
 mod plot;
 mod report;
 mod runner;
@@ -80,6 +84,8 @@ pub struct BenchArgs {
     pub plot: Option<PathBuf>,
     #[command(flatten)]
     pub engine: EngineArgs,
+    #[command(flatten)]
+    pub load: loadgen::LoadArgs,
 }
 
 /// `-p`, `-n`, `--batch-prompt`: a whole number ≥ 0.
@@ -112,5 +118,16 @@ fn parse_ubatch(text: &str) -> Result<usize, String> {
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(url) = &args.load.url {
+        let model_flags = !args.models.is_empty()
+            || !args.n_prompt.is_empty()
+            || !args.n_gen.is_empty()
+            || !args.batch.is_empty()
+            || args.plot.is_some();
+        if model_flags {
+            anyhow::bail!("--serve {url} measures a server: MODEL, -p, -n, --batch and --plot do not apply");
+        }
+        return loadgen::run(&args.load, &args.output);
+    }
     runner::run(args)
 }

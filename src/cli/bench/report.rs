@@ -120,7 +120,7 @@ fn params_str(n: u64) -> String {
 }
 
 /// A markdown table: `right[i]` right-aligns column i.
-fn md_table(header: &[&str], right: &[bool], rows: &[Vec<String>]) -> String {
+pub(super) fn md_table(header: &[&str], right: &[bool], rows: &[Vec<String>]) -> String {
     let widths: Vec<usize> = (0..header.len())
         .map(|i| rows.iter().map(|r| r[i].chars().count()).chain([header[i].chars().count(), 3]).max().unwrap_or(3))
         .collect();

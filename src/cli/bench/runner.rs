@@ -10,8 +10,11 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::cli::info::file_type_name;
 use crate::cli::output::{print_line, stderr_is_terminal};
+use crate::engine::{EngineConfig, KvBudget, Request, Scheduler};
 use crate::gguf::MetaValue;
 use crate::model::{ForwardScratch, KvDtype, KvPool, Logits, Model, SeqKv, SeqStep};
+use crate::sampling::SamplingParams;
+use crate::tokenizer::Tokenizer;
 
 use super::BenchArgs;
 use super::plot::{check_plot_path, draw_plot};
@@ -161,23 +164,51 @@ impl Stopwatch {
 /// Runs tests on one model with reusable buffers.
 struct Runner<'m> {
     model: &'m Model,
+    tokenizer: &'m Tokenizer,
     scratch: ForwardScratch,
     kv_dtype: KvDtype,
     ubatch: usize,
     rng: ChaCha8Rng,
 }
 
-impl Runner<'_> {
+/// What a test runs on: a bare KV pool for pp/tg, the engine for the batching curve. Made once per test, so that
+/// the repetitions find its memory already touched.
+enum Target<'m> {
+    Pool(KvPool),
+    Engine(Box<Scheduler<'m>>),
+}
+
+impl<'m> Runner<'m> {
     fn random_tokens(&mut self, n: usize) -> Vec<u32> {
         let n_vocab = self.model.config.n_vocab as u32;
         (0..n).map(|_| self.rng.random_range(0..n_vocab)).collect()
     }
 
-    /// A pool with room for `n_seq` sequences of `positions` each (rounded up to whole blocks).
-    fn pool(&self, n_seq: usize, positions: usize) -> KvPool {
-        let per_seq = positions.max(1).next_multiple_of(crate::model::kv_cache::DEFAULT_BLOCK_SIZE);
-        let cap = n_seq * per_seq;
-        KvPool::new(&self.model.config, self.kv_dtype, cap, cap)
+    /// What `test` runs on: for pp/tg a pool with room for its positions (rounded up to whole blocks); for the
+    /// curve an engine whose first step takes every prompt whole and whose pool holds every sequence.
+    fn target(&self, test: Test) -> anyhow::Result<Target<'m>> {
+        let bs = crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
+        match test {
+            Test::Curve { batch, prompt, gen_len } => {
+                let positions = prompt.max(1) + gen_len + 1;
+                let config = EngineConfig {
+                    n_ctx: positions,
+                    max_seqs: batch,
+                    max_batch_tokens: (batch * prompt).max(batch),
+                    max_queue: batch,
+                    // A spare block per sequence: the scheduler keeps one free per running request.
+                    kv: KvBudget::Blocks(batch * (positions.div_ceil(bs) + 1)),
+                    kv_dtype: self.kv_dtype,
+                    prefix_cache: false,
+                    threads: 1,
+                };
+                Ok(Target::Engine(Box::new(Scheduler::new(self.model, self.tokenizer, config)?)))
+            }
+            _ => {
+                let cap = test.positions().max(1).next_multiple_of(bs);
+                Ok(Target::Pool(KvPool::new(&self.model.config, self.kv_dtype, cap, cap)))
+            }
+        }
     }
 
     /// Runs `tokens` through `kv` in forward calls of at most `--ubatch` tokens; `last` is the logits request of
@@ -199,8 +230,16 @@ impl Runner<'_> {
         self.prefill(&tokens, Logits::None, kv, pool).context("prefill of the -d depth")
     }
 
-    /// Runs `test` once; `pool` was sized for it by [`Runner::pool`].
-    fn run_once(&mut self, test: Test, pool: &mut KvPool) -> anyhow::Result<Sample> {
+    /// Runs `test` once on what [`Runner::target`] made for it.
+    fn run_once(&mut self, test: Test, target: &mut Target<'m>) -> anyhow::Result<Sample> {
+        let pool = match target {
+            Target::Pool(pool) => pool,
+            Target::Engine(sched) => {
+                let Test::Curve { batch, prompt, gen_len } = test else { unreachable!("engines run curves") };
+                let prompts: Vec<Vec<u32>> = (0..batch).map(|_| self.random_tokens(prompt.max(1))).collect();
+                return curve_once(sched, &prompts, prompt > 0, gen_len);
+            }
+        };
         match test {
             Test::Prompt(n, depth) => {
                 let tokens = self.random_tokens(n);
@@ -232,50 +271,53 @@ impl Runner<'_> {
                 result.context("decode forward pass")?;
                 Ok(Sample { pp: 0.0, tg: secs, cpu_pp: None, cpu_tg: cpu })
             }
-            Test::Curve { batch, prompt, gen_len } => {
-                let prompts: Vec<Vec<u32>> = (0..batch).map(|_| self.random_tokens(prompt)).collect();
-                let gens: Vec<Vec<u32>> = (0..batch).map(|_| self.random_tokens(gen_len)).collect();
-                let mut kvs: Vec<SeqKv> = (0..batch).map(|_| SeqKv::new()).collect();
-                let result = self.curve_once(&prompts, &gens, &mut kvs, pool);
-                for kv in &mut kvs {
-                    pool.release(kv);
-                }
-                result
-            }
+            Test::Curve { .. } => unreachable!("curves run on an engine"),
         }
     }
+}
 
-    fn curve_once(
-        &mut self,
-        prompts: &[Vec<u32>],
-        gens: &[Vec<u32>],
-        kvs: &mut [SeqKv],
-        pool: &mut KvPool,
-    ) -> anyhow::Result<Sample> {
-        let (mut pp, mut cpu_pp) = (0.0, None);
-        if prompts.iter().any(|p| !p.is_empty()) {
-            let mut items: Vec<SeqStep> = prompts
-                .iter()
-                .zip(kvs.iter_mut())
-                .map(|(p, kv)| SeqStep { tokens: p, kv, logits: Logits::Last })
-                .collect();
-            let watch = Stopwatch::start();
-            self.model.forward(&mut items, pool, &mut self.scratch).context("batched prefill forward pass")?;
-            (pp, cpu_pp) = watch.stop();
-        }
-        let steps = gens.first().map_or(0, Vec::len);
-        let watch = Stopwatch::start();
-        for step in 0..steps {
-            let mut items: Vec<SeqStep> = gens
-                .iter()
-                .zip(kvs.iter_mut())
-                .map(|(g, kv)| SeqStep { tokens: &g[step..step + 1], kv, logits: Logits::Last })
-                .collect();
-            self.model.forward(&mut items, pool, &mut self.scratch).context("batched decode forward pass")?;
-        }
-        let (tg, cpu_tg) = watch.stop();
-        Ok(Sample { pp, tg, cpu_pp, cpu_tg })
+/// One run of the batching curve: `prompts.len()` requests through the engine. With `prefill`, the first step runs
+/// every prompt and samples each sequence's first token (timed as T_PP), and `gen_len` more steps each decode one
+/// token per sequence (T_TG); without, the prompts are single tokens and all `gen_len` steps are decode steps.
+fn curve_once(
+    sched: &mut Scheduler<'_>,
+    prompts: &[Vec<u32>],
+    prefill: bool,
+    gen_len: usize,
+) -> anyhow::Result<Sample> {
+    let batch = prompts.len();
+    let mut streams = Vec::with_capacity(batch);
+    for p in prompts {
+        let req = Request {
+            prompt: p.clone(),
+            max_tokens: gen_len + usize::from(prefill),
+            sampling: SamplingParams::GREEDY,
+            stop: Vec::new(),
+            ignore_eos: true,
+            logprobs: false,
+        };
+        streams.push(sched.submit(req)?);
     }
+    let (mut pp, mut cpu_pp) = (0.0, None);
+    if prefill {
+        let watch = Stopwatch::start();
+        let step = sched.step();
+        (pp, cpu_pp) = watch.stop();
+        anyhow::ensure!(step.sampled.len() == batch, "the prefill step ran {} of {batch} prompts", step.sampled.len());
+    }
+    let watch = Stopwatch::start();
+    let mut steps = 0;
+    while !sched.is_idle() {
+        let step = sched.step();
+        anyhow::ensure!(step.decode_tokens == batch, "a decode step ran {} of {batch} sequences", step.decode_tokens);
+        steps += 1;
+    }
+    let (tg, cpu_tg) = watch.stop();
+    anyhow::ensure!(steps == gen_len, "{steps} decode steps instead of {gen_len}");
+    for s in streams {
+        s.collect().map_err(anyhow::Error::msg)?;
+    }
+    Ok(Sample { pp, tg, cpu_pp, cpu_tg })
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -359,7 +401,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 );
             }
         }
-        models.push((model, info));
+        let tokenizer = Tokenizer::from_gguf(model.file())
+            .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
+        models.push((model, tokenizer, info));
     }
 
     let pools: Vec<(usize, rayon::ThreadPool)> = threads
@@ -391,9 +435,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 
     let mut records: Vec<Record> = Vec::new();
     let build = format!("infer {}", env!("CARGO_PKG_VERSION"));
-    for (model, info) in &models {
+    for (model, tokenizer, info) in &models {
         let mut runner = Runner {
             model,
+            tokenizer,
             scratch: ForwardScratch::new(model),
             kv_dtype: args.engine.kv_dtype(),
             ubatch: args.ubatch,
@@ -402,15 +447,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         for (n_threads, pool) in &pools {
             for &test in &tests {
                 progress.set_message(format!("{} {} t{}", info.model_type, test.name(), n_threads));
-                let n_seq = match test {
-                    Test::Curve { batch, .. } => batch,
-                    _ => 1,
-                };
-                let mut kv_pool = runner.pool(n_seq, test.positions());
                 let samples = pool.install(|| -> anyhow::Result<Vec<Sample>> {
+                    let mut target = runner.target(test)?;
                     let mut samples = Vec::with_capacity(args.repetitions);
                     for i in 0..runs_per_test {
-                        let sample = runner.run_once(test, &mut kv_pool)?;
+                        let sample = runner.run_once(test, &mut target)?;
                         if i + 1 > runs_per_test - args.repetitions {
                             samples.push(sample);
                         }
