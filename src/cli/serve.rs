@@ -114,7 +114,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let loaded = super::load(args.model.as_deref(), &args.engine)?;
     let model_name = args.alias.clone().unwrap_or_else(|| model_name(args.model.as_deref()));
-    let template = match super::chat_template(loaded.model.file(), args.chat_template.as_deref()) {
+    let template = match super::chat_template(&loaded.model, args.chat_template.as_deref()) {
         Ok(t) => Some(t),
         Err(e) if args.chat_template.is_some() => return Err(e),
         Err(e) => {

@@ -10,8 +10,8 @@
 //! own copy first ([`KvPool::reserve`]: copy-on-write).
 //!
 //! Layers are split into groups with their own block tables. A group of sliding-window layers (gemma3) frees a
-//! sequence's blocks once every position in them has left the window, so those layers keep a cache bounded by the
-//! window rather than by the context.
+//! sequence's blocks once every position in them has left the window (and an optional rewind margin behind it), so
+//! those layers keep a cache bounded by the window rather than by the context.
 //!
 //! Storage per group, f32 or f16, one tile per (block, layer):
 //! - keys `[n_blocks][n_layers_in_group][k_row][block_size]`: each tile transposed, so one key dimension's values
@@ -161,6 +161,9 @@ pub enum TilesMut<'a> {
 pub struct LayerGroup {
     /// Sliding window of these layers, if they have one.
     pub window: Option<usize>,
+    /// Positions kept behind the window (sliding-window groups only), so that a sequence can be truncated back by
+    /// this many and still find the window its next position needs.
+    rewind: usize,
     n_layers: usize,
     n_blocks: usize,
     k: KvStore,
@@ -291,13 +294,32 @@ impl KvPool {
     /// A pool with room for `capacity` positions in total across sequences (sliding-window groups get room for
     /// `swa_capacity`, since they hold at most a window plus one batch per sequence).
     pub fn new(config: &ModelConfig, dtype: KvDtype, capacity: usize, swa_capacity: usize) -> KvPool {
+        KvPool::with_rewind(config, dtype, capacity, swa_capacity, 0)
+    }
+
+    /// As [`KvPool::new`], with sliding-window groups that also keep `rewind` positions behind the window (and room
+    /// for them on top of `swa_capacity`), so that [`KvPool::truncate`] can take a sequence back that far.
+    pub fn with_rewind(
+        config: &ModelConfig,
+        dtype: KvDtype,
+        capacity: usize,
+        swa_capacity: usize,
+        rewind: usize,
+    ) -> KvPool {
         let bs = DEFAULT_BLOCK_SIZE;
-        KvPool::with_blocks(config, dtype, capacity.div_ceil(bs), swa_capacity.min(capacity).div_ceil(bs))
+        let blocks = capacity.div_ceil(bs);
+        // A batch that starts part-way into a block spans one block more than its positions fill.
+        let swa_blocks = blocks.min(swa_capacity.saturating_add(rewind).div_ceil(bs) + 1);
+        KvPool::build(config, dtype, blocks, swa_blocks, rewind)
     }
 
     /// A pool of `blocks` blocks for the full-attention layers and `swa_blocks` for the sliding-window ones (at
-    /// least one each).
+    /// least one each), as the serving engine sizes it.
     pub fn with_blocks(config: &ModelConfig, dtype: KvDtype, blocks: usize, swa_blocks: usize) -> KvPool {
+        KvPool::build(config, dtype, blocks, swa_blocks, 0)
+    }
+
+    fn build(config: &ModelConfig, dtype: KvDtype, blocks: usize, swa_blocks: usize, rewind: usize) -> KvPool {
         let block_size = DEFAULT_BLOCK_SIZE;
         let mut groups = Vec::new();
         let mut layer_slot = vec![(0, 0); config.n_layer];
@@ -316,6 +338,7 @@ impl KvPool {
             let per_block = layers.len() * block_size;
             groups.push(LayerGroup {
                 window: if swa { config.sliding_window } else { None },
+                rewind: if swa { rewind } else { 0 },
                 n_layers: layers.len(),
                 n_blocks,
                 k: KvStore::new(dtype, n_blocks * per_block * k_row),
@@ -472,7 +495,7 @@ impl KvPool {
         assert!(len.div_ceil(self.block_size) == blocks.len(), "{len} positions in {} blocks", blocks.len());
         seq.tables.resize(self.groups.len(), Vec::new());
         for (gi, g) in self.groups.iter_mut().enumerate() {
-            let first_visible = g.window.map_or(0, |w| (len + 1).saturating_sub(w) / self.block_size);
+            let first_visible = g.window.map_or(0, |w| (len + 1).saturating_sub(w + g.rewind) / self.block_size);
             for (i, r) in blocks.iter().enumerate() {
                 let id = if i < first_visible { None } else { r.ids[gi] };
                 assert!(i < first_visible || id.is_some(), "block {i} of group {gi} is missing");
@@ -539,9 +562,9 @@ impl KvPool {
     pub fn release_passed(&mut self, seq: &mut SeqKv) {
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
             let Some(window) = g.window else { continue };
-            // The next query sits at position `len` and sees positions > len - window.
-            let first_visible = (seq.len + 1).saturating_sub(window);
-            let dead_blocks = first_visible / self.block_size;
+            // The next query sits at position `len` and sees positions > len - window; `rewind` more are kept.
+            let first_kept = (seq.len + 1).saturating_sub(window + g.rewind);
+            let dead_blocks = first_kept / self.block_size;
             for entry in table.iter_mut().take(dead_blocks) {
                 if let Some(b) = entry.take() {
                     g.release(b);
@@ -560,12 +583,28 @@ impl KvPool {
         seq.len = 0;
     }
 
+    /// Whether `seq` can be truncated to `new_len` and go on from there: every sliding-window group still holds
+    /// the window that a query at position `new_len` sees. (Freed blocks are always a prefix of a table, so the
+    /// block of the window's first position decides.)
+    pub fn can_truncate(&self, seq: &SeqKv, new_len: usize) -> bool {
+        if new_len >= seq.len {
+            return new_len == seq.len;
+        }
+        self.groups.iter().zip(&seq.tables).all(|(g, table)| {
+            let Some(window) = g.window else { return true };
+            let first_visible = (new_len + 1).saturating_sub(window);
+            table.get(first_visible / self.block_size).is_some_and(Option::is_some)
+        })
+    }
+
     /// Drops positions from `new_len` on (chat rewind, regenerate); blocks past the end return to the pool.
-    /// Sliding-window blocks already freed cannot come back, so truncation there must stay within the window.
+    /// Sliding-window blocks already freed cannot come back: callers check [`KvPool::can_truncate`] first, and
+    /// otherwise start the sequence over.
     pub fn truncate(&mut self, seq: &mut SeqKv, new_len: usize) {
         if new_len >= seq.len {
             return;
         }
+        debug_assert!(self.can_truncate(seq, new_len), "truncating to {new_len} loses the window it needs");
         let keep = new_len.div_ceil(self.block_size);
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
             if table.len() > keep {
