@@ -37,8 +37,9 @@ pub struct ServeArgs {
     #[arg(long = "max-seqs", visible_alias = "parallel", short = 'P', value_name = "N", default_value_t = 16,
           value_parser = parse_positive)]
     pub max_seqs: usize,
-    /// Most tokens per forward pass: every generating request's next token, then prompt chunks up to this.
-    #[arg(long = "max-batch-tokens", value_name = "N", default_value_t = 128, value_parser = parse_positive)]
+    /// Most tokens per forward pass: every generating request's next token, then prompt chunks up to this (while
+    /// requests are generating, at most 2 prompt tokens per generating request, at least 12).
+    #[arg(long = "max-batch-tokens", value_name = "N", default_value_t = 256, value_parser = parse_positive)]
     pub max_batch_tokens: usize,
     /// Most requests waiting for a place in the batch; more get 429 with Retry-After.
     #[arg(long = "max-queue", value_name = "N", default_value_t = 256, value_parser = parse_count)]

@@ -4,8 +4,9 @@
 //! - **Iteration-level scheduling** (Orca, Yu et al., OSDI 2022): the batch is rebuilt at every step. A request that
 //!   finishes leaves at once and a waiting one takes its place; nobody waits for the longest request in a batch.
 //! - **Chunked prefill** (Sarathi, Agrawal et al., 2023; vLLM's scheduler): every step carries each generating
-//!   request's next token first, then fills a token budget (`max_batch_tokens`) with chunks of prompts, so a long
-//!   prompt costs the others a few slightly longer steps instead of one long stall.
+//!   request's next token first, then chunks of prompts up to a token budget (`max_batch_tokens`, and while anyone
+//!   is generating at most [`PREFILL_PER_DECODE`] prompt tokens per generating request), so a long prompt costs
+//!   the others somewhat longer steps instead of one long stall.
 //! - **Paged, shared KV blocks** (PagedAttention, Kwon et al., SOSP 2023): one [`KvPool`](crate::model::KvPool)
 //!   for everyone, blocks reference-counted. When it runs short the scheduler stops admitting requests; if a running
 //!   one cannot grow, the most recently admitted request is *preempted*: its blocks go back, and it is recomputed
@@ -38,7 +39,7 @@ use crate::tokenizer::Tokenizer;
 
 pub use crate::session::FinishReason;
 pub use metrics::{HistogramSnapshot, StatsSnapshot};
-pub use scheduler::{Scheduler, StepReport};
+pub use scheduler::{PREFILL_MIN, PREFILL_PER_DECODE, Scheduler, StepReport};
 
 /// How much memory the KV pool gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
