@@ -286,6 +286,12 @@ fn a_full_queue_answers_429_with_retry_after() {
         assert!(start.elapsed() < Duration::from_secs(60), "the dropped stream was not cancelled");
         std::thread::sleep(Duration::from_millis(10));
     }
+    // Its log line says so.
+    let start = Instant::now();
+    while !server.log().iter().any(|l| l.contains(" 200 ") && l.contains("finish=cancelled stream")) {
+        assert!(start.elapsed() < Duration::from_secs(60), "no log line for the cancelled stream: {:#?}", server.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[cfg(unix)]

@@ -103,9 +103,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// What one request's log line says; filled in as the request goes.
-#[derive(Debug, Clone)]
+/// What one request's log line says; filled in as the request goes, and written when it is dropped, so that every
+/// request gets exactly one line, also when its client goes away mid-way.
 struct LogLine {
+    state: Arc<AppState>,
     remote: Option<SocketAddr>,
     method: Method,
     path: String,
@@ -121,8 +122,9 @@ struct LogLine {
 }
 
 impl LogLine {
-    fn new(remote: Option<SocketAddr>, method: Method, uri: &Uri) -> LogLine {
+    fn new(state: &Arc<AppState>, remote: Option<SocketAddr>, method: Method, uri: &Uri) -> LogLine {
         LogLine {
+            state: state.clone(),
             remote,
             method,
             path: uri.path().to_string(),
@@ -137,7 +139,16 @@ impl LogLine {
         }
     }
 
-    fn write(&self, state: &AppState) {
+    fn write(&mut self) {
+        // A generation whose client left before the end: 499 (nginx's "client closed request") if no response had
+        // started, else the stream's 200, and `cancelled` either way.
+        if self.id.is_some() && self.finish.is_none() && self.error.is_none() {
+            self.finish = Some(FinishReason::Cancelled.as_str());
+            if !self.stream {
+                self.status = 499;
+            }
+        }
+        let state = &*self.state;
         state.http.count(self.status);
         let total_ms = self.start.elapsed().as_secs_f64() * 1e3;
         let ttft_ms = self.ttft.map(|t| t.as_secs_f64() * 1e3);
@@ -197,6 +208,12 @@ impl LogLine {
     }
 }
 
+impl Drop for LogLine {
+    fn drop(&mut self) {
+        self.write();
+    }
+}
+
 fn error_response(e: &ApiError) -> Response {
     let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
     let mut resp = (status, axum::Json(e.body())).into_response();
@@ -206,11 +223,10 @@ fn error_response(e: &ApiError) -> Response {
     resp
 }
 
-/// Answers with `e` and logs the request.
-fn fail(state: &AppState, mut log: LogLine, e: ApiError) -> Response {
+/// Answers with `e` (the request's log line goes with it).
+fn fail(mut log: LogLine, e: ApiError) -> Response {
     log.status = e.status;
     log.error = Some(e.message.clone());
-    log.write(state);
     error_response(&e)
 }
 
@@ -229,10 +245,10 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<axum
 }
 
 /// The request's log line (from its method, path and peer address) and its parts.
-fn start(req: HttpRequest) -> (LogLine, HeaderMap, Body) {
+fn start(state: &Arc<AppState>, req: HttpRequest) -> (LogLine, HeaderMap, Body) {
     let (parts, body) = req.into_parts();
     let remote = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
-    (LogLine::new(remote, parts.method, &parts.uri), parts.headers, body)
+    (LogLine::new(state, remote, parts.method, &parts.uri), parts.headers, body)
 }
 
 async fn completions(State(state): State<Arc<AppState>>, req: HttpRequest) -> Response {
@@ -290,10 +306,10 @@ fn refused(e: RequestError, n_ctx: usize) -> ApiError {
 }
 
 async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Response {
-    let (mut log, headers, body) = start(req);
+    let (mut log, headers, body) = start(&state, req);
     let body = match read_body(&headers, body, state.config.max_body_bytes).await {
         Ok(b) => b,
-        Err(e) => return fail(&state, log, e),
+        Err(e) => return fail(log, e),
     };
     // Parsing, tokenizing and rendering templates take CPU time: off the async workers.
     let st = state.clone();
@@ -306,7 +322,7 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
     .unwrap_or_else(|e| Err(ApiError::new(500, format!("preparing the request: {e}"))));
     let (req, prompt) = match prepared {
         Ok(p) => p,
-        Err(e) => return fail(&state, log, e),
+        Err(e) => return fail(log, e),
     };
     log.stream = req.stream;
     let n_ctx = state.engine.config().n_ctx;
@@ -321,7 +337,7 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
     };
     let stream = match state.engine.submit(engine_req) {
         Ok(s) => s,
-        Err(e) => return fail(&state, log, refused(e, n_ctx)),
+        Err(e) => return fail(log, refused(e, n_ctx)),
     };
     let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, stream.id());
     log.id = Some(id.clone());
@@ -359,11 +375,10 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
                 let finish = openai::finish_reason(done.finish);
                 log.usage = Some(done.usage);
                 log.finish = Some(finish);
-                log.write(&state);
                 return axum::Json(meta.full(&text, finish, &done.usage)).into_response();
             }
-            Some(Event::Failed(e)) => return fail(&state, log, ApiError::new(500, format!("generation failed: {e}"))),
-            None => return fail(&state, log, ApiError::new(503, "the engine stopped before the request ended")),
+            Some(Event::Failed(e)) => return fail(log, ApiError::new(500, format!("generation failed: {e}"))),
+            None => return fail(log, ApiError::new(503, "the engine stopped before the request ended")),
         }
     }
 }
@@ -437,17 +452,8 @@ impl StreamState {
     }
 }
 
-impl Drop for StreamState {
-    fn drop(&mut self) {
-        if self.log.finish.is_none() && self.log.error.is_none() {
-            self.log.finish = Some(FinishReason::Cancelled.as_str());
-        }
-        self.log.write(&self.state);
-    }
-}
-
 async fn models(State(state): State<Arc<AppState>>, req: HttpRequest) -> Response {
-    start(req).0.write(&state);
+    drop(start(&state, req).0);
     axum::Json(json!({
         "object": "list",
         "data": [{
@@ -477,10 +483,10 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn tokenize(State(state): State<Arc<AppState>>, req: HttpRequest) -> Response {
-    let (log, headers, body) = start(req);
+    let (log, headers, body) = start(&state, req);
     let body = match read_body(&headers, body, state.config.max_body_bytes).await {
         Ok(b) => b,
-        Err(e) => return fail(&state, log, e),
+        Err(e) => return fail(log, e),
     };
     let st = state.clone();
     let result = tokio::task::spawn_blocking(move || -> Result<Vec<u32>, ApiError> {
@@ -497,24 +503,24 @@ async fn tokenize(State(state): State<Arc<AppState>>, req: HttpRequest) -> Respo
     .unwrap_or_else(|e| Err(ApiError::new(500, format!("tokenizing: {e}"))));
     match result {
         Ok(tokens) => {
-            log.write(&state);
+            drop(log);
             let hashes: Vec<String> =
                 prefix_hashes(&tokens, DEFAULT_BLOCK_SIZE).iter().map(|h| format!("{h:016x}")).collect();
             axum::Json(json!({ "tokens": tokens, "block_size": DEFAULT_BLOCK_SIZE, "prefix_hashes": hashes }))
                 .into_response()
         }
-        Err(e) => fail(&state, log, e),
+        Err(e) => fail(log, e),
     }
 }
 
 async fn not_found(State(state): State<Arc<AppState>>, req: HttpRequest) -> Response {
-    let log = start(req).0;
+    let log = start(&state, req).0;
     let e = ApiError::new(404, format!("no route for {} {}", log.method, log.path));
-    fail(&state, log, e)
+    fail(log, e)
 }
 
 async fn method_not_allowed(State(state): State<Arc<AppState>>, req: HttpRequest) -> Response {
-    let log = start(req).0;
+    let log = start(&state, req).0;
     let e = ApiError::new(405, format!("{} is not allowed on {}", log.method, log.path));
-    fail(&state, log, e)
+    fail(log, e)
 }
