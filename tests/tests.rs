@@ -7,6 +7,7 @@ mod engine;
 mod gguf;
 mod kv_pool;
 mod model;
+mod quantize;
 mod reference_dequant;
 mod reference_quantize;
 mod registry;
