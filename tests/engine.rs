@@ -268,6 +268,38 @@ fn chunked_prefill_keeps_every_generating_request_moving() {
     }
 }
 
+/// A short prompt that arrives while a 2,000-token one is being prefilled beside generating requests is admitted with
+/// half the prompt budget and then goes first (shortest remainder first), so it reaches its first token within a few
+/// steps instead of after the whole long prompt.
+#[test]
+fn a_short_prompt_is_not_held_up_behind_a_long_one() {
+    let (model, tok) = load(Spec::llama(GgmlType::Q8_0));
+    let cfg = EngineConfig { n_ctx: 4096, max_batch_tokens: 64, kv: KvBudget::Blocks(400), ..config() };
+    let mut sched = Scheduler::new(&model, &tok, cfg).unwrap();
+    let mut rng = Rng::new(5);
+    let _small: Vec<RequestStream> = (0..4).map(|_| sched.submit(greedy(tokens(&mut rng, 8), 300)).unwrap()).collect();
+    for _ in 0..3 {
+        sched.step();
+    }
+    let big = sched.submit(greedy(tokens(&mut rng, 2000), 4)).unwrap();
+    for _ in 0..10 {
+        sched.step();
+    }
+    let short = sched.submit(greedy(tokens(&mut rng, 40), 4)).unwrap();
+    let mut steps = 0;
+    loop {
+        let r = sched.step();
+        steps += 1;
+        assert!(!r.sampled.contains(&big.id()), "the long prompt finished first, after {steps} steps");
+        if r.sampled.contains(&short.id()) {
+            break;
+        }
+    }
+    // 40 tokens at no less than half of max(PREFILL_MIN, PREFILL_PER_DECODE × 4) per step.
+    let chunk = PREFILL_MIN.max(PREFILL_PER_DECODE * 4);
+    assert!(steps <= 40usize.div_ceil(chunk / 2), "first token after {steps} steps");
+}
+
 /// With nobody generating, a prompt takes the whole budget: as large as the prompt, it runs in one step (the
 /// guard above depends on the schedule, not on luck).
 #[test]

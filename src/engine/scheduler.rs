@@ -6,8 +6,9 @@
 //!    block, blocks only the prefix cache holds are evicted; if that is not enough, the most recently admitted
 //!    request is preempted (its blocks go back; it waits to be recomputed), and so on. A request alone in a pool too
 //!    small for it ends with `length` instead of waiting forever.
-//! 3. Running requests still in their prompt get chunks of it, in order, up to the step's token budget (smaller
-//!    while others generate: see [`PREFILL_PER_DECODE`]).
+//! 3. Running requests still in their prompt get chunks of it, shortest remainder first, up to the step's token
+//!    budget (smaller while others generate: see [`PREFILL_PER_DECODE`]; half of it while requests wait to be
+//!    admitted), so a short prompt arriving behind a long one does not wait for all of it.
 //! 4. Waiting requests are admitted first come, first served, while the budget, `max_seqs` and the pool allow,
 //!    keeping one free block per running request so the next step can grow without preempting. A new request first
 //!    takes whatever prefix of its prompt the cache has.
@@ -260,16 +261,23 @@ impl<'m> Scheduler<'m> {
         if decodes > 0 {
             budget = budget.min(PREFILL_MIN.max(PREFILL_PER_DECODE * decodes));
         }
-        // Then running prompts, in chunks, as far as the budget and the pool go.
-        for i in 0..self.running.len() {
-            let pending = self.running[i].pending();
-            if budget == 0 || pending <= 1 || self.running[i].step_tokens > 0 {
-                continue;
+        // Then running prompts, in chunks, shortest remainder first, so a short prompt is not held up behind a long
+        // one; while requests wait for a place, half the budget is kept for them, for the same reason.
+        let mut prompts: Vec<usize> = (0..self.running.len())
+            .filter(|&i| self.running[i].pending() > 1 && self.running[i].step_tokens == 0)
+            .collect();
+        prompts.sort_by_key(|&i| self.running[i].pending());
+        let admitting = !self.waiting.is_empty() && self.running.len() < self.shared.config.max_seqs;
+        let mut prompt_budget = if admitting { budget.div_ceil(2) } else { budget };
+        for i in prompts {
+            if prompt_budget == 0 {
+                break;
             }
-            let n = self.fit(i, pending.min(budget), 0);
+            let n = self.fit(i, self.running[i].pending().min(prompt_budget), 0);
             if n > 0 {
                 self.reserve(i, n);
                 budget -= n;
+                prompt_budget -= n;
             }
         }
         // Then new (or preempted) requests, in order, while they fit.
