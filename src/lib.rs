@@ -6,6 +6,7 @@
 
 pub mod chat;
 pub mod cli;
+pub mod engine;
 pub mod eval;
 pub mod gguf;
 pub mod memory;
@@ -13,6 +14,7 @@ pub mod model;
 pub mod quantize;
 pub mod registry;
 pub mod sampling;
+pub mod server;
 pub mod session;
 pub mod stop;
 pub mod tokenizer;

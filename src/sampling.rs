@@ -154,6 +154,14 @@ pub fn argmax(logits: &[f32]) -> u32 {
     logits.iter().position(|&v| v == max).map_or(0, |i| i as u32)
 }
 
+/// The natural log of token `id`'s probability under the softmax of the raw `logits` (temperature 1, no filters):
+/// what OpenAI-style `logprobs` report. NaN if `id` is out of range or the logits are not finite.
+pub fn logprob(logits: &[f32], id: u32) -> f32 {
+    let Some(&x) = logits.get(id as usize) else { return f32::NAN };
+    let max = max_of(logits);
+    ((f64::from(x) - f64::from(max)) - exp_sum(logits, max).ln()) as f32
+}
+
 /// Lanes for the hot loops: independent accumulators that the compiler can keep in SIMD registers. The lane an
 /// element goes to depends only on its index, so results are the same on every platform.
 const LANES: usize = 16;

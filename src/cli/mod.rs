@@ -18,6 +18,7 @@ pub mod perplexity;
 pub mod pull;
 pub mod quantize;
 pub mod run;
+pub mod serve;
 pub mod tokenize;
 
 /// Run GGUF language models on ordinary CPUs.
@@ -45,7 +46,9 @@ pub enum Command {
     /// Print the top-K raw logits at every position of token-id sequences read from stdin (fidelity checks).
     Logits(logits::LogitsArgs),
     /// Measure speed: prefill (pp), generation (tg) and the batched-decode curve (--batch), like llama-bench.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
+    /// Serve an OpenAI-compatible HTTP API, batching many requests at once.
+    Serve(serve::ServeArgs),
     /// Convert a model's tensors to another type (f32, f16, bf16, q8_0, q6_k, q5_0, q4_1, q4_0, q4_k, q2_k).
     Quantize(quantize::QuantizeArgs),
     /// Compare two models with the same vocabulary: KL divergence, top-1 agreement, perplexities, greedy texts.
@@ -64,7 +67,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Logits(args) => logits::run(args),
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => bench::run(*args),
+        Command::Serve(args) => serve::run(args),
         Command::Quantize(args) => quantize::run(args),
         Command::Compare(args) => compare::run(args),
         Command::Perplexity(args) => perplexity::run(args),

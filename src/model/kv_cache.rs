@@ -1,8 +1,13 @@
 //! The KV cache, in fixed-size blocks (PagedAttention, Kwon et al., SOSP 2023).
 //!
 //! Keys and values live in a pool of blocks of `block_size` positions. Each sequence owns a block table that maps
-//! its positions to blocks, so sequences of any length share one pool without fragmentation, a finished sequence
-//! returns its blocks at once, and (later) sequences with a common prefix can share blocks.
+//! its positions to blocks, so sequences of any length share one pool without fragmentation and a finished sequence
+//! returns its blocks at once.
+//!
+//! Blocks are reference-counted: sequences with a common prefix hold the same blocks (the serving engine's prefix
+//! cache holds references too, see `crate::engine`), and a block returns to the free list when its last holder lets
+//! go. A sequence about to write into a block someone else also holds (a shared, partly filled last block) gets its
+//! own copy first ([`KvPool::reserve`]: copy-on-write).
 //!
 //! Layers are split into groups with their own block tables. A group of sliding-window layers (gemma3) frees a
 //! sequence's blocks once every position in them has left the window (and an optional rewind margin behind it), so
@@ -165,7 +170,69 @@ pub struct LayerGroup {
     v: KvStore,
     k_row: usize,
     v_row: usize,
+    /// Blocks nobody holds (reference count 0), taken from the back.
     free: Vec<u32>,
+    /// Per block: how many block tables (and prefix-cache entries) hold it.
+    refs: Vec<u32>,
+}
+
+impl LayerGroup {
+    /// A block from the free list, held once.
+    fn take(&mut self) -> Option<u32> {
+        let b = self.free.pop()?;
+        debug_assert_eq!(self.refs[b as usize], 0, "a free block is held");
+        self.refs[b as usize] = 1;
+        Some(b)
+    }
+
+    fn retain(&mut self, b: u32) {
+        let r = &mut self.refs[b as usize];
+        assert!(*r > 0, "retaining block {b}, which nobody holds");
+        *r += 1;
+    }
+
+    /// Drops one hold on `b`; the last one returns it to the free list.
+    fn release(&mut self, b: u32) {
+        let r = &mut self.refs[b as usize];
+        assert!(*r > 0, "releasing block {b}, which nobody holds");
+        *r -= 1;
+        if *r == 0 {
+            self.free.push(b);
+        }
+    }
+
+    /// Elements of one block (all layers of the group) in the key and the value store.
+    fn block_elems(&self, bs: usize) -> (usize, usize) {
+        (self.n_layers * bs * self.k_row, self.n_layers * bs * self.v_row)
+    }
+
+    /// Copies block `src`'s keys and values (every layer) into block `dst`.
+    fn copy_block(&mut self, src: u32, dst: u32, bs: usize) {
+        let (kn, vn) = self.block_elems(bs);
+        let (s, d) = (src as usize, dst as usize);
+        match (&mut self.k, &mut self.v) {
+            (KvStore::F32(k), KvStore::F32(v)) => {
+                k.copy_within(s * kn..(s + 1) * kn, d * kn);
+                v.copy_within(s * vn..(s + 1) * vn, d * vn);
+            }
+            (KvStore::F16(k), KvStore::F16(v)) => {
+                k.copy_within(s * kn..(s + 1) * kn, d * kn);
+                v.copy_within(s * vn..(s + 1) * vn, d * vn);
+            }
+            _ => unreachable!("keys and values of a group share one dtype"),
+        }
+    }
+}
+
+/// Most layer groups a model has: full attention and sliding window.
+pub const MAX_GROUPS: usize = 2;
+
+/// One block index of a sequence across the layer groups: the block holding those positions in each group (`None`
+/// where a group has none, such as a sliding-window block that has left the window). The unit the prefix cache
+/// stores and shares.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockRef {
+    pub ids: [Option<u32>; MAX_GROUPS],
 }
 
 /// Why the cache could not take more positions.
@@ -174,6 +241,9 @@ pub enum KvError {
     #[error("the KV cache is full: {needed} more blocks of {block_size} positions needed, {free} free")]
     OutOfBlocks { needed: usize, free: usize, block_size: usize },
 }
+
+/// Blocks per layer group (see [`KvPool::blocks_needed`]).
+pub type GroupCounts = [usize; MAX_GROUPS];
 
 /// The pool of KV blocks shared by all sequences.
 #[derive(Debug)]
@@ -189,6 +259,8 @@ pub struct KvPool {
 #[derive(Debug, Default, Clone)]
 pub struct SeqKv {
     len: usize,
+    /// Keep sliding-window blocks that leave the window until [`KvPool::release_passed`].
+    keep_passed: bool,
     /// Per group: block ids by block index; `None` where a sliding-window block has been freed.
     tables: Vec<Vec<Option<u32>>>,
 }
@@ -196,6 +268,12 @@ pub struct SeqKv {
 impl SeqKv {
     pub fn new() -> SeqKv {
         SeqKv::default()
+    }
+
+    /// A sequence whose sliding-window blocks stay held after they leave the window, until its owner calls
+    /// [`KvPool::release_passed`] (the serving engine first lets its prefix cache take them).
+    pub fn keeping_passed_blocks() -> SeqKv {
+        SeqKv { keep_passed: true, ..SeqKv::default() }
     }
 
     /// Positions cached so far (the next token's position).
@@ -238,6 +316,19 @@ impl KvPool {
         swa_capacity: usize,
         rewind: usize,
     ) -> KvPool {
+        let bs = DEFAULT_BLOCK_SIZE;
+        let blocks = group_blocks(false, capacity, swa_capacity, rewind, bs);
+        let swa_blocks = group_blocks(true, capacity, swa_capacity, rewind, bs);
+        KvPool::build(config, dtype, blocks, swa_blocks, rewind)
+    }
+
+    /// A pool of `blocks` blocks for the full-attention layers and `swa_blocks` for the sliding-window ones (at
+    /// least one each), as the serving engine sizes it.
+    pub fn with_blocks(config: &ModelConfig, dtype: KvDtype, blocks: usize, swa_blocks: usize) -> KvPool {
+        KvPool::build(config, dtype, blocks, swa_blocks, 0)
+    }
+
+    fn build(config: &ModelConfig, dtype: KvDtype, blocks: usize, swa_blocks: usize, rewind: usize) -> KvPool {
         let block_size = DEFAULT_BLOCK_SIZE;
         let mut groups = Vec::new();
         let mut layer_slot = vec![(0, 0); config.n_layer];
@@ -246,7 +337,8 @@ impl KvPool {
             if layers.is_empty() {
                 continue;
             }
-            let n_blocks = group_blocks(swa, capacity, swa_capacity, rewind, block_size);
+            let n_blocks = if swa { swa_blocks } else { blocks }.max(1);
+            assert!(n_blocks <= u32::MAX as usize, "{n_blocks} KV blocks: more than block ids can name");
             let gi = groups.len();
             for (slot, &il) in layers.iter().enumerate() {
                 layer_slot[il] = (gi, slot);
@@ -263,6 +355,7 @@ impl KvPool {
                 k_row,
                 v_row,
                 free: (0..n_blocks as u32).rev().collect(),
+                refs: vec![0; n_blocks],
             });
         }
         KvPool { block_size, dtype, groups, layer_slot }
@@ -298,6 +391,44 @@ impl KvPool {
             * self.dtype.size()
     }
 
+    /// Bytes of one block in the full-attention layers and in the sliding-window layers (0 where a model has none),
+    /// for sizing a pool to a memory budget before creating it.
+    pub fn block_bytes(config: &ModelConfig, dtype: KvDtype) -> (usize, usize) {
+        let per_layer = DEFAULT_BLOCK_SIZE * (config.k_dim() + config.v_dim()) * dtype.size();
+        let swa = config.layer_is_swa.iter().filter(|&&s| s).count();
+        ((config.n_layer - swa) * per_layer, swa * per_layer)
+    }
+
+    /// Number of layer groups (one block table each).
+    pub fn n_groups(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// The sliding window of group `g`'s layers, if they have one.
+    pub fn group_window(&self, g: usize) -> Option<usize> {
+        self.groups[g].window
+    }
+
+    /// Blocks in group `g`.
+    pub fn blocks_total(&self, g: usize) -> usize {
+        self.groups[g].n_blocks
+    }
+
+    /// Blocks of group `g` that nobody holds.
+    pub fn blocks_free(&self, g: usize) -> usize {
+        self.groups[g].free.len()
+    }
+
+    /// How many holders block `b` of group `g` has.
+    pub fn refcount(&self, g: usize, b: u32) -> u32 {
+        self.groups[g].refs[b as usize]
+    }
+
+    /// Positions that fit in the full-attention layers' blocks.
+    pub fn capacity(&self) -> usize {
+        self.groups.iter().filter(|g| g.window.is_none()).map(|g| g.n_blocks).min().unwrap_or(0) * self.block_size
+    }
+
     /// Positions one sequence can still add before the pool runs out (ignoring other sequences' future needs).
     pub fn free_positions(&self) -> usize {
         self.groups
@@ -308,22 +439,143 @@ impl KvPool {
             .unwrap_or(usize::MAX)
     }
 
-    /// Makes room for positions `seq.len() .. seq.len() + n` in every group, allocating blocks as needed.
+    /// Free blocks each group needs for [`reserve`](Self::reserve)`(seq, n)` to succeed: new blocks past the end
+    /// of the table, plus one for a copy if the block the next position goes to is shared.
+    pub fn blocks_needed(&self, seq: &SeqKv, n: usize) -> GroupCounts {
+        let mut out = [0; MAX_GROUPS];
+        let blocks = (seq.len + n).div_ceil(self.block_size);
+        for (gi, g) in self.groups.iter().enumerate() {
+            let table = seq.tables.get(gi).map_or(&[][..], Vec::as_slice);
+            let shared = n > 0 && self.shared_at(g, table, seq.len).is_some();
+            out[gi] = blocks.saturating_sub(table.len()) + usize::from(shared);
+        }
+        out
+    }
+
+    /// The block position `pos` goes to, if the table has it and someone else holds it too.
+    fn shared_at(&self, g: &LayerGroup, table: &[Option<u32>], pos: usize) -> Option<(usize, u32)> {
+        let i = pos / self.block_size;
+        table.get(i).copied().flatten().filter(|&b| g.refs[b as usize] > 1).map(|b| (i, b))
+    }
+
+    /// Makes room for positions `seq.len() .. seq.len() + n` in every group, allocating blocks as needed. If the
+    /// block the next position goes to is shared (a prefix another sequence or the prefix cache also holds), the
+    /// sequence first gets a private copy of it, so the others never see its writes.
     pub fn reserve(&mut self, seq: &mut SeqKv, n: usize) -> Result<(), KvError> {
         if seq.tables.len() < self.groups.len() {
             seq.tables.resize(self.groups.len(), Vec::new());
         }
-        let blocks_needed = (seq.len + n).div_ceil(self.block_size);
         // Check every group first so that a failure allocates nothing.
-        for (g, table) in self.groups.iter().zip(&seq.tables) {
-            let needed = blocks_needed.saturating_sub(table.len());
+        let needed = self.blocks_needed(seq, n);
+        for (g, &needed) in self.groups.iter().zip(&needed) {
             if needed > g.free.len() {
                 return Err(KvError::OutOfBlocks { needed, free: g.free.len(), block_size: self.block_size });
             }
         }
-        for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
-            while table.len() < blocks_needed {
-                table.push(Some(g.free.pop().expect("checked above")));
+        let blocks = (seq.len + n).div_ceil(self.block_size);
+        let bs = self.block_size;
+        for gi in 0..self.groups.len() {
+            let table = &mut seq.tables[gi];
+            if n > 0
+                && let Some((i, shared)) = self.shared_at(&self.groups[gi], table, seq.len)
+            {
+                let g = &mut self.groups[gi];
+                let own = g.take().expect("checked above");
+                g.copy_block(shared, own, bs);
+                g.release(shared);
+                table[i] = Some(own);
+            }
+            let g = &mut self.groups[gi];
+            while table.len() < blocks {
+                table.push(Some(g.take().expect("checked above")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The blocks at block index `i` of `seq` (`None` in groups where the table has no block there).
+    pub fn block_ref(&self, seq: &SeqKv, i: usize) -> BlockRef {
+        let mut r = BlockRef::default();
+        for (gi, table) in seq.tables.iter().enumerate() {
+            r.ids[gi] = table.get(i).copied().flatten();
+        }
+        r
+    }
+
+    /// Adds a holder to every block of `r`.
+    pub fn retain(&mut self, r: &BlockRef) {
+        for (g, id) in self.groups.iter_mut().zip(r.ids) {
+            if let Some(b) = id {
+                g.retain(b);
+            }
+        }
+    }
+
+    /// Drops a hold on every block of `r`.
+    pub fn release_ref(&mut self, r: &BlockRef) {
+        for (g, id) in self.groups.iter_mut().zip(r.ids) {
+            if let Some(b) = id {
+                g.release(b);
+            }
+        }
+    }
+
+    /// Makes the empty sequence `seq` start with `len` cached positions held in `blocks` (block `i` of the
+    /// sequence = `blocks[i]`; `len` must lie in the last one), adding a holder to each block it keeps. In
+    /// sliding-window groups only the blocks the next position can still see are kept, and those must be present.
+    pub fn adopt(&mut self, seq: &mut SeqKv, blocks: &[BlockRef], len: usize) {
+        assert!(seq.len == 0 && seq.tables.iter().all(Vec::is_empty), "adopting blocks into a non-empty sequence");
+        assert!(len.div_ceil(self.block_size) == blocks.len(), "{len} positions in {} blocks", blocks.len());
+        seq.tables.resize(self.groups.len(), Vec::new());
+        for (gi, g) in self.groups.iter_mut().enumerate() {
+            let first_visible = g.window.map_or(0, |w| (len + 1).saturating_sub(w + g.rewind) / self.block_size);
+            for (i, r) in blocks.iter().enumerate() {
+                let id = if i < first_visible { None } else { r.ids[gi] };
+                assert!(i < first_visible || id.is_some(), "block {i} of group {gi} is missing");
+                if let Some(b) = id {
+                    g.retain(b);
+                }
+                seq.tables[gi].push(id);
+            }
+        }
+        seq.len = len;
+    }
+
+    /// Checks the reference counts against the holders the caller knows of: every block's count must equal the
+    /// number of times it appears in `seqs`' tables and in `extra`, and the free list must hold exactly the blocks
+    /// with no holder, once each. For tests and debugging; describes the first discrepancy.
+    pub fn audit<'a>(
+        &self,
+        seqs: impl IntoIterator<Item = &'a SeqKv>,
+        extra: impl IntoIterator<Item = &'a BlockRef>,
+    ) -> Result<(), String> {
+        let mut counts: Vec<Vec<u32>> = self.groups.iter().map(|g| vec![0; g.n_blocks]).collect();
+        for seq in seqs {
+            for (gi, table) in seq.tables.iter().enumerate() {
+                for b in table.iter().flatten() {
+                    counts[gi][*b as usize] += 1;
+                }
+            }
+        }
+        for r in extra {
+            for (gi, id) in r.ids.iter().enumerate().take(self.groups.len()) {
+                if let Some(b) = id {
+                    counts[gi][*b as usize] += 1;
+                }
+            }
+        }
+        for (gi, (g, want)) in self.groups.iter().zip(&counts).enumerate() {
+            if let Some(b) = (0..g.n_blocks).find(|&b| g.refs[b] != want[b]) {
+                return Err(format!("group {gi} block {b}: reference count {}, but {} holders", g.refs[b], want[b]));
+            }
+            let mut on_free = vec![false; g.n_blocks];
+            for &b in &g.free {
+                if std::mem::replace(&mut on_free[b as usize], true) {
+                    return Err(format!("group {gi} block {b} is on the free list twice"));
+                }
+            }
+            if let Some(b) = (0..g.n_blocks).find(|&b| on_free[b] != (want[b] == 0)) {
+                return Err(format!("group {gi} block {b}: {} holders, on the free list: {}", want[b], on_free[b]));
             }
         }
         Ok(())
@@ -333,6 +585,14 @@ impl KvPool {
     /// future query can see.
     pub fn advance(&mut self, seq: &mut SeqKv, n: usize) {
         seq.len += n;
+        if !seq.keep_passed {
+            self.release_passed(seq);
+        }
+    }
+
+    /// Frees the sequence's sliding-window blocks that no future query can see (done by [`advance`](Self::advance)
+    /// unless the sequence keeps them).
+    pub fn release_passed(&mut self, seq: &mut SeqKv) {
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
             let Some(window) = g.window else { continue };
             // The next query sits at position `len` and sees positions > len - window; `rewind` more are kept.
@@ -340,16 +600,18 @@ impl KvPool {
             let dead_blocks = first_kept / self.block_size;
             for entry in table.iter_mut().take(dead_blocks) {
                 if let Some(b) = entry.take() {
-                    g.free.push(b);
+                    g.release(b);
                 }
             }
         }
     }
 
-    /// Returns all of a sequence's blocks to the pool and empties it.
+    /// Drops the sequence's hold on all its blocks (those nobody else holds return to the pool) and empties it.
     pub fn release(&mut self, seq: &mut SeqKv) {
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
-            g.free.extend(table.drain(..).flatten());
+            for b in table.drain(..).flatten() {
+                g.release(b);
+            }
         }
         seq.len = 0;
     }
@@ -379,7 +641,9 @@ impl KvPool {
         let keep = new_len.div_ceil(self.block_size);
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
             if table.len() > keep {
-                g.free.extend(table.drain(keep..).flatten());
+                for b in table.drain(keep..).flatten() {
+                    g.release(b);
+                }
             }
         }
         seq.len = new_len;

@@ -11,5 +11,5 @@ pub mod weights;
 
 pub use config::{Arch, ModelConfig};
 pub use forward::{ForwardError, ForwardScratch, Logits, Model, SeqStep};
-pub use kv_cache::{KvDtype, KvPool, SeqKv};
+pub use kv_cache::{BlockRef, KvDtype, KvPool, SeqKv};
 pub use stats::ActivationStats;

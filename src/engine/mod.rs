@@ -1,0 +1,428 @@
+//! The serving engine: many requests at once through one model, one forward pass per step.
+//!
+//! What it does, and where the ideas come from:
+//! - **Iteration-level scheduling** (Orca, Yu et al., OSDI 2022): the batch is rebuilt at every step. A request that
+//!   finishes leaves at once and a waiting one takes its place; nobody waits for the longest request in a batch.
+//! - **Chunked prefill** (Sarathi, Agrawal et al., 2023; vLLM's scheduler): every step carries each generating
+//!   request's next token first, then chunks of prompts up to a token budget (`max_batch_tokens`, and while anyone
+//!   is generating at most [`PREFILL_PER_DECODE`] prompt tokens per generating request), so a long prompt costs
+//!   the others somewhat longer steps instead of one long stall.
+//! - **Paged, shared KV blocks** (PagedAttention, Kwon et al., SOSP 2023): one [`KvPool`](crate::model::KvPool)
+//!   for everyone, blocks reference-counted. When it runs short the scheduler stops admitting requests; if a running
+//!   one cannot grow, the most recently admitted request is *preempted*: its blocks go back, and it is recomputed
+//!   from its tokens later, producing the tokens it would have.
+//! - **A prefix cache** (RadixAttention, Zheng et al., 2024): see [`prefix_cache`].
+//!
+//! The engine knows nothing of HTTP or terminals. [`Engine`] runs a [`Scheduler`] on its own thread and hands out
+//! a [`RequestStream`] per request; dropping the stream cancels the request, and its blocks are freed at the next
+//! step. Tests and benchmarks can drive a [`Scheduler`] directly, one [`Scheduler::step`] at a time.
+//!
+//! Results do not depend on the batch: a row of a batched matmul equals the same row alone, and attention looks at
+//! each token's own sequence only, so a request's greedy tokens are the same alone, with fifteen others, sharing a
+//! cached prefix or after a preemption.
+
+pub mod metrics;
+pub mod prefix_cache;
+mod request;
+mod scheduler;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
+use crate::model::{KvDtype, KvPool, Model};
+use crate::sampling::{SamplingError, SamplingParams};
+use crate::stop::StopError;
+use crate::tokenizer::Tokenizer;
+
+pub use crate::session::FinishReason;
+pub use metrics::{HistogramSnapshot, StatsSnapshot};
+pub use scheduler::{PREFILL_MIN, PREFILL_PER_DECODE, Scheduler, StepReport};
+
+/// How much memory the KV pool gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvBudget {
+    /// At most this many bytes of keys and values.
+    Bytes(usize),
+    /// This many blocks (of [`DEFAULT_BLOCK_SIZE`] positions) for the full-attention layers.
+    Blocks(usize),
+}
+
+/// The engine's settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Most positions one request may use (prompt and generated tokens).
+    pub n_ctx: usize,
+    /// Most requests in the batch at once.
+    pub max_seqs: usize,
+    /// Most tokens in one forward pass (generating requests' tokens plus prompt chunks); at least `max_seqs`.
+    pub max_batch_tokens: usize,
+    /// Most requests waiting to be admitted; beyond it [`Engine::submit`] refuses with [`RequestError::QueueFull`].
+    pub max_queue: usize,
+    pub kv: KvBudget,
+    pub kv_dtype: KvDtype,
+    /// Share KV blocks between requests with a common prefix.
+    pub prefix_cache: bool,
+    /// Worker threads of the forward pass.
+    pub threads: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> EngineConfig {
+        EngineConfig {
+            n_ctx: 4096,
+            max_seqs: 16,
+            max_batch_tokens: 256,
+            max_queue: 256,
+            kv: KvBudget::Bytes(1 << 30),
+            kv_dtype: KvDtype::F16,
+            prefix_cache: true,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+/// Why the engine could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{name} must be at least {min}, got {value}")]
+    TooSmall { name: &'static str, value: usize, min: usize },
+    #[error(
+        "the KV budget of {bytes} bytes holds no block: one block of {block_size} positions takes {block_bytes} bytes"
+    )]
+    KvTooSmall { bytes: usize, block_bytes: usize, block_size: usize },
+    #[error("starting the engine's worker threads: {0}")]
+    Threads(String),
+}
+
+/// What one request asks for.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The prompt as token ids (chat template applied, BOS included, as the model wants them).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate (at least 1); generation also ends when the request's context is full.
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// Keep going past end-of-generation tokens (benchmarks fix the output length this way).
+    pub ignore_eos: bool,
+    /// Report each generated token's log-probability ([`crate::sampling::logprob`]).
+    pub logprobs: bool,
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RequestError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("max_tokens must be at least 1")]
+    NoTokens,
+    #[error("the prompt is {prompt} tokens, but the context holds {n_ctx}")]
+    PromptTooLong { prompt: usize, n_ctx: usize },
+    #[error("the prompt is {prompt} tokens, but the whole KV pool holds {capacity}")]
+    PromptExceedsPool { prompt: usize, capacity: usize },
+    #[error("token id {token} is out of range (vocabulary has {n_vocab} tokens)")]
+    InvalidToken { token: u32, n_vocab: usize },
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    #[error(transparent)]
+    Stop(#[from] StopError),
+    #[error("the queue is full: {waiting} requests are waiting")]
+    QueueFull { waiting: usize },
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// Token counts of a finished request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens whose keys and values came from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// The end of a request.
+#[derive(Debug, Clone)]
+pub struct Done {
+    /// Text released at the end (held back until then by the UTF-8 decoder or a possible stop string).
+    pub text: String,
+    pub finish: FinishReason,
+    /// Generation ended because the request's context (or, alone in it, the KV pool) was full.
+    pub context_full: bool,
+    pub usage: Usage,
+    /// Time from submission to the first generated token.
+    pub ttft: Option<Duration>,
+    /// Time from submission to the end.
+    pub elapsed: Duration,
+    /// Times the request was preempted and recomputed.
+    pub preemptions: u32,
+}
+
+/// What a request's stream carries.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A generated token and the text that is now final (empty while held back: an incomplete UTF-8 character, or
+    /// text that may begin a stop string).
+    Token { id: u32, text: String, logprob: Option<f32> },
+    /// The request ended; nothing follows.
+    Done(Done),
+    /// The request failed (for example, the model produced non-finite logits); nothing follows.
+    Failed(String),
+}
+
+/// One request's events, in order. Dropping it cancels the request.
+#[derive(Debug)]
+pub struct RequestStream {
+    id: u64,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+}
+
+impl RequestStream {
+    /// The engine's id for the request (unique in this process).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The next event, waiting asynchronously; `None` after the last.
+    pub async fn next(&mut self) -> Option<Event> {
+        self.rx.recv().await
+    }
+
+    /// The next event, blocking the thread (not for use inside an async runtime); `None` after the last.
+    pub fn blocking_next(&mut self) -> Option<Event> {
+        self.rx.blocking_recv()
+    }
+
+    /// The next event if one is there already.
+    pub fn try_next(&mut self) -> Option<Event> {
+        self.rx.try_recv().ok()
+    }
+
+    /// Reads the stream to its end: all tokens, the whole text and the final event.
+    pub fn collect(mut self) -> Result<Completion, String> {
+        let mut out = Completion::default();
+        while let Some(ev) = self.blocking_next() {
+            match ev {
+                Event::Token { id, text, logprob } => {
+                    out.tokens.push(id);
+                    out.text.push_str(&text);
+                    out.logprobs.extend(logprob);
+                }
+                Event::Done(done) => {
+                    out.text.push_str(&done.text);
+                    out.done = Some(done);
+                    return Ok(out);
+                }
+                Event::Failed(e) => return Err(e),
+            }
+        }
+        Err("the engine stopped before the request ended".into())
+    }
+}
+
+/// A whole request's result (see [`RequestStream::collect`]).
+#[derive(Debug, Clone, Default)]
+pub struct Completion {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    /// One per token when the request asked for them.
+    pub logprobs: Vec<f32>,
+    pub done: Option<Done>,
+}
+
+/// How the KV pool is laid out, for the start-up message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolPlan {
+    /// Blocks of the full-attention layers, and of the sliding-window layers (0 if none).
+    pub blocks: usize,
+    pub swa_blocks: usize,
+    pub block_size: usize,
+    pub bytes: usize,
+}
+
+impl PoolPlan {
+    /// Tokens the pool holds (in the full-attention layers, which keep every position).
+    pub fn tokens(&self) -> usize {
+        self.blocks * self.block_size
+    }
+
+    fn new(model: &Model, cfg: &EngineConfig) -> Result<PoolPlan, EngineError> {
+        let c = &model.config;
+        let bs = DEFAULT_BLOCK_SIZE;
+        let (full_bb, swa_bb) = KvPool::block_bytes(c, cfg.kv_dtype);
+        // Sliding-window layers need, per running request, the window plus one step's chunk; twice that leaves
+        // room for the prefix cache's sliding-window blocks.
+        let swa_cap = match c.sliding_window {
+            Some(w) if swa_bb > 0 => 2 * cfg.max_seqs * ((w + cfg.max_batch_tokens).div_ceil(bs) + 2),
+            _ => 0,
+        };
+        let blocks = match cfg.kv {
+            KvBudget::Blocks(n) => n,
+            KvBudget::Bytes(bytes) => {
+                let both = full_bb + swa_bb;
+                if swa_bb == 0 || bytes / both <= swa_cap {
+                    bytes / both
+                } else {
+                    (bytes - swa_cap * swa_bb) / full_bb.max(1)
+                }
+            }
+        };
+        if blocks == 0 {
+            let bytes = match cfg.kv {
+                KvBudget::Bytes(b) => b,
+                KvBudget::Blocks(_) => 0,
+            };
+            return Err(EngineError::KvTooSmall { bytes, block_bytes: full_bb + swa_bb, block_size: bs });
+        }
+        let swa_blocks = if swa_bb == 0 { 0 } else { blocks.min(swa_cap) };
+        Ok(PoolPlan { blocks, swa_blocks, block_size: bs, bytes: blocks * full_bb + swa_blocks * swa_bb })
+    }
+}
+
+/// What the engine's thread and its callers share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub config: EngineConfig,
+    pub plan: PoolPlan,
+    pub n_vocab: usize,
+    pub stats: metrics::Stats,
+    /// New requests not yet admitted (counted against `max_queue`).
+    pub queued: AtomicUsize,
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(model: &Model, config: EngineConfig) -> Result<Arc<Shared>, EngineError> {
+        let min = |name, value, min| if value < min { Err(EngineError::TooSmall { name, value, min }) } else { Ok(()) };
+        min("max_seqs", config.max_seqs, 1)?;
+        min("max_batch_tokens", config.max_batch_tokens, config.max_seqs)?;
+        min("n_ctx", config.n_ctx, 1)?;
+        min("threads", config.threads, 1)?;
+        let plan = PoolPlan::new(model, &config)?;
+        Ok(Arc::new(Shared {
+            config,
+            plan,
+            n_vocab: model.config.n_vocab,
+            stats: metrics::Stats::default(),
+            queued: AtomicUsize::new(0),
+            next_id: AtomicU64::new(1),
+        }))
+    }
+
+    /// Checks a request against the limits, and takes a place in the queue for it.
+    pub fn accept(&self, req: &Request) -> Result<u64, RequestError> {
+        if req.prompt.is_empty() {
+            return Err(RequestError::EmptyPrompt);
+        }
+        if req.max_tokens == 0 {
+            return Err(RequestError::NoTokens);
+        }
+        if req.prompt.len() > self.config.n_ctx {
+            return Err(RequestError::PromptTooLong { prompt: req.prompt.len(), n_ctx: self.config.n_ctx });
+        }
+        if req.prompt.len() > self.plan.tokens() {
+            return Err(RequestError::PromptExceedsPool { prompt: req.prompt.len(), capacity: self.plan.tokens() });
+        }
+        if let Some(&token) = req.prompt.iter().find(|&&t| t as usize >= self.n_vocab) {
+            return Err(RequestError::InvalidToken { token, n_vocab: self.n_vocab });
+        }
+        req.sampling.validate()?;
+        crate::stop::validate_stops(&req.stop)?;
+        let max = self.config.max_queue;
+        self.queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| (q < max).then_some(q + 1))
+            .map_err(|waiting| RequestError::QueueFull { waiting })?;
+        Ok(self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// A request on its way to the engine thread.
+pub(crate) struct Submission {
+    pub id: u64,
+    pub req: Request,
+    pub tx: tokio::sync::mpsc::UnboundedSender<Event>,
+    pub arrived: Instant,
+}
+
+impl Submission {
+    fn new(id: u64, req: Request) -> (Submission, RequestStream) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (Submission { id, req, tx, arrived: Instant::now() }, RequestStream { id, rx })
+    }
+}
+
+/// The engine running on its own thread. Cheap to share behind an `Arc`; every method takes `&self`.
+pub struct Engine {
+    shared: Arc<Shared>,
+    tx: std::sync::Mutex<Option<mpsc::Sender<Submission>>>,
+    thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Engine {
+    /// Starts the engine thread with its own pool of `config.threads` workers. The KV pool is allocated there,
+    /// before the first request runs.
+    pub fn start(model: Arc<Model>, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine, EngineError> {
+        let shared = Shared::new(&model, config)?;
+        let workers = rayon::ThreadPoolBuilder::new()
+            .num_threads(shared.config.threads)
+            .thread_name(|i| format!("infer-engine-{i}"))
+            .build()
+            .map_err(|e| EngineError::Threads(e.to_string()))?;
+        let (tx, rx) = mpsc::channel::<Submission>();
+        let thread_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("infer-engine".into())
+            .spawn(move || {
+                workers.install(move || {
+                    let mut sched = Scheduler::with_shared(&model, &tokenizer, thread_shared);
+                    sched.run(&rx);
+                })
+            })
+            .map_err(|e| EngineError::Threads(e.to_string()))?;
+        Ok(Engine { shared, tx: std::sync::Mutex::new(Some(tx)), thread: std::sync::Mutex::new(Some(thread)) })
+    }
+
+    /// Queues a request. Refused at once if it breaks a limit or the queue is full.
+    pub fn submit(&self, req: Request) -> Result<RequestStream, RequestError> {
+        let guard = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let tx = guard.as_ref().ok_or(RequestError::Stopped)?;
+        let id = self.shared.accept(&req)?;
+        let (sub, stream) = Submission::new(id, req);
+        if tx.send(sub).is_err() {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(RequestError::Stopped);
+        }
+        Ok(stream)
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.shared.config
+    }
+
+    /// How the KV pool was sized.
+    pub fn pool_plan(&self) -> PoolPlan {
+        self.shared.plan
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        self.shared.stats.snapshot()
+    }
+
+    /// Stops taking requests, lets the engine finish the ones it has, and waits for its thread to end.
+    pub fn shutdown(&self) {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // The thread finishes what it has (cancelled requests go at its next step) and exits on its own.
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+}

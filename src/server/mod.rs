@@ -1,0 +1,526 @@
+//! The HTTP side of `infer serve`: an OpenAI-compatible API over the [`Engine`], on axum.
+//!
+//! - `POST /v1/completions`, `POST /v1/chat/completions` (with `stream: true`: server-sent events ending in
+//!   `data: [DONE]`);
+//! - `GET /v1/models`, `GET /health` (503 while shutting down, so a load balancer stops sending);
+//! - `GET /metrics` (Prometheus text: the engine's gauges, counters and latency histograms, see [`metrics`]);
+//! - `POST /tokenize` (`{"content": ...}` or `{"messages": [...]}`): the token ids, and the stable hashes of the
+//!   prompt's full KV blocks, which a prefix-affinity router can compare with other requests'.
+//!
+//! Bad requests get a 4xx with an OpenAI-style error body: 400 for malformed JSON, wrong types, bad values and
+//! prompts longer than the context; 413 for a body over the limit; 429 with `Retry-After` when the engine's queue is
+//! full. One log line per request goes to stderr when it ends, as text or JSON.
+
+pub mod metrics;
+pub mod openai;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request as HttpRequest, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use crate::engine::prefix_cache::prefix_hashes;
+use crate::engine::{Engine, Event, FinishReason, Request, RequestError, RequestStream, Usage};
+use crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
+use crate::tokenizer::Tokenizer;
+use crate::tokenizer::chat::ChatTemplate;
+
+use openai::{ApiError, GenerationRequest, Prompt, ResponseMeta};
+
+/// How request log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Settings of the HTTP side.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The name `/v1/models` reports and responses carry.
+    pub model_name: String,
+    /// Largest request body accepted, in bytes (413 beyond it).
+    pub max_body_bytes: usize,
+    pub log_format: LogFormat,
+}
+
+/// What every handler shares.
+pub struct AppState {
+    pub engine: Arc<Engine>,
+    pub tokenizer: Arc<Tokenizer>,
+    /// The chat template (`None`: the chat endpoint answers 400).
+    pub template: Option<ChatTemplate>,
+    pub config: ServerConfig,
+    /// Set when a shutdown signal arrives: `/health` turns 503.
+    pub shutting_down: AtomicBool,
+    pub started: u64,
+    pub http: metrics::HttpCounters,
+}
+
+impl AppState {
+    pub fn new(
+        engine: Arc<Engine>,
+        tokenizer: Arc<Tokenizer>,
+        template: Option<ChatTemplate>,
+        config: ServerConfig,
+    ) -> Arc<AppState> {
+        Arc::new(AppState {
+            engine,
+            tokenizer,
+            template,
+            config,
+            shutting_down: AtomicBool::new(false),
+            started: unix_now(),
+            http: metrics::HttpCounters::default(),
+        })
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The application: every route, with JSON 404 and 405 answers for the rest.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_handler))
+        .route("/tokenize", post(tokenize))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+/// What one request's log line says; filled in as the request goes, and written when it is dropped, so that every
+/// request gets exactly one line, also when its client goes away mid-way.
+struct LogLine {
+    state: Arc<AppState>,
+    remote: Option<SocketAddr>,
+    method: Method,
+    path: String,
+    status: u16,
+    start: Instant,
+    id: Option<String>,
+    stream: bool,
+    usage: Option<Usage>,
+    /// From the request's arrival (tokenizing included) to its first generated token.
+    ttft: Option<Duration>,
+    finish: Option<&'static str>,
+    error: Option<String>,
+}
+
+impl LogLine {
+    fn new(state: &Arc<AppState>, remote: Option<SocketAddr>, method: Method, uri: &Uri) -> LogLine {
+        LogLine {
+            state: state.clone(),
+            remote,
+            method,
+            path: uri.path().to_string(),
+            status: 200,
+            start: Instant::now(),
+            id: None,
+            stream: false,
+            usage: None,
+            ttft: None,
+            finish: None,
+            error: None,
+        }
+    }
+
+    fn write(&mut self) {
+        // A generation whose client left before the end: 499 (nginx's "client closed request") if no response had
+        // started, else the stream's 200, and `cancelled` either way.
+        if self.id.is_some() && self.finish.is_none() && self.error.is_none() {
+            self.finish = Some(FinishReason::Cancelled.as_str());
+            if !self.stream {
+                self.status = 499;
+            }
+        }
+        let state = &*self.state;
+        state.http.count(self.status);
+        let total_ms = self.start.elapsed().as_secs_f64() * 1e3;
+        let ttft_ms = self.ttft.map(|t| t.as_secs_f64() * 1e3);
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let ts = format!(
+            "{}.{:03}Z",
+            crate::tokenizer::chat::strftime("%Y-%m-%dT%H:%M:%S", now.as_secs() as i64),
+            now.subsec_millis()
+        );
+        let remote = self.remote.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
+        let line = match state.config.log_format {
+            LogFormat::Json => json!({
+                "ts": ts,
+                "remote": remote,
+                "method": self.method.as_str(),
+                "path": self.path,
+                "status": self.status,
+                "id": self.id,
+                "stream": self.stream,
+                "prompt_tokens": self.usage.map(|u| u.prompt_tokens),
+                "cached_tokens": self.usage.map(|u| u.cached_tokens),
+                "completion_tokens": self.usage.map(|u| u.completion_tokens),
+                "ttft_ms": ttft_ms,
+                "total_ms": total_ms,
+                "finish_reason": self.finish,
+                "error": self.error,
+            })
+            .to_string(),
+            LogFormat::Text => {
+                let mut s = format!("{ts} {remote} {} {} {}", self.method, self.path, self.status);
+                if let Some(u) = &self.usage {
+                    s += &format!(
+                        " prompt={} cached={} completion={}",
+                        u.prompt_tokens, u.cached_tokens, u.completion_tokens
+                    );
+                }
+                if let Some(t) = ttft_ms {
+                    s += &format!(" ttft={t:.1}ms");
+                }
+                s += &format!(" total={total_ms:.1}ms");
+                if let Some(f) = self.finish {
+                    s += &format!(" finish={f}");
+                }
+                if self.stream {
+                    s += " stream";
+                }
+                if let Some(id) = &self.id {
+                    s += &format!(" id={id}");
+                }
+                if let Some(e) = &self.error {
+                    s += &format!(" error={e:?}");
+                }
+                s
+            }
+        };
+        eprintln!("{line}");
+    }
+}
+
+impl Drop for LogLine {
+    fn drop(&mut self) {
+        self.write();
+    }
+}
+
+fn error_response(e: &ApiError) -> Response {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+    let mut resp = (status, axum::Json(e.body())).into_response();
+    if e.status == 429 {
+        resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    resp
+}
+
+/// Answers with `e` (the request's log line goes with it).
+fn fail(mut log: LogLine, e: ApiError) -> Response {
+    log.status = e.status;
+    log.error = Some(e.message.clone());
+    error_response(&e)
+}
+
+/// Reads the whole body, refusing (413) more than `limit` bytes.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<axum::body::Bytes, ApiError> {
+    let too_big = || ApiError::new(413, format!("the request body is larger than the {limit}-byte limit"));
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+    if declared.is_some_and(|n: usize| n > limit) {
+        return Err(too_big());
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let length_limit = std::error::Error::source(&e)
+            .is_some_and(|s| s.downcast_ref::<http_body_util::LengthLimitError>().is_some());
+        if length_limit { too_big() } else { ApiError::new(400, format!("reading the request body: {e}")) }
+    })
+}
+
+/// The request's log line (from its method, path and peer address) and its parts.
+fn start(state: &Arc<AppState>, req: HttpRequest) -> (LogLine, HeaderMap, Body) {
+    let (parts, body) = req.into_parts();
+    let remote = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
+    (LogLine::new(state, remote, parts.method, &parts.uri), parts.headers, body)
+}
+
+async fn completions(State(state): State<Arc<AppState>>, req: HttpRequest) -> Response {
+    generate(state, req, false).await
+}
+
+async fn chat_completions(State(state): State<Arc<AppState>>, req: HttpRequest) -> Response {
+    generate(state, req, true).await
+}
+
+/// Turns a prompt into token ids (rendering the chat template for a conversation).
+fn encode(state: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+    let tok = &state.tokenizer;
+    match prompt {
+        Prompt::Text(text) => Ok(tok.encode(text, true, true)),
+        Prompt::Tokens(ids) => Ok(ids.clone()),
+        Prompt::Chat(messages) => {
+            let template = state
+                .template
+                .as_ref()
+                .ok_or_else(|| ApiError::new(400, "this model has no chat template: use /v1/completions"))?;
+            let rendered = template.render(messages, true).map_err(|e| {
+                ApiError::bad("messages", format!("the chat template could not render these messages: {e}"))
+            })?;
+            Ok(tok.encode_prompt(&rendered))
+        }
+    }
+}
+
+fn refused(e: RequestError, n_ctx: usize) -> ApiError {
+    match e {
+        RequestError::QueueFull { waiting } => {
+            ApiError::new(429, format!("the server is busy: {waiting} requests are waiting; retry shortly"))
+        }
+        RequestError::Stopped => ApiError::new(503, "the server is shutting down"),
+        RequestError::PromptTooLong { prompt, .. } => ApiError {
+            status: 400,
+            message: format!(
+                "this model's context holds {n_ctx} tokens, but the prompt is {prompt} tokens: shorten it"
+            ),
+            param: Some("messages".into()),
+            code: Some("context_length_exceeded"),
+        },
+        RequestError::PromptExceedsPool { prompt, capacity } => ApiError {
+            status: 400,
+            message: format!("the prompt is {prompt} tokens, but the server's KV cache holds {capacity}"),
+            param: None,
+            code: Some("context_length_exceeded"),
+        },
+        RequestError::EmptyPrompt => ApiError::bad("prompt", "the prompt is empty"),
+        RequestError::InvalidToken { .. } => ApiError::bad("prompt", e.to_string()),
+        RequestError::NoTokens => ApiError::bad("max_tokens", e.to_string()),
+        RequestError::Sampling(_) | RequestError::Stop(_) => ApiError::new(400, e.to_string()),
+    }
+}
+
+async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Response {
+    let (mut log, headers, body) = start(&state, req);
+    let body = match read_body(&headers, body, state.config.max_body_bytes).await {
+        Ok(b) => b,
+        Err(e) => return fail(log, e),
+    };
+    // Parsing, tokenizing and rendering templates take CPU time: off the async workers.
+    let st = state.clone();
+    let prepared = tokio::task::spawn_blocking(move || -> Result<(GenerationRequest, Vec<u32>), ApiError> {
+        let req = openai::parse(&body, chat)?;
+        let tokens = encode(&st, &req.prompt)?;
+        Ok((req, tokens))
+    })
+    .await
+    .unwrap_or_else(|e| Err(ApiError::new(500, format!("preparing the request: {e}"))));
+    let (req, prompt) = match prepared {
+        Ok(p) => p,
+        Err(e) => return fail(log, e),
+    };
+    log.stream = req.stream;
+    let n_ctx = state.engine.config().n_ctx;
+    let max_tokens = req.max_tokens.unwrap_or(if chat { n_ctx } else { 16 });
+    let engine_req = Request {
+        prompt,
+        max_tokens,
+        sampling: req.sampling,
+        stop: req.stop.clone(),
+        ignore_eos: req.ignore_eos,
+        logprobs: false,
+    };
+    let stream = match state.engine.submit(engine_req) {
+        Ok(s) => s,
+        Err(e) => return fail(log, refused(e, n_ctx)),
+    };
+    let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, stream.id());
+    log.id = Some(id.clone());
+    let created = unix_now();
+    if req.stream {
+        let events = StreamState {
+            stream,
+            log,
+            state: state.clone(),
+            id,
+            created,
+            chat,
+            include_usage: req.include_usage,
+            first: true,
+            done: false,
+            tail: Vec::new(),
+        };
+        let sse = futures_util::stream::unfold(events, |mut st| async move {
+            let ev = st.next_event().await?;
+            Some((Ok::<_, std::convert::Infallible>(ev), st))
+        });
+        return Sse::new(sse).keep_alive(KeepAlive::default()).into_response();
+    }
+    let mut stream = stream;
+    let mut text = String::new();
+    loop {
+        match stream.next().await {
+            Some(Event::Token { text: t, .. }) => {
+                log.ttft.get_or_insert_with(|| log.start.elapsed());
+                text.push_str(&t);
+            }
+            Some(Event::Done(done)) => {
+                text.push_str(&done.text);
+                let meta = ResponseMeta { id: &id, created, model: &state.config.model_name, chat };
+                let finish = openai::finish_reason(done.finish);
+                log.usage = Some(done.usage);
+                log.finish = Some(finish);
+                return axum::Json(meta.full(&text, finish, &done.usage)).into_response();
+            }
+            Some(Event::Failed(e)) => return fail(log, ApiError::new(500, format!("generation failed: {e}"))),
+            None => return fail(log, ApiError::new(503, "the engine stopped before the request ended")),
+        }
+    }
+}
+
+/// A streamed response in progress. Dropped early (the client went away), it logs the request as cut off; the
+/// engine sees the dropped [`RequestStream`] and cancels the request.
+struct StreamState {
+    stream: RequestStream,
+    log: LogLine,
+    state: Arc<AppState>,
+    id: String,
+    created: u64,
+    chat: bool,
+    include_usage: bool,
+    first: bool,
+    done: bool,
+    /// Events still to send after the end, last first.
+    tail: Vec<SseEvent>,
+}
+
+impl StreamState {
+    fn data(v: &Value) -> SseEvent {
+        SseEvent::default().data(v.to_string())
+    }
+
+    /// The next SSE event: a chunk of text, the last chunk(s), `[DONE]`, or the end.
+    async fn next_event(&mut self) -> Option<SseEvent> {
+        if self.done {
+            return self.tail.pop();
+        }
+        let meta =
+            ResponseMeta { id: &self.id, created: self.created, model: &self.state.config.model_name, chat: self.chat };
+        loop {
+            match self.stream.next().await {
+                Some(Event::Token { text, .. }) => {
+                    self.log.ttft.get_or_insert_with(|| self.log.start.elapsed());
+                    if text.is_empty() {
+                        continue;
+                    }
+                    let chunk = meta.chunk(Some(&text), std::mem::take(&mut self.first), None, None);
+                    return Some(Self::data(&chunk));
+                }
+                Some(Event::Done(done)) => {
+                    let finish = openai::finish_reason(done.finish);
+                    self.log.usage = Some(done.usage);
+                    self.log.finish = Some(finish);
+                    self.done = true;
+                    let text = (!done.text.is_empty()).then_some(done.text.as_str());
+                    let usage = (!self.include_usage).then_some(&done.usage);
+                    let last = Self::data(&meta.chunk(text, self.first, Some(finish), usage));
+                    if self.include_usage {
+                        self.tail.push(Self::data(&meta.usage_chunk(&done.usage)));
+                    }
+                    self.tail.push(SseEvent::default().data("[DONE]"));
+                    self.tail.reverse();
+                    return Some(last);
+                }
+                Some(Event::Failed(e)) => {
+                    self.log.error = Some(e.clone());
+                    self.done = true;
+                    let err = ApiError::new(500, format!("generation failed: {e}"));
+                    self.tail.push(SseEvent::default().data("[DONE]"));
+                    return Some(Self::data(&err.body()));
+                }
+                None => {
+                    self.done = true;
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+async fn models(State(state): State<Arc<AppState>>, req: HttpRequest) -> Response {
+    drop(start(&state, req).0);
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.config.model_name,
+            "object": "model",
+            "created": state.started,
+            "owned_by": "infer",
+            "max_model_len": state.engine.config().n_ctx,
+        }],
+    }))
+    .into_response()
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    // Not logged: load balancers poll it.
+    if state.shutting_down.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({ "status": "shutting down" }))).into_response()
+    } else {
+        axum::Json(json!({ "status": "ok" })).into_response()
+    }
+}
+
+async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
+    // Not logged: Prometheus scrapes it every few seconds.
+    let text = metrics::render(&state.engine.stats(), state.engine.pool_plan(), &state.http);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+async fn tokenize(State(state): State<Arc<AppState>>, req: HttpRequest) -> Response {
+    let (log, headers, body) = start(&state, req);
+    let body = match read_body(&headers, body, state.config.max_body_bytes).await {
+        Ok(b) => b,
+        Err(e) => return fail(log, e),
+    };
+    let st = state.clone();
+    let result = tokio::task::spawn_blocking(move || -> Result<Vec<u32>, ApiError> {
+        let v: Value = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::new(400, format!("the request body is not valid JSON: {e}")))?;
+        let prompt = match (v.get("content").or_else(|| v.get("prompt")), v.get("messages")) {
+            (Some(Value::String(s)), _) => Prompt::Text(s.clone()),
+            (_, Some(_)) => openai::parse(&serde_json::to_vec(&v).unwrap_or_default(), true)?.prompt,
+            _ => return Err(ApiError::bad("content", "give `content` (a string) or `messages` (a conversation)")),
+        };
+        encode(&st, &prompt)
+    })
+    .await
+    .unwrap_or_else(|e| Err(ApiError::new(500, format!("tokenizing: {e}"))));
+    match result {
+        Ok(tokens) => {
+            drop(log);
+            let hashes: Vec<String> =
+                prefix_hashes(&tokens, DEFAULT_BLOCK_SIZE).iter().map(|h| format!("{h:016x}")).collect();
+            axum::Json(json!({ "tokens": tokens, "block_size": DEFAULT_BLOCK_SIZE, "prefix_hashes": hashes }))
+                .into_response()
+        }
+        Err(e) => fail(log, e),
+    }
+}
+
+async fn not_found(State(state): State<Arc<AppState>>, req: HttpRequest) -> Response {
+    let log = start(&state, req).0;
+    let e = ApiError::new(404, format!("no route for {} {}", log.method, log.path));
+    fail(log, e)
+}
+
+async fn method_not_allowed(State(state): State<Arc<AppState>>, req: HttpRequest) -> Response {
+    let log = start(&state, req).0;
+    let e = ApiError::new(405, format!("{} is not allowed on {}", log.method, log.path));
+    fail(log, e)
+}

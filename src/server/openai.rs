@@ -1,0 +1,479 @@
+//! The OpenAI-compatible request bodies: parsed from JSON by hand, so that every wrong type or bad value gets a 400
+//! naming the field, and responses in the shapes the official clients expect.
+//!
+//! Fields a client may send that do not change the result (`user`, `stream_options` without usage, a `model` name)
+//! are accepted; unknown fields are ignored, as the OpenAI API does; features this server does not have (`n` > 1,
+//! `logprobs`, tools, `echo`, ...) are refused by name rather than silently dropped.
+
+use serde_json::{Map, Value, json};
+
+use crate::engine::{FinishReason, Usage};
+use crate::sampling::{SamplingParams, random_seed};
+use crate::tokenizer::chat::ChatMessage;
+
+/// A client error: HTTP status, message, and the parameter at fault.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn bad(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError { status: 400, message: message.into(), param: Some(param.to_string()), code: None }
+    }
+
+    pub fn new(status: u16, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into(), param: None, code: None }
+    }
+
+    /// The OpenAI error body.
+    pub fn body(&self) -> Value {
+        let kind = match self.status {
+            401 | 403 => "authentication_error",
+            404 => "not_found_error",
+            429 => "rate_limit_error",
+            500..=599 => "server_error",
+            _ => "invalid_request_error",
+        };
+        json!({ "error": { "message": self.message, "type": kind, "param": self.param, "code": self.code } })
+    }
+}
+
+/// What to generate from: text (a completion prompt) or a conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+    Chat(Vec<ChatMessage>),
+}
+
+/// A parsed `/v1/completions` or `/v1/chat/completions` request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRequest {
+    pub prompt: Prompt,
+    /// `None`: until the context is full (chat) — completions default to 16, as OpenAI's do.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    /// `stream_options.include_usage`: a last chunk with the usage and no choices.
+    pub include_usage: bool,
+    pub ignore_eos: bool,
+    pub model: Option<String>,
+}
+
+/// Most stop strings a request may give.
+pub const MAX_STOPS: usize = 16;
+
+/// Typed access to a JSON object's fields, with errors that name the field.
+struct Fields<'a>(&'a Map<String, Value>);
+
+impl Fields<'_> {
+    /// The field, with `null` treated as absent.
+    fn get(&self, name: &str) -> Option<&Value> {
+        self.0.get(name).filter(|v| !v.is_null())
+    }
+
+    fn f32(&self, name: &str) -> Result<Option<f32>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Number(n)) => match n.as_f64() {
+                Some(x) if x.is_finite() => Ok(Some(x as f32)),
+                _ => Err(ApiError::bad(name, format!("`{name}` must be a finite number"))),
+            },
+            Some(v) => Err(ApiError::bad(name, format!("`{name}` must be a number, not {}", kind(v)))),
+        }
+    }
+
+    fn int(&self, name: &str) -> Result<Option<i64>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Number(n)) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+                (Some(i), _, _) => Ok(Some(i)),
+                (None, Some(u), _) => Ok(Some(i64::try_from(u).unwrap_or(i64::MAX))),
+                (_, _, Some(f)) if f.fract() == 0.0 && f.abs() < 9e15 => Ok(Some(f as i64)),
+                _ => Err(ApiError::bad(name, format!("`{name}` must be an integer"))),
+            },
+            Some(v) => Err(ApiError::bad(name, format!("`{name}` must be an integer, not {}", kind(v)))),
+        }
+    }
+
+    fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(ApiError::bad(name, format!("`{name}` must be true or false, not {}", kind(v)))),
+        }
+    }
+
+    fn string(&self, name: &str) -> Result<Option<&str>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(ApiError::bad(name, format!("`{name}` must be a string, not {}", kind(v)))),
+        }
+    }
+
+    /// Refuses a feature by name unless the field is absent or has its neutral value.
+    fn unsupported(&self, name: &str, neutral: impl Fn(&Value) -> bool, what: &str) -> Result<(), ApiError> {
+        match self.get(name) {
+            Some(v) if !neutral(v) => Err(ApiError::bad(name, format!("`{name}`: {what} is not supported"))),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Parses a request body. `chat` selects the chat endpoint's fields.
+pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(400, format!("the request body is not valid JSON: {e}")))?;
+    let Value::Object(map) = &value else {
+        return Err(ApiError::new(400, format!("the request body must be a JSON object, not {}", kind(&value))));
+    };
+    let f = Fields(map);
+
+    let prompt = if chat { Prompt::Chat(parse_messages(&f)?) } else { parse_prompt(&f)? };
+
+    let max_tokens_field =
+        if chat && f.get("max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
+    let max_tokens = match f.int(max_tokens_field)? {
+        None => None,
+        Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        // llama.cpp's -1: until the context is full.
+        Some(-1) => None,
+        Some(n) => {
+            return Err(ApiError::bad(max_tokens_field, format!("`{max_tokens_field}` must be at least 1, got {n}")));
+        }
+    };
+
+    let d = SamplingParams::DEFAULT;
+    let temperature = f.f32("temperature")?.unwrap_or(d.temperature);
+    if temperature < 0.0 {
+        return Err(ApiError::bad("temperature", format!("`temperature` must be >= 0, got {temperature}")));
+    }
+    let top_p = f.f32("top_p")?.unwrap_or(d.top_p);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::bad("top_p", format!("`top_p` must be in (0, 1], got {top_p}")));
+    }
+    let min_p = f.f32("min_p")?.unwrap_or(d.min_p);
+    if !(0.0..=1.0).contains(&min_p) {
+        return Err(ApiError::bad("min_p", format!("`min_p` must be in [0, 1], got {min_p}")));
+    }
+    let top_k = match f.int("top_k")? {
+        None => d.top_k,
+        // vLLM's -1 and OpenAI-style 0 both mean off.
+        Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+        Some(k) => return Err(ApiError::bad("top_k", format!("`top_k` must be >= 0 (or -1 for off), got {k}"))),
+    };
+    let penalty_field = if f.get("repetition_penalty").is_some() { "repetition_penalty" } else { "repeat_penalty" };
+    let repeat_penalty = f.f32(penalty_field)?.unwrap_or(d.repeat_penalty);
+    if repeat_penalty <= 0.0 {
+        return Err(ApiError::bad(penalty_field, format!("`{penalty_field}` must be > 0, got {repeat_penalty}")));
+    }
+    let seed = match f.int("seed")? {
+        None => random_seed(),
+        Some(s) => s as u64,
+    };
+    let sampling = SamplingParams { temperature, top_k, top_p, min_p, repeat_penalty, seed, ..d };
+
+    let stop = match f.get("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => {
+            let mut out = Vec::new();
+            for item in items {
+                match item {
+                    Value::String(s) => out.push(s.clone()),
+                    v => return Err(ApiError::bad("stop", format!("`stop` entries must be strings, not {}", kind(v)))),
+                }
+            }
+            out
+        }
+        Some(v) => {
+            return Err(ApiError::bad(
+                "stop",
+                format!("`stop` must be a string or an array of strings, not {}", kind(v)),
+            ));
+        }
+    };
+    if stop.len() > MAX_STOPS {
+        return Err(ApiError::bad("stop", format!("at most {MAX_STOPS} stop strings, got {}", stop.len())));
+    }
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad("stop", "stop strings must not be empty"));
+    }
+
+    match f.int("n")? {
+        None | Some(1) => {}
+        Some(n) => return Err(ApiError::bad("n", format!("`n` = {n}: only n = 1 is supported"))),
+    }
+    f.unsupported("best_of", |v| v.as_i64() == Some(1), "best_of other than 1")?;
+    f.unsupported("echo", |v| v == &Value::Bool(false), "echo")?;
+    f.unsupported("suffix", |v| v.as_str() == Some(""), "suffix")?;
+    f.unsupported("logprobs", |v| v == &Value::Bool(false), "logprobs")?;
+    f.unsupported("top_logprobs", |v| v.as_i64() == Some(0), "top_logprobs")?;
+    f.unsupported("logit_bias", |v| v.as_object().is_some_and(Map::is_empty), "logit_bias")?;
+    f.unsupported("tools", |v| v.as_array().is_some_and(Vec::is_empty), "tool calling")?;
+    f.unsupported("functions", |v| v.as_array().is_some_and(Vec::is_empty), "function calling")?;
+    f.unsupported(
+        "response_format",
+        |v| v.get("type").and_then(Value::as_str) == Some("text"),
+        "a response format other than text",
+    )?;
+    for name in ["presence_penalty", "frequency_penalty"] {
+        if f.f32(name)?.is_some_and(|x| x != 0.0) {
+            return Err(ApiError::bad(name, format!("`{name}` is not supported (use `repeat_penalty`)")));
+        }
+    }
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = match f.get("stream_options") {
+        None => false,
+        Some(Value::Object(o)) => Fields(o).bool("include_usage")?.unwrap_or(false),
+        Some(v) => {
+            return Err(ApiError::bad(
+                "stream_options",
+                format!("`stream_options` must be an object, not {}", kind(v)),
+            ));
+        }
+    };
+    let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+    let model = f.string("model")?.map(str::to_string);
+    f.string("user")?;
+    Ok(GenerationRequest { prompt, max_tokens, sampling, stop, stream, include_usage, ignore_eos, model })
+}
+
+fn parse_prompt(f: &Fields<'_>) -> Result<Prompt, ApiError> {
+    let tokens = |items: &[Value]| -> Result<Vec<u32>, ApiError> {
+        items
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|t| u32::try_from(t).ok())
+                    .ok_or_else(|| ApiError::bad("prompt", "a token-id prompt must hold whole numbers >= 0"))
+            })
+            .collect()
+    };
+    match f.get("prompt") {
+        None => Err(ApiError::bad("prompt", "`prompt` is required")),
+        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+        Some(Value::Array(items)) => match items.as_slice() {
+            [] => Err(ApiError::bad("prompt", "`prompt` is empty")),
+            [Value::String(s)] => Ok(Prompt::Text(s.clone())),
+            [Value::Array(ids)] => Ok(Prompt::Tokens(tokens(ids)?)),
+            [Value::Number(_), ..] => Ok(Prompt::Tokens(tokens(items)?)),
+            [_] => Err(ApiError::bad("prompt", "`prompt` must be a string, an array of token ids, or one of either")),
+            _ => Err(ApiError::bad(
+                "prompt",
+                "only one prompt per request is supported (batch them as separate requests)",
+            )),
+        },
+        Some(v) => Err(ApiError::bad("prompt", format!("`prompt` must be a string or an array, not {}", kind(v)))),
+    }
+}
+
+fn parse_messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, ApiError> {
+    let items = match f.get("messages") {
+        None => return Err(ApiError::bad("messages", "`messages` is required")),
+        Some(Value::Array(items)) if !items.is_empty() => items,
+        Some(Value::Array(_)) => return Err(ApiError::bad("messages", "`messages` is empty")),
+        Some(v) => return Err(ApiError::bad("messages", format!("`messages` must be an array, not {}", kind(v)))),
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let param = format!("messages[{i}]");
+        let Value::Object(m) = item else {
+            return Err(ApiError::bad(&param, format!("`{param}` must be an object, not {}", kind(item))));
+        };
+        let role = match m.get("role") {
+            Some(Value::String(r)) if ["system", "developer", "user", "assistant", "tool"].contains(&r.as_str()) => {
+                // The chat templates know `system`; OpenAI's newer name for it is `developer`.
+                if r == "developer" { "system".to_string() } else { r.clone() }
+            }
+            Some(Value::String(r)) => {
+                return Err(ApiError::bad(&format!("{param}.role"), format!("unknown role `{r}` in `{param}`")));
+            }
+            _ => return Err(ApiError::bad(&format!("{param}.role"), format!("`{param}.role` must be a string"))),
+        };
+        let content = match m.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Null) | None if role == "assistant" => String::new(),
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for part in parts {
+                    match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                        (Some("text"), Some(t)) => text.push_str(t),
+                        _ => {
+                            return Err(ApiError::bad(
+                                &format!("{param}.content"),
+                                "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
+                            ));
+                        }
+                    }
+                }
+                text
+            }
+            _ => {
+                return Err(ApiError::bad(
+                    &format!("{param}.content"),
+                    format!("`{param}.content` must be a string or an array of text parts"),
+                ));
+            }
+        };
+        out.push(ChatMessage { role, content });
+    }
+    Ok(out)
+}
+
+pub fn finish_reason(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        // Not sent to a client that went away; here for completeness.
+        FinishReason::Cancelled => "abort",
+    }
+}
+
+pub fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": { "cached_tokens": u.cached_tokens },
+    })
+}
+
+/// What identifies one response's chunks.
+pub struct ResponseMeta<'a> {
+    pub id: &'a str,
+    pub created: u64,
+    pub model: &'a str,
+    pub chat: bool,
+}
+
+impl ResponseMeta<'_> {
+    /// A whole (non-streamed) response.
+    pub fn full(&self, text: &str, finish: &str, usage: &Usage) -> Value {
+        let choice = if self.chat {
+            json!({ "index": 0, "message": { "role": "assistant", "content": text }, "logprobs": null, "finish_reason": finish })
+        } else {
+            json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": finish })
+        };
+        json!({
+            "id": self.id,
+            "object": if self.chat { "chat.completion" } else { "text_completion" },
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage_json(usage),
+        })
+    }
+
+    /// One streamed chunk: new text, or (with `finish`) the last one, which also carries the usage unless a
+    /// separate usage chunk follows. The first chat chunk announces the role.
+    pub fn chunk(&self, text: Option<&str>, first: bool, finish: Option<&str>, usage: Option<&Usage>) -> Value {
+        let choice = if self.chat {
+            let mut delta = Map::new();
+            if first {
+                delta.insert("role".into(), json!("assistant"));
+            }
+            if let Some(t) = text {
+                delta.insert("content".into(), json!(t));
+            }
+            json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish })
+        } else {
+            json!({ "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish })
+        };
+        let mut out = json!({
+            "id": self.id,
+            "object": if self.chat { "chat.completion.chunk" } else { "text_completion" },
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        });
+        if let Some(u) = usage {
+            out["usage"] = usage_json(u);
+        }
+        out
+    }
+
+    /// The usage-only chunk `stream_options.include_usage` asks for (no choices).
+    pub fn usage_chunk(&self, usage: &Usage) -> Value {
+        json!({
+            "id": self.id,
+            "object": if self.chat { "chat.completion.chunk" } else { "text_completion" },
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage_json(usage),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(body: &str, chat: bool) -> ApiError {
+        parse(body.as_bytes(), chat).unwrap_err()
+    }
+
+    #[test]
+    fn fields_of_the_wrong_type_are_named() {
+        let e = err(r#"{"prompt": "hi", "max_tokens": "ten"}"#, false);
+        assert_eq!((e.status, e.param.as_deref()), (400, Some("max_tokens")));
+        assert!(e.message.contains("must be an integer, not a string"), "{}", e.message);
+        let e = err(r#"{"messages": [{"role": "user", "content": 5}]}"#, true);
+        assert_eq!(e.param.as_deref(), Some("messages[0].content"));
+        let e = err(r#"{"prompt": "hi", "temperature": -1}"#, false);
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        let e = err(r#"{"prompt": "hi", "n": 2}"#, false);
+        assert!(e.message.contains("only n = 1"), "{}", e.message);
+        let e = err(r#"{"prompt": "hi", "stop": ["a", ""]}"#, false);
+        assert_eq!(e.param.as_deref(), Some("stop"));
+        let e = err(r#"{"prompt": "hi""#, false);
+        assert!(e.message.contains("not valid JSON"), "{}", e.message);
+        let e = err(r#"[1, 2]"#, false);
+        assert!(e.message.contains("must be a JSON object"), "{}", e.message);
+        let e = err(r#"{"max_tokens": 3}"#, false);
+        assert!(e.message.contains("`prompt` is required"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_full_request_parses() {
+        let r = parse(
+            br#"{"model": "x", "messages": [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                "max_completion_tokens": 5, "temperature": 0, "top_p": 0.9, "top_k": -1, "min_p": 0.1, "seed": 7,
+                "stop": "\n", "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true,
+                "user": "u", "unknown_field": [1, 2]}"#,
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            r.prompt,
+            Prompt::Chat(vec![ChatMessage::new("system", "be brief"), ChatMessage::new("user", "hi")])
+        );
+        assert_eq!(r.max_tokens, Some(5));
+        assert_eq!((r.sampling.temperature, r.sampling.top_p, r.sampling.top_k, r.sampling.min_p), (0.0, 0.9, 0, 0.1));
+        assert_eq!(r.sampling.seed, 7);
+        assert_eq!(r.stop, vec!["\n".to_string()]);
+        assert!(r.stream && r.include_usage && r.ignore_eos);
+        let r = parse(br#"{"prompt": [[1, 2, 3]], "max_tokens": null}"#, false).unwrap();
+        assert_eq!((r.prompt, r.max_tokens), (Prompt::Tokens(vec![1, 2, 3]), None));
+    }
+}

@@ -1,0 +1,359 @@
+//! The serving engine on tiny synthetic models: batch invariance (alone, with fifteen others, sharing a cached
+//! prefix, through preemption), a block allocator that leaks nothing, chunked prefill that keeps everyone's tokens
+//! coming, stop strings and cancellation.
+
+use std::sync::Arc;
+
+use infer::engine::{
+    Completion, Engine, EngineConfig, Event, FinishReason, KvBudget, PREFILL_MIN, PREFILL_PER_DECODE, Request,
+    RequestError, RequestStream, Scheduler,
+};
+use infer::gguf::GgufFile;
+use infer::kernels::GgmlType;
+use infer::model::{KvDtype, Model};
+use infer::sampling::SamplingParams;
+use infer::session::{GenerateRequest, Session};
+use infer::tokenizer::Tokenizer;
+
+use crate::synthetic::{Rng, Spec, build};
+
+pub fn load(spec: Spec) -> (Model, Tokenizer) {
+    let model = Model::from_file(Arc::new(GgufFile::from_bytes(build(spec, 7).to_bytes().unwrap()).unwrap())).unwrap();
+    let tokenizer = Tokenizer::from_gguf(model.file()).unwrap();
+    (model, tokenizer)
+}
+
+/// Random ids among the synthetic vocabulary's byte tokens (3..259), so they decode to text.
+fn tokens(rng: &mut Rng, n: usize) -> Vec<u32> {
+    (0..n).map(|_| 3 + (rng.next_u64() % 256) as u32).collect()
+}
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        n_ctx: 512,
+        max_seqs: 16,
+        max_batch_tokens: 64,
+        max_queue: 10_000,
+        kv: KvBudget::Blocks(256),
+        kv_dtype: KvDtype::F16,
+        prefix_cache: true,
+        threads: 2,
+    }
+}
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request { prompt, max_tokens, sampling: SamplingParams::GREEDY, stop: Vec::new(), ignore_eos: true, logprobs: true }
+}
+
+/// Runs `reqs` through one scheduler, submitted together, stepping until all are done; audits the pool after
+/// every step.
+fn run_all(model: &Model, tok: &Tokenizer, cfg: EngineConfig, reqs: &[Request]) -> (Vec<Completion>, u64) {
+    let mut sched = Scheduler::new(model, tok, cfg).unwrap();
+    let streams: Vec<RequestStream> = reqs.iter().map(|r| sched.submit(r.clone()).unwrap()).collect();
+    while !sched.is_idle() {
+        sched.step();
+        sched.audit().unwrap();
+    }
+    let preemptions = sched.stats().preemptions;
+    (streams.into_iter().map(|s| s.collect().unwrap()).collect(), preemptions)
+}
+
+/// Each request alone in its own engine.
+fn alone(model: &Model, tok: &Tokenizer, reqs: &[Request]) -> Vec<Completion> {
+    reqs.iter()
+        .map(|r| {
+            run_all(model, tok, EngineConfig { prefix_cache: false, ..config() }, std::slice::from_ref(r)).0.remove(0)
+        })
+        .collect()
+}
+
+/// Sixteen requests whose prompts share a 40-token prefix (more than two blocks) and end differently.
+fn sixteen(rng: &mut Rng) -> Vec<Request> {
+    let shared = tokens(rng, 40);
+    (0..16)
+        .map(|i| {
+            let mut p = if i % 4 == 3 { Vec::new() } else { shared.clone() };
+            let n = 3 + (rng.next_u64() % 30) as usize;
+            p.extend(tokens(rng, n));
+            greedy(p, 10 + i % 7)
+        })
+        .collect()
+}
+
+fn assert_same(what: &str, want: &[Completion], got: &[Completion]) {
+    for (i, (w, g)) in want.iter().zip(got).enumerate() {
+        assert_eq!(w.tokens, g.tokens, "{what}: request {i}'s tokens differ");
+        // Log-probabilities bit for bit: the whole distribution, not only its top token, is unchanged.
+        let bits = |c: &Completion| c.logprobs.iter().map(|l| l.to_bits()).collect::<Vec<u32>>();
+        assert_eq!(bits(w), bits(g), "{what}: request {i}'s log-probabilities differ");
+        assert_eq!(w.text, g.text, "{what}: request {i}'s text differs");
+    }
+}
+
+#[test]
+fn greedy_tokens_are_the_same_alone_batched_shared_and_preempted() {
+    for spec in [Spec::llama(GgmlType::Q4_1), Spec::gemma(GgmlType::Q8_0)] {
+        let (model, tok) = load(spec);
+        let reqs = sixteen(&mut Rng::new(5));
+        let want = alone(&model, &tok, &reqs);
+        for w in &want {
+            let done = w.done.as_ref().unwrap();
+            assert_eq!(done.finish, FinishReason::Length);
+            assert!(!w.tokens.is_empty());
+        }
+        // Together, without and with the prefix cache.
+        let (got, _) = run_all(&model, &tok, EngineConfig { prefix_cache: false, ..config() }, &reqs);
+        assert_same("16 at once", &want, &got);
+        let (got, _) = run_all(&model, &tok, config(), &reqs);
+        assert_same("16 at once sharing a prefix", &want, &got);
+        let cached: usize = got.iter().map(|c| c.done.as_ref().unwrap().usage.cached_tokens).sum();
+        assert!(cached >= 11 * 32, "{:?}: only {cached} prompt tokens came from the cache", model.config.arch);
+        // A pool of six blocks holds the longest request (88 positions) alone, but not two at once: requests are
+        // preempted and recomputed.
+        for prefix_cache in [false, true] {
+            let cfg = EngineConfig { kv: KvBudget::Blocks(6), prefix_cache, ..config() };
+            let (got, preemptions) = run_all(&model, &tok, cfg, &reqs);
+            assert!(preemptions > 0, "a 6-block pool should preempt");
+            assert_same(&format!("6-block pool (prefix cache {prefix_cache})"), &want, &got);
+        }
+    }
+}
+
+/// The engine's greedy text equals a single-sequence session's, stop strings and UTF-8 included (the synthetic
+/// vocabulary's tokens are single bytes, so characters span tokens).
+#[test]
+fn text_and_stop_strings_match_a_session() {
+    let (model, tok) = load(Spec::llama(GgmlType::Q8_0));
+    let mut rng = Rng::new(9);
+    let prompt = tokens(&mut rng, 24);
+    let mut session = Session::new(&model, &tok, 512, KvDtype::F16);
+    let cancel = std::sync::atomic::AtomicBool::new(false);
+    let mut generate = |stop: Vec<String>| {
+        let req = GenerateRequest {
+            prompt: prompt.clone(),
+            max_tokens: 40,
+            sampling: SamplingParams::GREEDY,
+            stop,
+            ignore_eos: true,
+        };
+        session.reset();
+        session.generate(&req, &cancel, &mut |_| Ok(())).unwrap()
+    };
+    let plain = generate(Vec::new());
+    let chars: Vec<char> = plain.text.chars().collect();
+    assert!(chars.len() > 8, "{:?}", plain.text);
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let stopped = generate(vec![stop.clone()]);
+    assert!(stopped.text.len() < plain.text.len());
+    for (stops, want) in [(Vec::new(), &plain), (vec![stop], &stopped)] {
+        let req = Request { stop: stops, ..greedy(prompt.clone(), 40) };
+        let (got, _) = run_all(&model, &tok, config(), &[req]);
+        assert_eq!(got[0].text, want.text);
+        assert_eq!(got[0].done.as_ref().unwrap().finish, want.finish);
+    }
+}
+
+/// A thousand requests of random lengths (many sharing prefixes), a fifth cancelled at a random moment, through a
+/// pool small enough to preempt and evict: the reference counts match the holders after every step, and once the
+/// prefix cache lets go every block is free.
+#[test]
+fn the_allocator_leaks_nothing_after_a_thousand_requests_with_cancellations() {
+    for spec in [Spec::llama(GgmlType::Q8_0), Spec::gemma(GgmlType::Q8_0)] {
+        let (model, tok) = load(spec);
+        let cfg = EngineConfig { kv: KvBudget::Blocks(24), max_batch_tokens: 48, ..config() };
+        let mut sched = Scheduler::new(&model, &tok, cfg).unwrap();
+        let mut rng = Rng::new(77);
+        let prefixes: Vec<Vec<u32>> = (0..4).map(|_| tokens(&mut rng, 37)).collect();
+        let mut live: Vec<(RequestStream, Option<usize>)> = Vec::new();
+        let (mut submitted, mut steps, mut cancelled, mut completed) = (0, 0, 0, 0);
+        while submitted < 1000 || !sched.is_idle() {
+            for _ in 0..(rng.next_u64() % 4) {
+                if submitted == 1000 {
+                    break;
+                }
+                let mut prompt = match rng.next_u64() % 3 {
+                    0 => Vec::new(),
+                    k => prefixes[(k as usize + submitted) % 4][..5 + (rng.next_u64() % 33) as usize].to_vec(),
+                };
+                let n = 1 + (rng.next_u64() % 40) as usize;
+                prompt.extend(tokens(&mut rng, n));
+                let sampling = SamplingParams { seed: rng.next_u64(), ..SamplingParams::DEFAULT };
+                let req = Request { sampling, ..greedy(prompt, 1 + (rng.next_u64() % 64) as usize) };
+                let cancel_after = rng.next_u64().is_multiple_of(5).then(|| (rng.next_u64() % 12) as usize);
+                live.push((sched.submit(req).unwrap(), cancel_after));
+                submitted += 1;
+            }
+            sched.step();
+            steps += 1;
+            sched.audit().unwrap_or_else(|e| panic!("step {steps}: {e}"));
+            // Read what arrived; drop the streams whose time has come.
+            live.retain_mut(|(stream, cancel_after)| {
+                if let Some(n) = cancel_after {
+                    if *n == 0 {
+                        cancelled += 1;
+                        return false;
+                    }
+                    *n -= 1;
+                }
+                loop {
+                    match stream.try_next() {
+                        Some(Event::Done(_)) => {
+                            completed += 1;
+                            return false;
+                        }
+                        Some(Event::Failed(e)) => panic!("request failed: {e}"),
+                        Some(Event::Token { .. }) => {}
+                        None => return true,
+                    }
+                }
+            });
+        }
+        let stats = sched.stats();
+        eprintln!(
+            "{:?}: {steps} steps, {completed} completed, {cancelled} cancelled, {} preemptions, {} prefix-cache hit \
+             tokens, {} cached blocks",
+            model.config.arch,
+            stats.preemptions,
+            stats.prefix_cache_hit_tokens,
+            sched.cached_blocks()
+        );
+        assert_eq!(completed + cancelled, 1000);
+        assert!(cancelled > 100 && stats.preemptions > 0 && stats.prefix_cache_hit_tokens > 0);
+        sched.clear_prefix_cache();
+        sched.audit().unwrap();
+        let pool = sched.pool();
+        for g in 0..pool.n_groups() {
+            assert_eq!(pool.blocks_free(g), pool.blocks_total(g), "group {g} still has blocks held");
+        }
+    }
+}
+
+/// A 2,000-token prompt joins four generating requests: every step still carries each of their next tokens and at
+/// most max(PREFILL_MIN, PREFILL_PER_DECODE × 4) prompt tokens, so the others wait one step of bounded size per
+/// token (the wall-clock figures are measured on SmolLM2 by `infer bench --serve`; see the README).
+#[test]
+fn chunked_prefill_keeps_every_generating_request_moving() {
+    let (model, tok) = load(Spec::llama(GgmlType::Q8_0));
+    let budget = 64;
+    let cfg = EngineConfig { n_ctx: 4096, max_batch_tokens: budget, kv: KvBudget::Blocks(400), ..config() };
+    let mut sched = Scheduler::new(&model, &tok, cfg).unwrap();
+    let mut rng = Rng::new(3);
+    let small: Vec<RequestStream> = (0..4).map(|_| sched.submit(greedy(tokens(&mut rng, 8), 200)).unwrap()).collect();
+    // Let them start generating.
+    for _ in 0..3 {
+        sched.step();
+    }
+    let big = sched.submit(greedy(tokens(&mut rng, 2000), 4)).unwrap();
+    let (mut steps, mut prefill_steps) = (0, 0);
+    let mut big_done = false;
+    while !big_done {
+        let r = sched.step();
+        steps += 1;
+        let chunk = PREFILL_MIN.max(PREFILL_PER_DECODE * 4);
+        assert!(r.batch_tokens <= 4 + chunk, "step {steps} ran {} tokens", r.batch_tokens);
+        for s in &small {
+            assert!(r.sampled.contains(&s.id()), "step {steps}: request {} got no token", s.id());
+        }
+        if r.batch_tokens > r.decode_tokens {
+            prefill_steps += 1;
+        }
+        big_done = r.sampled.contains(&big.id());
+    }
+    // The prompt went in chunks of that size.
+    assert_eq!(prefill_steps, 2000usize.div_ceil(PREFILL_MIN.max(PREFILL_PER_DECODE * 4)));
+    drop(small);
+    drop(big);
+    while !sched.is_idle() {
+        sched.step();
+    }
+}
+
+/// A short prompt that arrives while a 2,000-token one is being prefilled beside generating requests is admitted with
+/// half the prompt budget and then goes first (shortest remainder first), so it reaches its first token within a few
+/// steps instead of after the whole long prompt.
+#[test]
+fn a_short_prompt_is_not_held_up_behind_a_long_one() {
+    let (model, tok) = load(Spec::llama(GgmlType::Q8_0));
+    let cfg = EngineConfig { n_ctx: 4096, max_batch_tokens: 64, kv: KvBudget::Blocks(400), ..config() };
+    let mut sched = Scheduler::new(&model, &tok, cfg).unwrap();
+    let mut rng = Rng::new(5);
+    let _small: Vec<RequestStream> = (0..4).map(|_| sched.submit(greedy(tokens(&mut rng, 8), 300)).unwrap()).collect();
+    for _ in 0..3 {
+        sched.step();
+    }
+    let big = sched.submit(greedy(tokens(&mut rng, 2000), 4)).unwrap();
+    for _ in 0..10 {
+        sched.step();
+    }
+    let short = sched.submit(greedy(tokens(&mut rng, 40), 4)).unwrap();
+    let mut steps = 0;
+    loop {
+        let r = sched.step();
+        steps += 1;
+        assert!(!r.sampled.contains(&big.id()), "the long prompt finished first, after {steps} steps");
+        if r.sampled.contains(&short.id()) {
+            break;
+        }
+    }
+    // 40 tokens at no less than half of max(PREFILL_MIN, PREFILL_PER_DECODE × 4) per step.
+    let chunk = PREFILL_MIN.max(PREFILL_PER_DECODE * 4);
+    assert!(steps <= 40usize.div_ceil(chunk / 2), "first token after {steps} steps");
+}
+
+/// With nobody generating, a prompt takes the whole budget: as large as the prompt, it runs in one step (the
+/// guard above depends on the schedule, not on luck).
+#[test]
+fn a_budget_as_large_as_the_prompt_runs_it_in_one_step() {
+    let (model, tok) = load(Spec::llama(GgmlType::Q8_0));
+    let cfg = EngineConfig { n_ctx: 4096, max_batch_tokens: 2048, kv: KvBudget::Blocks(400), ..config() };
+    let mut sched = Scheduler::new(&model, &tok, cfg).unwrap();
+    let mut rng = Rng::new(3);
+    let _big = sched.submit(greedy(tokens(&mut rng, 2000), 2)).unwrap();
+    assert_eq!(sched.step().batch_tokens, 2000);
+}
+
+#[test]
+fn the_engine_thread_serves_queues_and_cancels() {
+    let (model, tok) = load(Spec::gemma(GgmlType::Q8_0));
+    let (model, tok) = (Arc::new(model), Arc::new(tok));
+    let mut rng = Rng::new(4);
+    let reqs: Vec<Request> = (0..6).map(|i| greedy(tokens(&mut rng, 10 + 7 * i), 12)).collect();
+    let want = alone(&model, &tok, &reqs);
+    let engine = Engine::start(model.clone(), tok.clone(), config()).unwrap();
+    let streams: Vec<RequestStream> = reqs.iter().map(|r| engine.submit(r.clone()).unwrap()).collect();
+    let got: Vec<Completion> = streams.into_iter().map(|s| s.collect().unwrap()).collect();
+    assert_same("engine thread", &want, &got);
+
+    // Bad requests are refused by name.
+    let e = engine.submit(greedy(Vec::new(), 4)).unwrap_err();
+    assert_eq!(e, RequestError::EmptyPrompt);
+    let e = engine.submit(greedy(vec![3; 600], 4)).unwrap_err();
+    assert!(matches!(e, RequestError::PromptTooLong { prompt: 600, n_ctx: 512 }), "{e}");
+    let e = engine.submit(greedy(vec![9999], 4)).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+
+    // A cancelled request stops early; the engine goes on.
+    let mut s = engine.submit(greedy(tokens(&mut rng, 5), 400)).unwrap();
+    assert!(matches!(s.blocking_next(), Some(Event::Token { .. })));
+    drop(s);
+    let after = engine.submit(reqs[0].clone()).unwrap().collect().unwrap();
+    assert_eq!(after.tokens, want[0].tokens);
+    while engine.stats().requests_cancelled == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    engine.shutdown();
+    assert!(matches!(engine.submit(reqs[0].clone()), Err(RequestError::Stopped)));
+}
+
+#[test]
+fn a_full_queue_refuses() {
+    let (model, tok) = load(Spec::llama(GgmlType::Q8_0));
+    let mut sched = Scheduler::new(&model, &tok, EngineConfig { max_queue: 2, ..config() }).unwrap();
+    let _a = sched.submit(greedy(vec![5, 6], 3)).unwrap();
+    let _b = sched.submit(greedy(vec![5, 6], 3)).unwrap();
+    assert_eq!(sched.submit(greedy(vec![5, 6], 3)).unwrap_err(), RequestError::QueueFull { waiting: 2 });
+    // Admitted requests leave the queue.
+    sched.step();
+    assert_eq!(sched.running(), 2);
+    let _c = sched.submit(greedy(vec![5, 6], 3)).unwrap();
+}

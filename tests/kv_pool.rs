@@ -1,0 +1,96 @@
+//! The KV pool's reference counts: sequences share blocks, a shared partly filled block is copied before it is
+//! written (copy-on-write), and every hold is given back.
+
+use std::sync::Arc;
+
+use infer::gguf::GgufFile;
+use infer::kernels::GgmlType;
+use infer::model::kv_cache::BlockRef;
+use infer::model::{ForwardScratch, KvDtype, KvPool, Logits, Model, SeqKv, SeqStep};
+
+use crate::synthetic::{Rng, Spec, build};
+
+fn load(spec: Spec) -> Model {
+    Model::from_file(Arc::new(GgufFile::from_bytes(build(spec, 7).to_bytes().unwrap()).unwrap())).unwrap()
+}
+
+fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+    let mut rng = Rng::new(seed);
+    (0..n).map(|_| (rng.next_u64() % n_vocab as u64) as u32).collect()
+}
+
+/// Runs `tokens` through `kv` in one call and returns the last position's logits.
+fn feed(model: &Model, pool: &mut KvPool, kv: &mut SeqKv, tokens: &[u32], s: &mut ForwardScratch) -> Vec<f32> {
+    let mut items = [SeqStep { tokens, kv, logits: Logits::Last }];
+    model.forward(&mut items, pool, s).unwrap();
+    s.logits(0, model.config.n_vocab).to_vec()
+}
+
+/// Two sequences share a 20-position prefix (one full block and a partly filled one), then each writes a different
+/// token at position 20: the second writer must not see the first one's key and value, so both get exactly the
+/// logits of an unshared run, and the blocks' holders add up at every stage.
+#[test]
+fn a_shared_partial_block_is_copied_before_it_is_written() {
+    for spec in [Spec::llama(GgmlType::Q8_0), Spec::gemma(GgmlType::Q8_0)] {
+        let model = load(spec);
+        let c = &model.config;
+        let mut s = ForwardScratch::new(&model);
+        let prefix = tokens(20, spec.n_vocab, 1);
+        let (x, y) = (5u32, 9u32);
+        let alone = |next: u32| {
+            let mut pool = KvPool::new(c, KvDtype::F32, 64, 64);
+            let mut kv = SeqKv::new();
+            let mut s = ForwardScratch::new(&model);
+            feed(&model, &mut pool, &mut kv, &prefix, &mut s);
+            feed(&model, &mut pool, &mut kv, &[next], &mut s)
+        };
+        let (want_x, want_y) = (alone(x), alone(y));
+        assert_ne!(want_x, want_y);
+
+        let mut pool = KvPool::new(c, KvDtype::F32, 64, 64);
+        let (mut a, mut b) = (SeqKv::new(), SeqKv::new());
+        feed(&model, &mut pool, &mut a, &prefix, &mut s);
+        let shared: Vec<BlockRef> = (0..2).map(|i| pool.block_ref(&a, i)).collect();
+        pool.adopt(&mut b, &shared, prefix.len());
+        pool.audit([&a, &b], []).unwrap();
+        let used = |pool: &KvPool| (0..pool.n_groups()).map(|g| pool.blocks_total(g) - pool.blocks_free(g)).sum();
+        let before: usize = used(&pool);
+        // B writes first: it copies the shared block; A then owns the original alone and writes in place.
+        assert_eq!(pool.blocks_needed(&b, 1).iter().sum::<usize>(), pool.n_groups());
+        let got_x = feed(&model, &mut pool, &mut b, &[x], &mut s);
+        assert_eq!(used(&pool), before + pool.n_groups(), "one copy per layer group");
+        assert_eq!(pool.blocks_needed(&a, 1), [0, 0]);
+        let got_y = feed(&model, &mut pool, &mut a, &[y], &mut s);
+        assert_eq!(got_x, want_x, "{:?}: the sequence that copied", c.arch);
+        assert_eq!(got_y, want_y, "{:?}: the sequence that kept the original", c.arch);
+        pool.audit([&a, &b], []).unwrap();
+        // An extra hold (as the prefix cache keeps) outlives both sequences, then everything is free again.
+        let kept = pool.block_ref(&a, 0);
+        pool.retain(&kept);
+        pool.release(&mut a);
+        pool.release(&mut b);
+        pool.audit([], [&kept]).unwrap();
+        pool.release_ref(&kept);
+        pool.audit([], []).unwrap();
+        for g in 0..pool.n_groups() {
+            assert_eq!(pool.blocks_free(g), pool.blocks_total(g));
+        }
+    }
+}
+
+/// The audit notices a hold nobody accounts for.
+#[test]
+fn the_audit_catches_a_leaked_hold() {
+    let model = load(Spec::llama(GgmlType::Q8_0));
+    let mut pool = KvPool::new(&model.config, KvDtype::F16, 64, 64);
+    let mut kv = SeqKv::new();
+    let mut s = ForwardScratch::new(&model);
+    feed(&model, &mut pool, &mut kv, &[1, 2, 3], &mut s);
+    let r = pool.block_ref(&kv, 0);
+    pool.retain(&r);
+    let err = pool.audit([&kv], []).unwrap_err();
+    assert!(err.contains("reference count 2, but 1 holders"), "{err}");
+    pool.release_ref(&r);
+    pool.release(&mut kv);
+    pool.audit([], []).unwrap();
+}
