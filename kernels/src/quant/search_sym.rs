@@ -152,15 +152,14 @@ impl Wide for Sc {
     }
 }
 
-/// One group of `V::N` blocks: lane `l` is the block at `x[ix[l]..][..32]` with weights `w[iw[l]..][..32]`. Writes
-/// each lane's scale (f16-exact) to `d_out` and levels to `q_out[j][l]`.
+/// One group of `V::N` blocks of the same columns: lane `l` is the block at `x[ix[l]..][..32]`, and `w` the
+/// weights of its values. Writes each lane's scale (f16-exact) to `d_out` and levels to `q_out[j][l]`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn group<V: Wide>(
     x: &[f32],
-    w: &[f32],
+    w: &[f32; QK],
     ix: &[i32; 16],
-    iw: &[i32; 16],
     lo: i32,
     hi: i32,
     spread: i32,
@@ -171,7 +170,7 @@ fn group<V: Wide>(
     let (mut xv, mut wv, mut wxv) = ([z; QK], [z; QK], [z; QK]);
     let (mut amax, mut max) = (z, z);
     for j in 0..QK {
-        let (xj, wj) = (V::gather(x, ix, j), V::gather(w, iw, j));
+        let (xj, wj) = (V::gather(x, ix, j), V::splat(w[j]));
         xv[j] = xj;
         wv[j] = wj;
         wxv[j] = wj.mul(xj);
@@ -229,34 +228,38 @@ fn group<V: Wide>(
     }
 }
 
-/// Every block of `x` in groups of `V::N`; see [`symmetric_blocks`].
+/// Every block of `x` in groups of `V::N`; see [`symmetric_blocks`]. A group is the blocks of the same columns in
+/// consecutive rows, so that its lanes share their weights.
 #[inline(always)]
 fn blocks<V: Wide>(x: &[f32], importance: Option<&[f32]>, lo: i32, hi: i32, spread: i32, out: &mut [Symmetric]) {
     const ONES: [f32; QK] = [1.0; QK];
-    let (w, row_blocks) = match importance {
-        Some(imp) => (imp, imp.len() / QK),
-        None => (&ONES[..], 1),
-    };
+    // Without importance, any blocks can share a group: view `x` as one column of blocks.
+    let row_blocks = importance.map_or(1, |imp| imp.len() / QK);
+    let rows = out.len() / row_blocks;
     let (mut d, mut q) = ([0f32; 16], [[0i32; 16]; QK]);
-    let mut g = 0;
-    while g < out.len() {
-        let n = V::N.min(out.len() - g);
-        let (mut ix, mut iw) = ([0i32; 16], [0i32; 16]);
-        for l in 0..V::N {
-            // A short last group repeats its last block in the spare lanes.
-            let b = g + l.min(n - 1);
-            ix[l] = (b * QK) as i32;
-            iw[l] = (b % row_blocks * QK) as i32;
-        }
-        group::<V>(x, w, &ix, &iw, lo, hi, spread, &mut d, &mut q);
-        for l in 0..n {
-            let o = &mut out[g + l];
-            o.d = f16::from_f32(d[l]);
-            for (oq, qj) in o.q.iter_mut().zip(&q) {
-                *oq = qj[l] as i8;
+    for cb in 0..row_blocks {
+        let w: &[f32; QK] = match importance {
+            Some(imp) => imp[cb * QK..(cb + 1) * QK].try_into().expect("a block of weights"),
+            None => &ONES,
+        };
+        let mut r0 = 0;
+        while r0 < rows {
+            let n = V::N.min(rows - r0);
+            let mut ix = [0i32; 16];
+            for (l, i) in ix.iter_mut().enumerate().take(V::N) {
+                // A short last group repeats its last block in the spare lanes.
+                *i = (((r0 + l.min(n - 1)) * row_blocks + cb) * QK) as i32;
             }
+            group::<V>(x, w, &ix, lo, hi, spread, &mut d, &mut q);
+            for l in 0..n {
+                let o = &mut out[(r0 + l) * row_blocks + cb];
+                o.d = f16::from_f32(d[l]);
+                for (oq, qj) in o.q.iter_mut().zip(&q) {
+                    *oq = qj[l] as i8;
+                }
+            }
+            r0 += n;
         }
-        g += n;
     }
 }
 
