@@ -320,7 +320,9 @@ impl Quantizer {
         Some(g.iter().map(|v| v * v + 1e-6).collect())
     }
 
-    /// Quantizes `x` (rows of `row_len`) into `out` in parallel row ranges.
+    /// Quantizes `x` (rows of `row_len`) into `out` in parallel row ranges; with `factor` (and `importance`), Q4_0
+    /// with error feedback ([`gptq`]).
+    #[allow(clippy::too_many_arguments)]
     fn quantize_par(
         &self,
         p: &TensorPlan,
