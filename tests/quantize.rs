@@ -142,16 +142,18 @@ fn q8_0_is_closer_to_f32_than_q4_0_and_search_beats_rounding() {
     let q8 = quantized(&["q8_0"]).unwrap();
     let rtn = quantized(&["q4_0", "--pure", "--rtn"]).unwrap();
     let search = quantized(&["q4_0", "--pure"]).unwrap();
+    // One chunk keeps the error feedback's Gram matrices cheap here, but it is too little text for the feedback to
+    // beat the default (2 chunks: 0.267 against 0.255; with 8 chunks it is 0.73x the default on 30, see README).
     let calib =
-        quantized(&["q4_0", "--pure", "--calibrate", &data("jargon-intro.txt"), "--calibrate-chunks", "4"]).unwrap();
+        quantized(&["q4_0", "--pure", "--calibrate", &data("jargon-intro.txt"), "--calibrate-chunks", "1"]).unwrap();
     let (c8, cr, cs, cc) = (compare(&q8), compare(&rtn), compare(&search), compare(&calib));
     let kld = |c: &serde_json::Value| c["kld_mean"].as_f64().unwrap();
     eprintln!("kld_mean: q8_0 {} q4_0 rtn {} search {} calibrated {}", kld(&c8), kld(&cr), kld(&cs), kld(&cc));
     assert_eq!(c8["positions"], 2 * 255);
     assert!(c8["top1_agreement"].as_f64().unwrap() >= 0.95, "{c8}");
     assert!(kld(&c8) < kld(&cs), "q8_0 must be closer to f32 than q4_0");
-    // On 4 chunks: round to nearest 0.403, the default search (self-calibrated) 0.246, calibrated 0.238; the README
-    // has llama-perplexity's figures on 30 chunks (0.60x and 0.58x).
+    // On these 2 chunks: round to nearest 0.390, the default search (self-calibrated) 0.255, calibrated on one
+    // chunk 0.267; the README has llama-perplexity's figures on 30 chunks (0.60x; calibrated on 8 chunks, 0.44x).
     assert!(kld(&cs) < 0.8 * kld(&cr), "search q4_0 {} vs rtn {}", kld(&cs), kld(&cr));
     assert!(kld(&cc) < 0.8 * kld(&cr), "calibrated q4_0 {} vs rtn {}", kld(&cc), kld(&cr));
     // The same positions, so the base's perplexity is the same number in every comparison.

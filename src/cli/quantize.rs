@@ -40,7 +40,7 @@ pub struct QuantizeArgs {
     pub pure: bool,
     /// Round each block to the nearest level of a scale taken from its extremes: llama-quantize's exact bytes.
     /// The default searches each block's scale (and minimum) for the least squared error, weighted by each column's
-    /// importance: from --calibrate's text, or else from a run of the model over 128 pseudo-random tokens.
+    /// importance: from --calibrate's text, or else from a run of the model over 32 pseudo-random tokens.
     #[arg(long, conflicts_with = "calibrate")]
     pub rtn: bool,
     /// Run the model over this text first and weight each column's error by the mean square of its inputs
@@ -53,6 +53,11 @@ pub struct QuantizeArgs {
     /// Calibrate on at most this many chunks.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub calibrate_chunks: Option<u32>,
+    /// With --calibrate, round Q4_0 without error feedback: each weight to its nearest level, as without
+    /// --calibrate (by default each row's rounding errors are spread over its later columns, GPTQ-style, using the
+    /// calibration inputs' correlations).
+    #[arg(long, requires = "calibrate")]
+    pub no_error_feedback: bool,
     /// Accept quantized input: its tensors are dequantized to f32 first.
     #[arg(long)]
     pub allow_requantize: bool,
@@ -122,7 +127,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     args.threads
         .install(|| -> anyhow::Result<()> {
             let importance = match (&args.calibrate, mode) {
-                (Some(path), _) => Some(run_calibration(&input, path, &args, &cancel)?),
+                (Some(path), _) => Some(run_calibration(&input, path, &args, &quantizer, &cancel)?),
                 (None, Mode::Search) if quantizer.searches() => self_calibration(&input, &cancel),
                 _ => None,
             };
@@ -190,6 +195,7 @@ fn run_calibration(
     input: &std::path::Path,
     path: &std::path::Path,
     args: &QuantizeArgs,
+    quantizer: &Quantizer,
     cancel: &AtomicBool,
 ) -> anyhow::Result<Importance> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -201,22 +207,26 @@ fn run_calibration(
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
+    // The Gram matrices cost time and memory (width² per input): only for the error feedback of Q4_0.
+    let gram = !args.no_error_feedback && quantizer.plan().iter().any(|p| p.to == GgmlType::Q4_0 && p.from != p.to);
     let importance = calibrate(
         &loaded.model,
         &loaded.tokenizer,
         &text,
         args.calibrate_ctx as usize,
         args.calibrate_chunks.map(|c| c as usize),
+        gram,
         cancel,
         &mut on_chunk,
     )
     .with_context(|| format!("calibrating on {}", path.display()))?;
     bar.finish_and_clear();
     eprintln!(
-        "calibrated on {} ({} tokens): importance for {} tensors",
+        "calibrated on {} ({} tokens): importance for {} tensors{}",
         path.display(),
         importance.tokens,
-        importance.len()
+        importance.len(),
+        if gram { ", error feedback for the Q4_0 ones" } else { "" }
     );
     Ok(importance)
 }

@@ -141,9 +141,10 @@ impl ForwardScratch {
     }
 
     /// Starts gathering the statistics of every matrix's input (llama-imatrix's: the sum of each column's square)
-    /// over the tokens of the following forward passes, for calibrated quantization.
-    pub fn collect_stats(&mut self, model: &Model) {
-        self.stats = Some(Box::new(ActivationStats::new(&model.config)));
+    /// over the tokens of the following forward passes, for calibrated quantization; with `gram`, each input's
+    /// whole Gram matrix too.
+    pub fn collect_stats(&mut self, model: &Model, gram: bool) {
+        self.stats = Some(Box::new(ActivationStats::new(&model.config, gram)));
     }
 
     /// Stops gathering and returns what was gathered.
@@ -531,6 +532,15 @@ impl Model {
             s.out_items.push((first, s.out_rows.len() - first));
             t0 += n;
         }
+        if let Some(st) = &mut s.stats {
+            // The output projection's input at every position, whether or not its logits are wanted (calibration
+            // needs the statistics, not the logits).
+            let out_x = grow(&mut s.out_x, t0 * n_embd);
+            for (o, x) in out_x.chunks_exact_mut(n_embd).zip(s.x.chunks_exact(n_embd)).take(t0) {
+                ops::rmsnorm(o, x, &self.weights.output_norm, c.rms_eps);
+            }
+            st.output.add(&out_x[..t0 * n_embd], n_embd);
+        }
         let n_out = s.out_rows.len();
         if n_out > 0 {
             let out_x = grow(&mut s.out_x, n_out * n_embd);
@@ -541,9 +551,6 @@ impl Model {
                     &self.weights.output_norm,
                     c.rms_eps,
                 );
-            }
-            if let Some(st) = &mut s.stats {
-                st.output.add(&s.out_x[..n_out * n_embd], n_embd);
             }
             let logits = grow(&mut s.logits, n_out * c.n_vocab);
             matmul(&self.mat(&self.weights.output), &s.out_x[..n_out * n_embd], n_out, logits, &mut s.matmul);

@@ -4,16 +4,18 @@
 
 use super::config::ModelConfig;
 
-/// Σ x² per column over the rows seen, and the number of rows.
+/// Σ x² per column over the rows seen, and the number of rows; optionally the whole Gram matrix Σ xᵀx.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ColumnSums {
     pub sum_sq: Vec<f64>,
     pub rows: u64,
+    /// Σ xᵀx (`width × width`, row-major), if gathered: what GPTQ-style quantization needs.
+    pub gram: Option<Vec<f32>>,
 }
 
 impl ColumnSums {
-    fn new(width: usize) -> ColumnSums {
-        ColumnSums { sum_sq: vec![0.0; width], rows: 0 }
+    fn new(width: usize, gram: bool) -> ColumnSums {
+        ColumnSums { sum_sq: vec![0.0; width], rows: 0, gram: gram.then(|| vec![0.0; width * width]) }
     }
 
     /// Adds the rows of `x` (`width` values each).
@@ -23,6 +25,9 @@ impl ColumnSums {
                 *s += v as f64 * v as f64;
             }
             self.rows += 1;
+        }
+        if let Some(g) = &mut self.gram {
+            add_gram(g, x, width);
         }
     }
 
@@ -50,21 +55,22 @@ pub enum Site {
 pub struct ActivationStats {
     /// Per layer, indexed by [`Site`].
     pub layers: Vec<[ColumnSums; 4]>,
-    /// The final normed hidden state, the output projection's input (only positions that produced logits).
+    /// The final normed hidden state, the output projection's input (at every position).
     pub output: ColumnSums,
 }
 
 impl ActivationStats {
-    pub fn new(c: &ModelConfig) -> ActivationStats {
+    /// Empty statistics; with `gram`, the Gram matrices too (`width²` values per input).
+    pub fn new(c: &ModelConfig, gram: bool) -> ActivationStats {
         let layer = || {
             [
-                ColumnSums::new(c.n_embd),
-                ColumnSums::new(c.n_head * c.head_dim_v),
-                ColumnSums::new(c.n_embd),
-                ColumnSums::new(c.n_ff),
+                ColumnSums::new(c.n_embd, gram),
+                ColumnSums::new(c.n_head * c.head_dim_v, gram),
+                ColumnSums::new(c.n_embd, gram),
+                ColumnSums::new(c.n_ff, gram),
             ]
         };
-        ActivationStats { layers: (0..c.n_layer).map(|_| layer()).collect(), output: ColumnSums::new(c.n_embd) }
+        ActivationStats { layers: (0..c.n_layer).map(|_| layer()).collect(), output: ColumnSums::new(c.n_embd, gram) }
     }
 
     pub(crate) fn add(&mut self, layer: usize, site: Site, x: &[f32]) {
@@ -89,5 +95,51 @@ impl ActivationStats {
             _ => return None,
         };
         self.layers.get(layer.parse::<usize>().ok()?).map(|l| &l[site as usize])
+    }
+}
+
+/// `g += xᵀx` for the rows of `x` (`width` values each), as a matrix product: `xᵀ` (`width × rows`) times itself.
+fn add_gram(g: &mut [f32], x: &[f32], width: usize) {
+    use infer_kernels::GgmlType;
+    use infer_kernels::matmul::{ActPrecision, MatmulScratch, WeightMatrix, matmul};
+    let rows = x.len() / width;
+    if rows == 0 {
+        return;
+    }
+    let mut xt = vec![0f32; width * rows];
+    for (r, row) in x.chunks_exact(width).enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            xt[c * rows + r] = v;
+        }
+    }
+    let bytes = infer_kernels::quant::blocks_as_bytes(&xt);
+    let w = WeightMatrix::new(GgmlType::F32, bytes, width, rows).expect("an F32 matrix of whole rows");
+    let mut out = vec![0f32; width * width];
+    matmul(&w, &xt, width, &mut out, &mut MatmulScratch::new(ActPrecision::Q8x2));
+    for (a, b) in g.iter_mut().zip(&out) {
+        *a += b;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gram_matrix_is_the_sum_of_outer_products() {
+        let (width, rows) = (40, 23);
+        let x: Vec<f32> = (0..width * rows).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+        let mut s = ColumnSums::new(width, true);
+        s.add(&x[..width * 10], width);
+        s.add(&x[width * 10..], width);
+        let g = s.gram.as_ref().unwrap();
+        for a in 0..width {
+            for b in 0..width {
+                let want: f64 = x.chunks_exact(width).map(|r| r[a] as f64 * r[b] as f64).sum();
+                let got = g[a * width + b] as f64;
+                assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "({a}, {b}): {got} vs {want}");
+            }
+            assert!((g[a * width + a] as f64 - s.sum_sq[a]).abs() <= 1e-4 * (1.0 + s.sum_sq[a]));
+        }
     }
 }

@@ -11,6 +11,7 @@
 //! [`calibrate`] gathers by running the model over a text.
 
 pub mod calibrate;
+pub mod gptq;
 pub mod policy;
 
 use std::collections::BTreeSet;
@@ -269,7 +270,12 @@ impl Quantizer {
                 };
                 let n_out = p.to.row_bytes(info.n_elements).expect("planned types fit the rows") as usize;
                 resize(&mut out, n_out);
-                self.quantize_par(p, values, info.ne0() as usize, imp.map(Vec::as_slice), &mut out[..n_out], cancel)?;
+                // Error feedback where the calibration gathered the input's Gram matrix (Q4_0 only).
+                let factor = importance
+                    .and_then(|m| m.factor(&p.name))
+                    .filter(|_| self.mode == Mode::Search && p.to == GgmlType::Q4_0 && imp.is_some());
+                let imp = imp.map(Vec::as_slice);
+                self.quantize_par(p, values, info.ne0() as usize, imp, factor, &mut out[..n_out], cancel)?;
                 &out[..n_out]
             };
             writer.write_tensor(bytes)?;
@@ -314,22 +320,34 @@ impl Quantizer {
         Some(g.iter().map(|v| v * v + 1e-6).collect())
     }
 
-    /// Quantizes `x` (rows of `row_len`) into `out` in parallel row ranges.
+    /// Quantizes `x` (rows of `row_len`) into `out` in parallel row ranges; with `factor` (and `importance`), Q4_0
+    /// with error feedback ([`gptq`]).
+    #[allow(clippy::too_many_arguments)]
     fn quantize_par(
         &self,
         p: &TensorPlan,
         x: &[f32],
         row_len: usize,
         importance: Option<&[f32]>,
+        factor: Option<&gptq::Factor>,
         out: &mut [u8],
         cancel: &AtomicBool,
     ) -> Result<(), QuantizeError> {
+        let rows = ROWS_PER_TASK.div_ceil(row_len).max(1);
+        let out_row = out.len() / (x.len() / row_len.max(1)).max(1);
+        if let (Some(f), Some(imp)) = (factor, importance) {
+            return x.par_chunks(rows * row_len).zip(out.par_chunks_mut(rows * out_row)).try_for_each(|(xc, oc)| {
+                if cancel.load(Ordering::Relaxed) {
+                    return Err(QuantizeError::Cancelled);
+                }
+                gptq::quantize_q4_0_rows(xc, f, imp, oc);
+                Ok(())
+            });
+        }
         let method = match self.mode {
             Mode::Rtn => Method::Rtn,
             Mode::Search => Method::Search { importance },
         };
-        let rows = ROWS_PER_TASK.div_ceil(row_len).max(1);
-        let out_row = out.len() / (x.len() / row_len.max(1)).max(1);
         x.par_chunks(rows * row_len).zip(out.par_chunks_mut(rows * out_row)).try_for_each(|(xc, oc)| {
             if cancel.load(Ordering::Relaxed) {
                 return Err(QuantizeError::Cancelled);

@@ -131,12 +131,16 @@ pub fn quantize_rows(
 /// [`Method::Search`] for a type that has it, row by row. The caller has checked the lengths.
 fn search_rows(ty: GgmlType, x: &[f32], row_len: usize, importance: Option<&[f32]>, out: &mut [u8]) {
     use GgmlType::*;
+    // The symmetric searches work on many blocks at a time, across rows.
+    match ty {
+        Q4_0 => return into_blocks(out, |y| super::q4_0::quantize_row_search(x, importance, y)),
+        Q5_0 => return into_blocks(out, |y| super::q5_0::quantize_row_search(x, importance, y)),
+        _ => {}
+    }
     let row_bytes = row_len / ty.block_size() * ty.type_size();
     for (xr, or) in x.chunks_exact(row_len).zip(out.chunks_exact_mut(row_bytes)) {
         match (ty, importance) {
-            (Q4_0, _) => into_blocks(or, |y| super::q4_0::quantize_row_search(xr, importance, y)),
             (Q4_1, _) => into_blocks(or, |y| super::q4_1::quantize_row_search(xr, importance, y)),
-            (Q5_0, _) => into_blocks(or, |y| super::q5_0::quantize_row_search(xr, importance, y)),
             (Q2_K, Some(imp)) => into_blocks(or, |y| super::q2_k::quantize_row_weighted(xr, imp, y)),
             (Q4_K, Some(imp)) => into_blocks(or, |y| super::q4_k::quantize_row_weighted(xr, imp, y)),
             (Q6_K, Some(imp)) => into_blocks(or, |y| super::q6_k::quantize_row_weighted(xr, imp, y)),

@@ -19,6 +19,7 @@ pub mod q6_k;
 pub mod q8_0;
 pub mod q8_k;
 pub mod search;
+mod search_sym;
 
 pub use convert::{Method, QuantizeError, can_quantize, quantize, quantize_rows};
 pub use k_quants::QK_K;

@@ -59,11 +59,12 @@ pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ5_0]) {
 /// [`super::search`] and `q4_0::quantize_row_search`): the weighted-least-squares scale over levels -16..=15.
 ///
 /// # Panics
-/// If `x.len() != y.len() * 32`, or `importance` is not as long as `x`.
+/// If `x.len() != y.len() * 32`, or `x` is not whole rows of `importance.len()` values.
 pub fn quantize_row_search(x: &[f32], importance: Option<&[f32]>, y: &mut [BlockQ5_0]) {
     assert_eq!(x.len(), y.len() * QK5_0, "Q5_0 quantize: {} values for {} blocks", x.len(), y.len());
-    super::search::for_blocks(x, importance, |b, xb, w| {
-        let s = super::search::symmetric(xb, w, -16, 15);
+    let mut blocks = vec![super::search::Symmetric::default(); y.len()];
+    super::search_sym::symmetric_blocks(x, importance, -16, 15, super::search::SPREAD, &mut blocks);
+    for (b, s) in blocks.iter().enumerate() {
         y[b].d = s.d;
         let mut qh = 0u32;
         for j in 0..QK5_0 / 2 {
@@ -73,7 +74,7 @@ pub fn quantize_row_search(x: &[f32], importance: Option<&[f32]>, y: &mut [Block
             qh |= ((q1 >> 4) as u32) << (j + QK5_0 / 2);
         }
         y[b].qh = qh.to_le_bytes();
-    });
+    }
 }
 
 /// The 32 quants of a block, each in 0..=31 (before subtracting 16).

@@ -12,10 +12,11 @@
 //! it multiplies (see `infer::quantize`), or 1. On SmolLM2, llama.cpp's extra factor `sqrt(σ² + x²)` (favouring the
 //! values that are large within their row) and weights `x²` both gave a higher KL divergence than plain weights.
 //!
-//! Speed: the work per candidate is six primitives over a block ([`Lanes`]): levels, two kinds of weighted sums, and
-//! the weighted error. [`Scalar`] states them; [`x86::Avx2`] computes them with 256-bit vectors in the same order
-//! (the sums over 16 lanes, then halving; no fused multiply-adds), so every instruction-set level writes the same
-//! bytes. The AVX2 level is also used on AVX-512 machines.
+//! Speed: the symmetric search (Q4_0, Q5_0) runs many blocks at once, one per SIMD lane ([`super::search_sym`]). The
+//! search with a minimum (Q4_1) works within a block: its work per candidate is three primitives ([`Lanes`]):
+//! levels, weighted sums and the weighted error. [`Scalar`] states them; [`x86::Avx2`] computes them with 256-bit
+//! vectors in the same order (the sums over 16 lanes, then halving; no fused multiply-adds), so every
+//! instruction-set level writes the same bytes. The AVX2 level is also used on AVX-512 machines.
 
 use half::f16;
 
@@ -26,7 +27,7 @@ pub const QK: usize = 32;
 /// Candidate scales on each side of the plain fit, in steps of a tenth of a level: `2·SPREAD + 1` per sign. With
 /// importance weights, SmolLM2 q4_0's KLD on held-out text was 0.246 with 6, 0.255 with 3, 0.262 with 1 and 0.265
 /// with 0 (round to nearest: 0.403); 1 keeps the search within llama-quantize's time.
-const SPREAD: i32 = 1;
+pub(crate) const SPREAD: i32 = 1;
 /// Below this magnitude a block is all zeros (as ggml's `GROUP_MAX_EPS`).
 const EPS: f32 = 1e-15;
 
@@ -70,7 +71,7 @@ pub(crate) fn block_weights(importance: Option<&[f32]>) -> [f32; QK] {
 }
 
 /// A symmetric block: `x ≈ d · q` with `q` in `lo..=hi`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Symmetric {
     pub d: f16,
     pub q: [i8; QK],
@@ -87,12 +88,8 @@ pub(crate) struct Affine {
 /// The per-block primitives of the search, one implementation per instruction-set level; every implementation
 /// computes exactly the same floats (the scalar one states the order).
 pub(crate) trait Lanes: Copy {
-    /// `clamp(round(x · id), lo, hi)`.
-    fn levels(self, x: &[f32; QK], id: f32, lo: f32, hi: f32) -> [f32; QK];
     /// `clamp(round((x − m) · id), 0, nmax)`.
     fn affine_levels(self, x: &[f32; QK], m: f32, id: f32, nmax: f32) -> [f32; QK];
-    /// `(Σ wx·q, Σ (w·q)·q)`.
-    fn sums2(self, wx: &[f32; QK], w: &[f32; QK], q: &[f32; QK]) -> (f32, f32);
     /// `(Σ w·q, Σ (w·q)·q, Σ wx·q)`.
     fn sums3(self, wx: &[f32; QK], w: &[f32; QK], q: &[f32; QK]) -> (f32, f32, f32);
     /// `Σ (w·r)·r` with `r = (x − d·q) − m`.
@@ -105,20 +102,8 @@ pub(crate) struct Scalar;
 
 impl Lanes for Scalar {
     #[inline(always)]
-    fn levels(self, x: &[f32; QK], id: f32, lo: f32, hi: f32) -> [f32; QK] {
-        std::array::from_fn(|j| clamp(round(x[j] * id), lo, hi))
-    }
-
-    #[inline(always)]
     fn affine_levels(self, x: &[f32; QK], m: f32, id: f32, nmax: f32) -> [f32; QK] {
         std::array::from_fn(|j| clamp(round((x[j] - m) * id), 0.0, nmax))
-    }
-
-    #[inline(always)]
-    fn sums2(self, wx: &[f32; QK], w: &[f32; QK], q: &[f32; QK]) -> (f32, f32) {
-        let a: [f32; QK] = std::array::from_fn(|j| wx[j] * q[j]);
-        let b: [f32; QK] = std::array::from_fn(|j| w[j] * q[j] * q[j]);
-        (sum32(&a), sum32(&b))
     }
 
     #[inline(always)]
@@ -148,60 +133,6 @@ fn affine_fit<L: Lanes>(l: L, w: &[f32; QK], wx: &[f32; QK], sw: f32, swx: f32, 
         return None;
     }
     Some(((sw * swxq - swx * swq) / det, (swqq * swx - swq * swxq) / det))
-}
-
-#[inline(always)]
-fn symmetric_impl<L: Lanes>(l: L, x: &[f32; QK], w: &[f32; QK], lo: i32, hi: i32) -> Symmetric {
-    let (mut amax, mut max) = (0f32, 0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < EPS {
-        return Symmetric { d: f16::ZERO, q: [0; QK] };
-    }
-    let (lo_f, hi_f) = (lo as f32, hi as f32);
-    let mut wx = [0f32; QK];
-    for j in 0..QK {
-        wx[j] = w[j] * x[j];
-    }
-    // Best candidate so far by Σwxq² / Σwq² (the error it saves), and its least-squares scale.
-    let (mut best, mut best_d) = (-1f32, max / lo_f);
-    for end in [lo_f, hi_f] {
-        for s in -SPREAD..=SPREAD {
-            let id = (end + end.signum() * 0.1 * s as f32) / max;
-            let (sxq, sqq) = l.sums2(&wx, w, &l.levels(x, id, lo_f, hi_f));
-            if sqq > 0.0 && sxq * sxq > best * sqq {
-                best = sxq * sxq / sqq;
-                best_d = sxq / sqq;
-            }
-        }
-    }
-    // Store the scale as f16 and round the levels against that stored value; then one more least-squares step on
-    // those levels, kept if it is better after its own f16 rounding.
-    let valid = |d: f16| d.is_finite() && d.to_f32() != 0.0;
-    let d0 = f16::from_f32(best_d);
-    if !valid(d0) {
-        // The scale underflowed f16: the block is (nearly) zero at f16 precision.
-        return Symmetric { d: f16::ZERO, q: [0; QK] };
-    }
-    let mut chosen = (d0, l.levels(x, 1.0 / d0.to_f32(), lo_f, hi_f));
-    let (sxq, sqq) = l.sums2(&wx, w, &chosen.1);
-    let d1 = f16::from_f32(if sqq > 0.0 { sxq / sqq } else { 0.0 });
-    if valid(d1) && d1 != d0 {
-        let q1 = l.levels(x, 1.0 / d1.to_f32(), lo_f, hi_f);
-        if l.error(x, w, d1.to_f32(), 0.0, &q1) < l.error(x, w, d0.to_f32(), 0.0, &chosen.1) {
-            chosen = (d1, q1);
-        }
-    }
-    let (d, q) = chosen;
-    let mut out = [0i8; QK];
-    for j in 0..QK {
-        out[j] = q[j] as i8;
-    }
-    Symmetric { d, q: out }
 }
 
 #[inline(always)]
@@ -325,19 +256,6 @@ mod x86 {
 
     impl Lanes for Avx2 {
         #[inline(always)]
-        fn levels(self, x: &[f32; QK], id: f32, lo: f32, hi: f32) -> [f32; QK] {
-            let mut v = load(x);
-            // SAFETY: AVX is available (see `Avx2`).
-            unsafe {
-                let (idv, lov, hiv) = (_mm256_set1_ps(id), _mm256_set1_ps(lo), _mm256_set1_ps(hi));
-                for r in &mut v {
-                    *r = round_clamp(_mm256_mul_ps(*r, idv), lov, hiv);
-                }
-            }
-            store(v)
-        }
-
-        #[inline(always)]
         fn affine_levels(self, x: &[f32; QK], m: f32, id: f32, nmax: f32) -> [f32; QK] {
             let mut v = load(x);
             // SAFETY: AVX is available (see `Avx2`).
@@ -349,20 +267,6 @@ mod x86 {
                 }
             }
             store(v)
-        }
-
-        #[inline(always)]
-        fn sums2(self, wx: &[f32; QK], w: &[f32; QK], q: &[f32; QK]) -> (f32, f32) {
-            let (wx, w, q) = (load(wx), load(w), load(q));
-            let (mut a, mut b) = (wx, w);
-            // SAFETY: AVX is available (see `Avx2`).
-            unsafe {
-                for k in 0..4 {
-                    a[k] = _mm256_mul_ps(wx[k], q[k]);
-                    b[k] = _mm256_mul_ps(_mm256_mul_ps(w[k], q[k]), q[k]);
-                }
-            }
-            (sum(a), sum(b))
         }
 
         #[inline(always)]
@@ -397,11 +301,6 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub fn symmetric_avx2(x: &[f32; QK], w: &[f32; QK], lo: i32, hi: i32) -> Symmetric {
-        symmetric_impl(Avx2(()), x, w, lo, hi)
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn affine_avx2(x: &[f32; QK], w: &[f32; QK], nmax: i32) -> Affine {
         affine_impl(Avx2(()), x, w, nmax)
     }
@@ -410,17 +309,6 @@ mod x86 {
 /// Whether the AVX2 primitives can run (the chosen level is AVX2 or above).
 fn use_avx2() -> bool {
     matches!(crate::dispatch::isa(), Isa::Avx2 | Isa::Avx512)
-}
-
-/// The best symmetric block for `x` under weights `w`, levels in `lo..=hi` (see the module notes).
-pub(crate) fn symmetric(x: &[f32; QK], w: &[f32; QK], lo: i32, hi: i32) -> Symmetric {
-    #[cfg(target_arch = "x86_64")]
-    if use_avx2() {
-        // SAFETY: `isa()` only returns a level whose features the CPU was checked to have, and both of these
-        // levels include AVX2, FMA and F16C.
-        return unsafe { x86::symmetric_avx2(x, w, lo, hi) };
-    }
-    symmetric_impl(Scalar, x, w, lo, hi)
 }
 
 /// The best block with a minimum for `x` under weights `w`, levels in `0..=nmax` (see the module notes).
@@ -462,19 +350,18 @@ mod tests {
     }
 
     #[test]
-    fn every_level_gives_the_same_blocks() {
+    fn every_level_gives_the_same_affine_blocks() {
         let avx2 = Isa::Avx2.is_supported();
         eprintln!("levels compared: scalar{}", if avx2 { " and avx2" } else { " only (no AVX2 here)" });
         let mut seed = 7;
         for _ in 0..500 {
             let x: [f32; QK] = std::array::from_fn(|_| lcg(&mut seed) * (1.0 + lcg(&mut seed)));
             let w: [f32; QK] = std::array::from_fn(|_| 1.0 + lcg(&mut seed));
-            let (s, a) = (symmetric_impl(Scalar, &x, &w, -8, 7), affine_impl(Scalar, &x, &w, 15));
+            let a = affine_impl(Scalar, &x, &w, 15);
             #[cfg(target_arch = "x86_64")]
             if avx2 {
                 // SAFETY: the CPU has AVX2, FMA and F16C (`Isa::Avx2.is_supported()`).
-                let (s2, a2) = unsafe { (x86::symmetric_avx2(&x, &w, -8, 7), x86::affine_avx2(&x, &w, 15)) };
-                assert_eq!((s.d.to_bits(), s.q), (s2.d.to_bits(), s2.q));
+                let a2 = unsafe { x86::affine_avx2(&x, &w, 15) };
                 assert_eq!((a.d.to_bits(), a.m.to_bits(), a.q), (a2.d.to_bits(), a2.m.to_bits(), a2.q));
             }
         }
@@ -487,7 +374,9 @@ mod tests {
         for _ in 0..200 {
             let x: [f32; QK] = std::array::from_fn(|_| lcg(&mut seed) * (1.0 + 4.0 * lcg(&mut seed).abs()));
             let w = [1f32; QK];
-            let s = symmetric_impl(Scalar, &x, &w, -8, 7);
+            let mut s = [Symmetric::default()];
+            crate::quant::search_sym::symmetric_blocks_at(Isa::Scalar, &x, None, -8, 7, SPREAD, &mut s);
+            let s = s[0];
             let q: [f32; QK] = std::array::from_fn(|j| s.q[j] as f32);
             e_search += Scalar.error(&x, &w, s.d.to_f32(), 0.0, &q);
             let mut b = [crate::quant::BlockQ4_0::default()];

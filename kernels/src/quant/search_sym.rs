@@ -1,0 +1,634 @@
+//! The symmetric search ([`super::search`]) across blocks: each SIMD lane holds one block, so that every step of
+//! the search is a vertical operation (no horizontal sums, no branches), 8 blocks at a time with AVX2 and 16 with
+//! AVX-512. A block's result does not depend on its lane or on the width: each lane runs the same sequence of IEEE
+//! single-precision operations (sums in index order, no fused multiply-adds), which [`Sc`] states in plain Rust, so
+//! every instruction-set level writes the same bytes.
+//!
+//! Per block: find the value of largest magnitude `max`; try the scales that put `max` near either end of the
+//! level range (`SPREAD` tenths of a level either side), each with its weighted least-squares scale for the levels
+//! it rounds to, and keep the one that removes the most weighted squared error; round that scale to f16 as it is
+//! stored and the levels against it; take one more least-squares step from those levels and keep it if its own
+//! f16-rounded result has less weighted error.
+
+use half::f16;
+
+use super::search::{QK, Symmetric};
+use crate::dispatch::Isa;
+
+/// Below this magnitude a block is all zeros (as ggml's `GROUP_MAX_EPS`).
+const EPS: f32 = 1e-15;
+
+/// Lane-parallel single-precision operations; lane `l` is block `l` of a group. Comparisons are ordered (false
+/// when either side is NaN).
+pub(crate) trait Wide: Copy {
+    /// Lanes (at most 16).
+    const N: usize;
+    type M: Copy;
+    fn splat(v: f32) -> Self;
+    /// Lane `l` is `base[idx[l] + off]`; the caller keeps every index in bounds.
+    fn gather(base: &[f32], idx: &[i32; 16], off: usize) -> Self;
+    fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn div(self, o: Self) -> Self;
+    fn abs(self) -> Self;
+    fn gt(self, o: Self) -> Self::M;
+    fn lt(self, o: Self) -> Self::M;
+    fn ge(self, o: Self) -> Self::M;
+    /// `self < o || self > o`.
+    fn ne(self, o: Self) -> Self::M;
+    fn and(a: Self::M, b: Self::M) -> Self::M;
+    /// `m ? a : b`, lane by lane.
+    fn select(m: Self::M, a: Self, b: Self) -> Self;
+    /// Round to nearest (ties to even, for |v| < 2²²), then `max(·, lo)` and `min(·, hi)` as x86 computes them
+    /// (`a > b ? a : b`, `a < b ? a : b`).
+    fn round_clamp(self, lo: Self, hi: Self) -> Self;
+    /// Rounds to f16 (nearest, ties to even) and back.
+    fn f16_round(self) -> Self;
+    /// Finite and not zero.
+    fn finite_nonzero(self) -> Self::M;
+    fn to_array(self) -> [f32; 16];
+    /// Each lane (an integer-valued float, |v| < 2³¹) as an integer.
+    fn to_ints(self) -> [i32; 16];
+}
+
+/// [`Wide`] in plain Rust, 8 lanes: the statement of what every level computes.
+#[derive(Clone, Copy)]
+pub(crate) struct Sc([f32; 8]);
+
+impl Sc {
+    #[inline(always)]
+    fn zip(self, o: Sc, f: impl Fn(f32, f32) -> f32) -> Sc {
+        Sc(std::array::from_fn(|l| f(self.0[l], o.0[l])))
+    }
+
+    #[inline(always)]
+    fn cmp(self, o: Sc, f: impl Fn(f32, f32) -> bool) -> [bool; 8] {
+        std::array::from_fn(|l| f(self.0[l], o.0[l]))
+    }
+}
+
+impl Wide for Sc {
+    const N: usize = 8;
+    type M = [bool; 8];
+
+    fn splat(v: f32) -> Sc {
+        Sc([v; 8])
+    }
+
+    fn gather(base: &[f32], idx: &[i32; 16], off: usize) -> Sc {
+        Sc(std::array::from_fn(|l| base[idx[l] as usize + off]))
+    }
+
+    fn add(self, o: Sc) -> Sc {
+        self.zip(o, |a, b| a + b)
+    }
+
+    fn sub(self, o: Sc) -> Sc {
+        self.zip(o, |a, b| a - b)
+    }
+
+    fn mul(self, o: Sc) -> Sc {
+        self.zip(o, |a, b| a * b)
+    }
+
+    fn div(self, o: Sc) -> Sc {
+        self.zip(o, |a, b| a / b)
+    }
+
+    fn abs(self) -> Sc {
+        Sc(self.0.map(f32::abs))
+    }
+
+    fn gt(self, o: Sc) -> [bool; 8] {
+        self.cmp(o, |a, b| a > b)
+    }
+
+    fn lt(self, o: Sc) -> [bool; 8] {
+        self.cmp(o, |a, b| a < b)
+    }
+
+    fn ge(self, o: Sc) -> [bool; 8] {
+        self.cmp(o, |a, b| a >= b)
+    }
+
+    fn ne(self, o: Sc) -> [bool; 8] {
+        self.cmp(o, |a, b| a.partial_cmp(&b).is_some_and(|o| o.is_ne()))
+    }
+
+    fn and(a: [bool; 8], b: [bool; 8]) -> [bool; 8] {
+        std::array::from_fn(|l| a[l] && b[l])
+    }
+
+    fn select(m: [bool; 8], a: Sc, b: Sc) -> Sc {
+        Sc(std::array::from_fn(|l| if m[l] { a.0[l] } else { b.0[l] }))
+    }
+
+    fn round_clamp(self, lo: Sc, hi: Sc) -> Sc {
+        const MAGIC: f32 = 12582912.0;
+        self.zip(lo, |v, lo| {
+            let r = (v + MAGIC) - MAGIC;
+            if r > lo { r } else { lo }
+        })
+        .zip(hi, |t, hi| if t < hi { t } else { hi })
+    }
+
+    fn f16_round(self) -> Sc {
+        Sc(self.0.map(|v| f16::from_f32(v).to_f32()))
+    }
+
+    fn finite_nonzero(self) -> [bool; 8] {
+        self.0.map(|v| v.is_finite() && v != 0.0)
+    }
+
+    fn to_array(self) -> [f32; 16] {
+        let mut r = [0f32; 16];
+        r[..8].copy_from_slice(&self.0);
+        r
+    }
+
+    fn to_ints(self) -> [i32; 16] {
+        std::array::from_fn(|l| if l < 8 { self.0[l] as i32 } else { 0 })
+    }
+}
+
+/// One group of `V::N` blocks of the same columns: lane `l` is the block at `x[ix[l]..][..32]`, and `w` the
+/// weights of its values. Writes each lane's scale (f16-exact) to `d_out` and levels to `q_out[j][l]`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn group<V: Wide>(
+    x: &[f32],
+    w: &[f32; QK],
+    ix: &[i32; 16],
+    lo: i32,
+    hi: i32,
+    spread: i32,
+    d_out: &mut [f32; 16],
+    q_out: &mut [[i32; 16]; QK],
+) {
+    let z = V::splat(0.0);
+    let (mut xv, mut wv, mut wxv) = ([z; QK], [z; QK], [z; QK]);
+    let (mut amax, mut max) = (z, z);
+    for j in 0..QK {
+        let (xj, wj) = (V::gather(x, ix, j), V::splat(w[j]));
+        xv[j] = xj;
+        wv[j] = wj;
+        wxv[j] = wj.mul(xj);
+        // The first value of largest magnitude, its sign kept.
+        let a = xj.abs();
+        let m = a.gt(amax);
+        amax = V::select(m, a, amax);
+        max = V::select(m, xj, max);
+    }
+    let (lo_f, hi_f) = (lo as f32, hi as f32);
+    let (lov, hiv) = (V::splat(lo_f), V::splat(hi_f));
+    // Best candidate so far by Σwxq² / Σwq² (the error it removes), and its least-squares scale.
+    let (mut best, mut best_d) = (V::splat(-1.0), max.div(lov));
+    for end in [lo_f, hi_f] {
+        for s in -spread..=spread {
+            let id = V::splat(end + end.signum() * 0.1 * s as f32).div(max);
+            let (mut sxq, mut sqq) = (z, z);
+            for j in 0..QK {
+                let q = xv[j].mul(id).round_clamp(lov, hiv);
+                sxq = sxq.add(wxv[j].mul(q));
+                sqq = sqq.add(wv[j].mul(q).mul(q));
+            }
+            let better = V::and(sqq.gt(z), sxq.mul(sxq).gt(best.mul(sqq)));
+            best = V::select(better, sxq.mul(sxq).div(sqq), best);
+            best_d = V::select(better, sxq.div(sqq), best_d);
+        }
+    }
+    // The scale as stored (f16), the levels against it, their least-squares scale and weighted error.
+    let one = V::splat(1.0);
+    let d0 = best_d.f16_round();
+    let ok = V::and(amax.ge(V::splat(EPS)), d0.finite_nonzero());
+    let id0 = one.div(d0);
+    let (mut sxq, mut sqq, mut e0) = (z, z, z);
+    for j in 0..QK {
+        let q = xv[j].mul(id0).round_clamp(lov, hiv);
+        sxq = sxq.add(wxv[j].mul(q));
+        sqq = sqq.add(wv[j].mul(q).mul(q));
+        let r = xv[j].sub(d0.mul(q));
+        e0 = e0.add(wv[j].mul(r).mul(r));
+    }
+    let d1 = V::select(sqq.gt(z), sxq.div(sqq), z).f16_round();
+    let id1 = one.div(d1);
+    let mut e1 = z;
+    for j in 0..QK {
+        let q = xv[j].mul(id1).round_clamp(lov, hiv);
+        let r = xv[j].sub(d1.mul(q));
+        e1 = e1.add(wv[j].mul(r).mul(r));
+    }
+    let take1 = V::and(V::and(d1.finite_nonzero(), d1.ne(d0)), e1.lt(e0));
+    let (d, id) = (V::select(take1, d1, d0), V::select(take1, id1, id0));
+    // A block that is (nearly) zero, or whose scale underflows f16, is stored as zeros.
+    *d_out = V::select(ok, d, z).to_array();
+    for j in 0..QK {
+        q_out[j] = V::select(ok, xv[j].mul(id).round_clamp(lov, hiv), z).to_ints();
+    }
+}
+
+/// Every block of `x` in groups of `V::N`; see [`symmetric_blocks`]. A group is the blocks of the same columns in
+/// consecutive rows, so that its lanes share their weights.
+#[inline(always)]
+fn blocks<V: Wide>(x: &[f32], importance: Option<&[f32]>, lo: i32, hi: i32, spread: i32, out: &mut [Symmetric]) {
+    const ONES: [f32; QK] = [1.0; QK];
+    // Without importance, any blocks can share a group: view `x` as one column of blocks.
+    let row_blocks = importance.map_or(1, |imp| imp.len() / QK);
+    let rows = out.len() / row_blocks;
+    let (mut d, mut q) = ([0f32; 16], [[0i32; 16]; QK]);
+    for cb in 0..row_blocks {
+        let w: &[f32; QK] = match importance {
+            Some(imp) => imp[cb * QK..(cb + 1) * QK].try_into().expect("a block of weights"),
+            None => &ONES,
+        };
+        let mut r0 = 0;
+        while r0 < rows {
+            let n = V::N.min(rows - r0);
+            let mut ix = [0i32; 16];
+            for (l, i) in ix.iter_mut().enumerate().take(V::N) {
+                // A short last group repeats its last block in the spare lanes.
+                *i = (((r0 + l.min(n - 1)) * row_blocks + cb) * QK) as i32;
+            }
+            group::<V>(x, w, &ix, lo, hi, spread, &mut d, &mut q);
+            for l in 0..n {
+                let o = &mut out[(r0 + l) * row_blocks + cb];
+                o.d = f16::from_f32(d[l]);
+                for (oq, qj) in o.q.iter_mut().zip(&q) {
+                    *oq = qj[l] as i8;
+                }
+            }
+            r0 += n;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::*;
+
+    /// [`Wide`] with 256-bit vectors. Only [`blocks_avx2`] makes one (through `blocks`), and it runs only on CPUs
+    /// with AVX2, FMA and F16C (its caller checks), so the intrinsics below always have their features.
+    #[derive(Clone, Copy)]
+    pub struct A2(__m256);
+
+    // No closures in these impls: a closure is compiled without its caller's target features. Gathers read
+    // `base[idx[l] + off]`, which `blocks` keeps in bounds (`symmetric_blocks_at` checks the lengths).
+    impl Wide for A2 {
+        const N: usize = 8;
+        type M = __m256;
+
+        #[inline(always)]
+        fn splat(v: f32) -> A2 {
+            // SAFETY: features as `A2` says.
+            unsafe { A2(_mm256_set1_ps(v)) }
+        }
+        #[inline(always)]
+        fn gather(base: &[f32], idx: &[i32; 16], off: usize) -> A2 {
+            // SAFETY: gathers in bounds (see `blocks`), features as `A2` says.
+            unsafe {
+                let iv = _mm256_loadu_si256(idx.as_ptr().cast());
+                A2(_mm256_i32gather_ps::<4>(base.as_ptr().add(off), iv))
+            }
+        }
+        #[inline(always)]
+        fn add(self, o: A2) -> A2 {
+            // SAFETY: features as `A2` says.
+            unsafe { A2(_mm256_add_ps(self.0, o.0)) }
+        }
+        #[inline(always)]
+        fn sub(self, o: A2) -> A2 {
+            // SAFETY: features as `A2` says.
+            unsafe { A2(_mm256_sub_ps(self.0, o.0)) }
+        }
+        #[inline(always)]
+        fn mul(self, o: A2) -> A2 {
+            // SAFETY: features as `A2` says.
+            unsafe { A2(_mm256_mul_ps(self.0, o.0)) }
+        }
+        #[inline(always)]
+        fn div(self, o: A2) -> A2 {
+            // SAFETY: features as `A2` says.
+            unsafe { A2(_mm256_div_ps(self.0, o.0)) }
+        }
+        #[inline(always)]
+        fn abs(self) -> A2 {
+            // SAFETY: features as `A2` says.
+            unsafe { A2(_mm256_andnot_ps(_mm256_set1_ps(-0.0), self.0)) }
+        }
+        #[inline(always)]
+        fn gt(self, o: A2) -> __m256 {
+            // SAFETY: features as `A2` says.
+            unsafe { _mm256_cmp_ps::<_CMP_GT_OQ>(self.0, o.0) }
+        }
+        #[inline(always)]
+        fn lt(self, o: A2) -> __m256 {
+            // SAFETY: features as `A2` says.
+            unsafe { _mm256_cmp_ps::<_CMP_LT_OQ>(self.0, o.0) }
+        }
+        #[inline(always)]
+        fn ge(self, o: A2) -> __m256 {
+            // SAFETY: features as `A2` says.
+            unsafe { _mm256_cmp_ps::<_CMP_GE_OQ>(self.0, o.0) }
+        }
+        #[inline(always)]
+        fn ne(self, o: A2) -> __m256 {
+            // SAFETY: features as `A2` says.
+            unsafe { _mm256_cmp_ps::<_CMP_NEQ_OQ>(self.0, o.0) }
+        }
+        #[inline(always)]
+        fn and(a: __m256, b: __m256) -> __m256 {
+            // SAFETY: features as `A2` says.
+            unsafe { _mm256_and_ps(a, b) }
+        }
+        #[inline(always)]
+        fn select(m: __m256, a: A2, b: A2) -> A2 {
+            // SAFETY: features as `A2` says.
+            unsafe { A2(_mm256_blendv_ps(b.0, a.0, m)) }
+        }
+        #[inline(always)]
+        fn round_clamp(self, lo: A2, hi: A2) -> A2 {
+            // SAFETY: features as `A2` says.
+            unsafe {
+                let magic = _mm256_set1_ps(12582912.0);
+                let r = _mm256_sub_ps(_mm256_add_ps(self.0, magic), magic);
+                A2(_mm256_min_ps(_mm256_max_ps(r, lo.0), hi.0))
+            }
+        }
+        #[inline(always)]
+        fn f16_round(self) -> A2 {
+            // SAFETY: features as `A2` says.
+            unsafe { A2(_mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(self.0))) }
+        }
+        #[inline(always)]
+        fn finite_nonzero(self) -> __m256 {
+            // SAFETY: features as `A2` says.
+            unsafe {
+                let finite = _mm256_cmp_ps::<_CMP_LT_OQ>(self.abs().0, _mm256_set1_ps(f32::INFINITY));
+                _mm256_and_ps(finite, _mm256_cmp_ps::<_CMP_NEQ_OQ>(self.0, _mm256_setzero_ps()))
+            }
+        }
+        #[inline(always)]
+        fn to_array(self) -> [f32; 16] {
+            let mut r = [0f32; 16];
+            // SAFETY: features as `A2` says.
+            unsafe { _mm256_storeu_ps(r.as_mut_ptr(), self.0) };
+            r
+        }
+        #[inline(always)]
+        fn to_ints(self) -> [i32; 16] {
+            let mut r = [0i32; 16];
+            // SAFETY: features as `A2` says.
+            unsafe { _mm256_storeu_si256(r.as_mut_ptr().cast(), _mm256_cvtps_epi32(self.0)) };
+            r
+        }
+    }
+
+    /// [`Wide`] with 512-bit vectors and mask registers; made only by [`blocks_avx512`], on CPUs with the
+    /// AVX-512 level's features.
+    #[derive(Clone, Copy)]
+    pub struct A5(__m512);
+
+    impl Wide for A5 {
+        const N: usize = 16;
+        type M = __mmask16;
+
+        #[inline(always)]
+        fn splat(v: f32) -> A5 {
+            // SAFETY: features as `A5` says.
+            unsafe { A5(_mm512_set1_ps(v)) }
+        }
+        #[inline(always)]
+        fn gather(base: &[f32], idx: &[i32; 16], off: usize) -> A5 {
+            // SAFETY: gathers in bounds (see `blocks`), features as `A5` says.
+            unsafe {
+                let iv = _mm512_loadu_si512(idx.as_ptr().cast());
+                A5(_mm512_i32gather_ps::<4>(iv, base.as_ptr().add(off)))
+            }
+        }
+        #[inline(always)]
+        fn add(self, o: A5) -> A5 {
+            // SAFETY: features as `A5` says.
+            unsafe { A5(_mm512_add_ps(self.0, o.0)) }
+        }
+        #[inline(always)]
+        fn sub(self, o: A5) -> A5 {
+            // SAFETY: features as `A5` says.
+            unsafe { A5(_mm512_sub_ps(self.0, o.0)) }
+        }
+        #[inline(always)]
+        fn mul(self, o: A5) -> A5 {
+            // SAFETY: features as `A5` says.
+            unsafe { A5(_mm512_mul_ps(self.0, o.0)) }
+        }
+        #[inline(always)]
+        fn div(self, o: A5) -> A5 {
+            // SAFETY: features as `A5` says.
+            unsafe { A5(_mm512_div_ps(self.0, o.0)) }
+        }
+        #[inline(always)]
+        fn abs(self) -> A5 {
+            // SAFETY: features as `A5` says.
+            unsafe { A5(_mm512_abs_ps(self.0)) }
+        }
+        #[inline(always)]
+        fn gt(self, o: A5) -> __mmask16 {
+            // SAFETY: features as `A5` says.
+            unsafe { _mm512_cmp_ps_mask::<_CMP_GT_OQ>(self.0, o.0) }
+        }
+        #[inline(always)]
+        fn lt(self, o: A5) -> __mmask16 {
+            // SAFETY: features as `A5` says.
+            unsafe { _mm512_cmp_ps_mask::<_CMP_LT_OQ>(self.0, o.0) }
+        }
+        #[inline(always)]
+        fn ge(self, o: A5) -> __mmask16 {
+            // SAFETY: features as `A5` says.
+            unsafe { _mm512_cmp_ps_mask::<_CMP_GE_OQ>(self.0, o.0) }
+        }
+        #[inline(always)]
+        fn ne(self, o: A5) -> __mmask16 {
+            // SAFETY: features as `A5` says.
+            unsafe { _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(self.0, o.0) }
+        }
+        #[inline(always)]
+        fn and(a: __mmask16, b: __mmask16) -> __mmask16 {
+            a & b
+        }
+        #[inline(always)]
+        fn select(m: __mmask16, a: A5, b: A5) -> A5 {
+            // SAFETY: features as `A5` says.
+            unsafe { A5(_mm512_mask_blend_ps(m, b.0, a.0)) }
+        }
+        #[inline(always)]
+        fn round_clamp(self, lo: A5, hi: A5) -> A5 {
+            // SAFETY: features as `A5` says.
+            unsafe {
+                let magic = _mm512_set1_ps(12582912.0);
+                let r = _mm512_sub_ps(_mm512_add_ps(self.0, magic), magic);
+                A5(_mm512_min_ps(_mm512_max_ps(r, lo.0), hi.0))
+            }
+        }
+        #[inline(always)]
+        fn f16_round(self) -> A5 {
+            // SAFETY: features as `A5` says.
+            unsafe { A5(_mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(self.0))) }
+        }
+        #[inline(always)]
+        fn finite_nonzero(self) -> __mmask16 {
+            // SAFETY: features as `A5` says.
+            unsafe {
+                let finite = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(self.abs().0, _mm512_set1_ps(f32::INFINITY));
+                finite & _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(self.0, _mm512_setzero_ps())
+            }
+        }
+        #[inline(always)]
+        fn to_array(self) -> [f32; 16] {
+            let mut r = [0f32; 16];
+            // SAFETY: features as `A5` says.
+            unsafe { _mm512_storeu_ps(r.as_mut_ptr(), self.0) };
+            r
+        }
+        #[inline(always)]
+        fn to_ints(self) -> [i32; 16] {
+            let mut r = [0i32; 16];
+            // SAFETY: features as `A5` says.
+            unsafe { _mm512_storeu_si512(r.as_mut_ptr().cast(), _mm512_cvtps_epi32(self.0)) };
+            r
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn blocks_avx2(x: &[f32], imp: Option<&[f32]>, lo: i32, hi: i32, spread: i32, out: &mut [Symmetric]) {
+        blocks::<A2>(x, imp, lo, hi, spread, out)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub fn blocks_avx512(x: &[f32], imp: Option<&[f32]>, lo: i32, hi: i32, spread: i32, out: &mut [Symmetric]) {
+        blocks::<A5>(x, imp, lo, hi, spread, out)
+    }
+}
+
+/// Searches every 32-value block of `x` for its symmetric block (levels `lo..=hi`) into `out` (one per block),
+/// trying `2·spread + 1` scales around each end of the level range. `importance`, if given, weighs each column of
+/// rows of `importance.len()` values (`x` is whole rows); else every value weighs 1.
+pub(crate) fn symmetric_blocks(
+    x: &[f32],
+    importance: Option<&[f32]>,
+    lo: i32,
+    hi: i32,
+    spread: i32,
+    out: &mut [Symmetric],
+) {
+    symmetric_blocks_at(crate::dispatch::isa(), x, importance, lo, hi, spread, out)
+}
+
+/// [`symmetric_blocks`] at a given level (which the CPU must have).
+pub(crate) fn symmetric_blocks_at(
+    isa: Isa,
+    x: &[f32],
+    importance: Option<&[f32]>,
+    lo: i32,
+    hi: i32,
+    spread: i32,
+    out: &mut [Symmetric],
+) {
+    assert_eq!(x.len(), out.len() * QK, "{} values for {} blocks", x.len(), out.len());
+    assert!(x.len() <= i32::MAX as usize, "gather indices are 32-bit");
+    if let Some(imp) = importance {
+        assert!(
+            !imp.is_empty() && imp.len().is_multiple_of(QK) && x.len().is_multiple_of(imp.len()),
+            "{} importance values for {} values",
+            imp.len(),
+            x.len()
+        );
+    }
+    assert!(isa.is_supported(), "{isa:?} is not available on this CPU");
+    match isa {
+        // SAFETY: the level is supported (checked above), and its features include those enabled by the call.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::blocks_avx512(x, importance, lo, hi, spread, out) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86::blocks_avx2(x, importance, lo, hi, spread, out) },
+        _ => blocks::<Sc>(x, importance, lo, hi, spread, out),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    }
+
+    /// Rows of 7 blocks (so that groups straddle rows and end short), with varied magnitudes, all-zero and
+    /// nearly-zero blocks, blocks whose scale underflows f16 and ones that overflow it.
+    fn data(seed: &mut u64) -> (Vec<f32>, Vec<f32>) {
+        let row = 7 * QK;
+        let mut x = Vec::new();
+        for b in 0..7 * 23 {
+            let scale = match b % 11 {
+                0 => 0.0,
+                1 => 1e-16,
+                2 => 1e-9,
+                3 => 1e6,
+                4 => 3e-5,
+                _ => 1.0 + 10.0 * lcg(seed).abs(),
+            };
+            x.extend((0..QK).map(|_| lcg(seed) * scale));
+        }
+        let imp = (0..row).map(|_| 1e-3 + lcg(seed).abs() * (1.0 + 100.0 * lcg(seed).abs())).collect();
+        (x, imp)
+    }
+
+    #[test]
+    fn every_level_gives_the_same_blocks() {
+        let levels: Vec<Isa> = Isa::ALL.into_iter().filter(|l| l.is_supported()).collect();
+        eprintln!("levels compared: {levels:?}");
+        let mut seed = 3;
+        let (x, imp) = data(&mut seed);
+        let nb = x.len() / QK;
+        for (lo, hi) in [(-8, 7), (-16, 15)] {
+            for importance in [None, Some(&imp[..])] {
+                let run = |isa: Isa| {
+                    let mut out = vec![Symmetric::default(); nb];
+                    symmetric_blocks_at(isa, &x, importance, lo, hi, 1, &mut out);
+                    out.iter().map(|s| (s.d.to_bits(), s.q)).collect::<Vec<_>>()
+                };
+                let want = run(Isa::Scalar);
+                // The zero-ish blocks come out as zeros, with a zero scale.
+                assert_eq!(want[0], (0, [0; QK]));
+                assert_eq!(want[1], (0, [0; QK]));
+                assert!(want[5].0 != 0 && want[5].1.iter().all(|&q| (lo..=hi).contains(&(q as i32))));
+                for &isa in &levels[1..] {
+                    assert_eq!(
+                        run(isa),
+                        want,
+                        "{isa:?} vs scalar, levels {lo}..={hi}, importance {}",
+                        importance.is_some()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_block_in_a_group_comes_out_as_it_does_alone() {
+        let mut seed = 5;
+        let (x, imp) = data(&mut seed);
+        let row = imp.len();
+        let mut all = vec![Symmetric::default(); x.len() / QK];
+        symmetric_blocks(&x, Some(&imp), -8, 7, 1, &mut all);
+        for b in [0, 5, 6, 7, 12, 100] {
+            let mut one = [Symmetric::default()];
+            let col = b * QK % row;
+            symmetric_blocks(&x[b * QK..][..QK], Some(&imp[col..][..QK]), -8, 7, 1, &mut one);
+            assert_eq!((one[0].d.to_bits(), one[0].q), (all[b].d.to_bits(), all[b].q), "block {b}");
+        }
+    }
+}
