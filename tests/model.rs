@@ -160,9 +160,22 @@ fn real_model_prefill_equals_decode() {
     assert!(d < 1e-4, "prefill vs decode on SmolLM2: {d}");
 }
 
-/// Runs `infer logits` on a reference file's sequences and scores the result the way `score_logits.py` does:
-/// top-1 agreement with f32, and mean |Δlogit| over the reference's top-10 ids.
-fn score_against_f32(model: &str, fixture: &str) -> Option<(f64, f64)> {
+/// The SIMD levels the fidelity tests run `infer logits` on: `INFER_ISA` if it is set, else every vector level this
+/// CPU has (each has kernels of its own, so each must hold the same fidelity).
+fn simd_levels() -> Vec<String> {
+    match std::env::var("INFER_ISA") {
+        Ok(isa) if !isa.trim().is_empty() => vec![isa],
+        _ => infer::kernels::dispatch::Isa::available()
+            .into_iter()
+            .filter(|i| *i != infer::kernels::dispatch::Isa::Scalar)
+            .map(|i| i.name().to_string())
+            .collect(),
+    }
+}
+
+/// Runs `infer logits` (at SIMD level `isa`) on a reference file's sequences and scores the result the way
+/// `score_logits.py` does: top-1 agreement with f32, and mean |Δlogit| over the reference's top-10 ids.
+fn score_against_f32(model: &str, fixture: &str, isa: &str) -> Option<(f64, f64)> {
     let path = real_model(model)?;
     let fixture = std::fs::read_to_string(reference(fixture)).ok()?;
     let lines: Vec<serde_json::Value> = fixture.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -175,6 +188,7 @@ fn score_against_f32(model: &str, fixture: &str) -> Option<(f64, f64)> {
     }
     let mut child = crate::common::infer_bin()
         .args(["logits", path.to_str().unwrap(), "--top-k", "40"])
+        .env("INFER_ISA", isa)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -212,17 +226,21 @@ fn score_against_f32(model: &str, fixture: &str) -> Option<(f64, f64)> {
 
 #[test]
 fn smollm2_logits_stay_close_to_f32() {
-    let Some((top1, mean)) = score_against_f32("smollm2", "smollm2-logits-f32.jsonl") else { return };
-    eprintln!("SmolLM2 vs f32: top-1 {top1:.4}, mean |Δ| {mean:.4} (llama.cpp: 0.973, 0.169)");
-    // The issue asks for ≥ 0.97 and ≤ 0.20; we hold ourselves to far tighter bounds than llama.cpp reaches.
-    assert!(top1 >= 0.99 && mean <= 0.02, "top-1 {top1}, mean |Δ| {mean}");
+    for isa in simd_levels() {
+        let Some((top1, mean)) = score_against_f32("smollm2", "smollm2-logits-f32.jsonl", &isa) else { return };
+        eprintln!("SmolLM2 vs f32 ({isa}): top-1 {top1:.4}, mean |Δ| {mean:.4} (llama.cpp: 0.973, 0.169)");
+        // The issue asks for ≥ 0.97 and ≤ 0.20; we hold ourselves to far tighter bounds than llama.cpp reaches.
+        assert!(top1 >= 0.99 && mean <= 0.02, "{isa}: top-1 {top1}, mean |Δ| {mean}");
+    }
 }
 
 #[test]
 fn gemma3_logits_stay_close_to_f32() {
-    let Some((top1, mean)) = score_against_f32("gemma3", "gemma3-logits-f32.jsonl") else { return };
-    eprintln!("Gemma 3 vs f32: top-1 {top1:.4}, mean |Δ| {mean:.4} (llama.cpp: 0.957, 0.199)");
-    assert!(top1 >= 0.99 && mean <= 0.02, "top-1 {top1}, mean |Δ| {mean}");
+    for isa in simd_levels() {
+        let Some((top1, mean)) = score_against_f32("gemma3", "gemma3-logits-f32.jsonl", &isa) else { return };
+        eprintln!("Gemma 3 vs f32 ({isa}): top-1 {top1:.4}, mean |Δ| {mean:.4} (llama.cpp: 0.957, 0.199)");
+        assert!(top1 >= 0.99 && mean <= 0.02, "{isa}: top-1 {top1}, mean |Δ| {mean}");
+    }
 }
 
 #[test]

@@ -141,8 +141,10 @@ fn pack_refuses_what_it_cannot_hold() {
 #[test]
 fn every_level_equals_the_reference_bit_for_bit() {
     let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let mut tested = Vec::new();
     for isa in Isa::available() {
         let Some(kernel) = isa.kernels().unwrap().packed else { continue };
+        tested.push(isa.name());
         for ty in TYPES {
             for nb in [1, 2, 5] {
                 let (rows, cols) = (48, 32 * nb);
@@ -175,6 +177,7 @@ fn every_level_equals_the_reference_bit_for_bit() {
             }
         }
     }
+    eprintln!("panel kernels checked against panel_ref: {}", tested.join(", "));
 }
 
 #[test]
