@@ -81,6 +81,9 @@ pub struct BenchArgs {
     /// Skip the untimed warmup run of each test.
     #[arg(long)]
     pub no_warmup: bool,
+    /// Also probe the memory read rate at each thread count (decode's limit is that rate over the model's bytes).
+    #[arg(long)]
+    pub bandwidth: bool,
     /// Also draw the results as a chart: FILE.svg or FILE.png.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
@@ -214,6 +217,9 @@ pub struct Record {
     /// Tokens per second of CPU time per thread: tokens / (CPU seconds / n_threads): the rate if every thread had a
     /// core to itself and never idled. On a busy machine it estimates (from above) what an idle one would give.
     pub avg_ts_cpu: Option<f64>,
+    /// The memory read probe's rate at this thread count, GB/s (with --bandwidth).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem_read_gbs: Option<f64>,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub curve: Option<CurvePoint>,
 }
@@ -549,6 +555,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<_>>()?;
 
+    let read_gbs: Vec<Option<f64>> =
+        pools.iter().map(|(_, pool)| args.bandwidth.then(|| pool.install(super::membw::read_gbs))).collect();
     let runs_per_test = args.repetitions + usize::from(!args.no_warmup);
     let total = (models.len() * pools.len() * tests.len() * runs_per_test) as u64;
     let progress = if stderr_is_terminal() {
@@ -574,7 +582,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ubatch: args.ubatch,
             rng: ChaCha8Rng::seed_from_u64(TOKEN_SEED),
         };
-        for (n_threads, pool) in &pools {
+        for ((n_threads, pool), gbs) in pools.iter().zip(&read_gbs) {
             for &test in &tests {
                 progress.set_message(format!("{} {} t{}", info.model_type, test.name(), n_threads));
                 let n_seq = match test {
@@ -594,7 +602,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                     Ok(samples)
                 });
                 let samples = samples.with_context(|| format!("{}: {}", info.filename, test.name()))?;
-                records.push(make_record(&build, info, &isa, *n_threads, &args, test, &samples));
+                let mut record = make_record(&build, info, &isa, *n_threads, &args, test, &samples);
+                record.mem_read_gbs = *gbs;
+                records.push(record);
             }
         }
     }
@@ -693,6 +703,7 @@ fn make_record(
         samples_ts,
         samples_cpu_ns: cpu.map(|c| c.iter().map(|&t| (t * 1e9).round() as u64).collect()),
         avg_ts_cpu,
+        mem_read_gbs: None,
         curve,
     }
 }
@@ -865,6 +876,25 @@ fn to_markdown(records: &[Record], build: &str) -> String {
         out.push_str(&md_table(&header, &[true; 11], &rows));
         out.push('\n');
     }
+    let mut probed = false;
+    for r in records.iter().filter(|r| r.n_gen > 0 && r.curve.is_none()) {
+        if let Some(gbs) = r.mem_read_gbs {
+            probed = true;
+            let limit = gbs * 1e9 / r.model_size as f64;
+            let _ = write!(
+                out,
+                "\nmemory read {gbs:.1} GB/s on {} threads: {} {} at most {limit:.0} t/s ({} per token); {:.0}% of it",
+                r.n_threads,
+                r.model_type,
+                r.test,
+                size_str(r.model_size),
+                100.0 * r.avg_ts / limit
+            );
+        }
+    }
+    if probed {
+        out.push('\n');
+    }
     if records.iter().any(|r| r.avg_ts_cpu.is_some()) {
         let _ = write!(
             out,
@@ -879,7 +909,7 @@ fn to_markdown(records: &[Record], build: &str) -> String {
 
 /// CSV with a header: one row per record, the batching-curve columns empty for pp/tg rows.
 fn to_csv(records: &[Record]) -> String {
-    const COLUMNS: [&str; 29] = [
+    const COLUMNS: [&str; 30] = [
         "build",
         "model_filename",
         "model_type",
@@ -900,6 +930,7 @@ fn to_csv(records: &[Record]) -> String {
         "avg_ts",
         "stddev_ts",
         "avg_ts_cpu",
+        "mem_read_gbs",
         "n_kv",
         "t_pp",
         "s_pp",
@@ -938,6 +969,7 @@ fn to_csv(records: &[Record]) -> String {
             format!("{:.4}", r.avg_ts),
             format!("{:.4}", r.stddev_ts),
             opt(r.avg_ts_cpu.map(|v| format!("{v:.4}"))),
+            opt(r.mem_read_gbs.map(|v| format!("{v:.3}"))),
             opt(c.map(|c| c.n_kv.to_string())),
             opt(c.map(|c| format!("{:.6}", c.t_pp))),
             opt(c.map(|c| format!("{:.4}", c.s_pp))),

@@ -10,6 +10,7 @@ pub mod bench;
 pub mod info;
 pub mod list;
 pub mod logits;
+pub mod membw;
 pub mod output;
 pub mod pull;
 pub mod run;
