@@ -4,6 +4,7 @@
 //! HTTP: it loads a model, tokenizes, runs batches of sequences through the shared decoder and samples.
 #![deny(unsafe_code)]
 
+pub mod chat;
 pub mod cli;
 pub mod gguf;
 pub mod model;

@@ -58,6 +58,8 @@ pub struct Timings {
     pub prompt_time: Duration,
     pub generated_tokens: usize,
     pub generate_time: Duration,
+    /// From the call to the first generated token (prefill included): what a person waits before text appears.
+    pub first_token: Option<Duration>,
 }
 
 impl Timings {
@@ -116,14 +118,30 @@ pub struct Session<'m> {
 }
 
 impl<'m> Session<'m> {
-    /// A session with room for `n_ctx` positions.
+    /// A session with room for `n_ctx` positions. A model with sliding-window layers keeps one more window's worth
+    /// of positions behind the window, so a rewind of up to that many tokens (a chat's regenerate or undo) is a
+    /// truncation rather than a new prefill of the whole conversation (see [`Session::with_rewind`]).
     pub fn new(model: &'m Model, tokenizer: &'m Tokenizer, n_ctx: usize, kv_dtype: KvDtype) -> Session<'m> {
+        let rewind = model.config.sliding_window.unwrap_or(0);
+        Session::with_rewind(model, tokenizer, n_ctx, kv_dtype, rewind)
+    }
+
+    /// A session whose sliding-window layers (if the model has any) keep `rewind` positions behind their window.
+    /// A later prompt that shares only a shorter prefix with the cache goes back to it by truncation while the
+    /// window it needs is still held; further back, the prompt is prefilled again from the start.
+    pub fn with_rewind(
+        model: &'m Model,
+        tokenizer: &'m Tokenizer,
+        n_ctx: usize,
+        kv_dtype: KvDtype,
+        rewind: usize,
+    ) -> Session<'m> {
         let swa = model.config.sliding_window.map_or(n_ctx, |w| w + PREFILL_CHUNK);
         Session {
             model,
             tokenizer,
             n_ctx,
-            pool: KvPool::new(&model.config, kv_dtype, n_ctx, swa),
+            pool: KvPool::with_rewind(&model.config, kv_dtype, n_ctx, swa, rewind),
             kv: SeqKv::new(),
             cached: Vec::new(),
             scratch: ForwardScratch::new(model),
@@ -158,6 +176,7 @@ impl<'m> Session<'m> {
         if req.prompt.len() > self.n_ctx {
             return Err(GenerateError::PromptTooLong { prompt: req.prompt.len(), n_ctx: self.n_ctx });
         }
+        let began = Instant::now();
         let mut sampler = Sampler::new(req.sampling)?;
         let mut stop = StopMatcher::new(req.stop.iter().cloned())?;
         let n_vocab = self.model.config.n_vocab;
@@ -166,12 +185,14 @@ impl<'m> Session<'m> {
         // Reuse the cached prefix; at least the last prompt token must run to produce logits.
         let common = self.cached.iter().zip(&req.prompt).take_while(|(a, b)| a == b).count();
         let keep = common.min(req.prompt.len() - 1);
-        let can_truncate = self.model.config.sliding_window.is_none_or(|w| self.kv.len() - keep < w);
         if keep < self.cached.len() {
-            if can_truncate && keep > 0 {
+            if keep > 0 && self.pool.can_truncate(&self.kv, keep) {
                 self.pool.truncate(&mut self.kv, keep);
                 self.cached.truncate(keep);
             } else {
+                // Nothing in common, or the sliding-window layers have freed part of the window that position `keep`
+                // sees. Recomputing just those positions would need their own windows, which are gone too, and so on
+                // back to the start: only a prefill from position 0 gives the same cache as before.
                 self.reset();
             }
         }
@@ -213,6 +234,9 @@ impl<'m> Session<'m> {
                 break;
             }
             let next = sampler.sample(self.scratch.logits(0, n_vocab), &history)?;
+            if timings.first_token.is_none() {
+                timings.first_token = Some(began.elapsed());
+            }
             if !req.ignore_eos && self.tokenizer.is_eog(next) {
                 finish = FinishReason::Stop;
                 break;

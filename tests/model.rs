@@ -268,3 +268,63 @@ fn sliding_window_layers_keep_a_bounded_cache() {
     assert!(small_bytes < big_bytes);
     assert!(max_rel_diff(&bounded, &unbounded) < 1e-6);
 }
+
+/// Runs `parts` one forward pass each through a fresh sequence in `pool`, returning the last logits.
+fn run_parts(model: &Model, pool: &mut KvPool, kv: &mut SeqKv, parts: &[&[u32]]) -> Vec<f32> {
+    let mut scratch = ForwardScratch::new(model);
+    for part in parts {
+        let mut items = [SeqStep { tokens: part, kv: &mut *kv, logits: Logits::Last }];
+        model.forward(&mut items, pool, &mut scratch).unwrap();
+    }
+    scratch.logits(0, model.config.n_vocab).to_vec()
+}
+
+#[test]
+fn sliding_window_pool_takes_batches_that_start_inside_a_block() {
+    // A pool sized for the window plus one batch of 16 must take 16-token batches at any offset, including those
+    // that straddle one block more than 16 positions fill (it ran out of blocks when its size ignored that).
+    let spec = Spec::gemma(GgmlType::Q8_0);
+    let model = load_synthetic(spec);
+    let c = &model.config;
+    let window = c.sliding_window.unwrap();
+    let tokens = random_tokens(120, spec.n_vocab, 31);
+    let mut parts: Vec<&[u32]> = vec![&tokens[..5]];
+    parts.extend(tokens[5..].chunks(16));
+    let mut pool = KvPool::new(c, KvDtype::F32, 128, window + 16);
+    let bounded = run_parts(&model, &mut pool, &mut SeqKv::new(), &parts);
+    let mut big = KvPool::new(c, KvDtype::F32, 128, 128);
+    let unbounded = run_parts(&model, &mut big, &mut SeqKv::new(), &parts);
+    assert!(max_rel_diff(&bounded, &unbounded) < 1e-6);
+}
+
+#[test]
+fn sliding_window_truncation_needs_the_window_and_the_rewind_margin_keeps_it() {
+    let spec = Spec::gemma(GgmlType::Q8_0);
+    let model = load_synthetic(spec);
+    let c = &model.config;
+    let window = c.sliding_window.unwrap();
+    let tokens = random_tokens(100, spec.n_vocab, 41);
+    let more = random_tokens(10, spec.n_vocab, 42);
+    let one_by_one: Vec<&[u32]> = tokens.chunks(1).collect();
+
+    // Without a margin, going back even 20 positions reaches blocks that left the window and were freed.
+    let mut pool = KvPool::new(c, KvDtype::F32, 128, window + 1);
+    let mut kv = SeqKv::new();
+    run_parts(&model, &mut pool, &mut kv, &one_by_one);
+    assert!(pool.can_truncate(&kv, 100) && pool.can_truncate(&kv, 99));
+    assert!(!pool.can_truncate(&kv, 80), "blocks before position {} are gone", 100 - window);
+
+    // With a margin of 24 they are kept: truncating to 80 and going on equals a sequence that never went further;
+    // 60 is beyond the margin.
+    let mut pool = KvPool::with_rewind(c, KvDtype::F32, 128, window + 1, 24);
+    let mut kv = SeqKv::new();
+    run_parts(&model, &mut pool, &mut kv, &one_by_one);
+    assert!(pool.can_truncate(&kv, 80));
+    assert!(!pool.can_truncate(&kv, 60));
+    assert!(!pool.can_truncate(&kv, 101), "cannot truncate forwards");
+    pool.truncate(&mut kv, 80);
+    let rewound = run_parts(&model, &mut pool, &mut kv, &[&more]);
+    let mut fresh_pool = KvPool::new(c, KvDtype::F32, 128, 128);
+    let fresh = run_parts(&model, &mut fresh_pool, &mut SeqKv::new(), &[&tokens[..80], &more]);
+    assert!(max_rel_diff(&rewound, &fresh) < 1e-4);
+}

@@ -144,3 +144,18 @@ fn a_bad_infer_isa_is_reported_by_every_command_that_loads_a_model() {
         assert_clean_failure(&out, "INFER_ISA");
     }
 }
+
+#[test]
+fn timings_go_to_stderr_with_verbose_and_never_to_a_pipe() {
+    let dir = tempdir();
+    let model = dir.path().join("tiny.gguf");
+    build(Spec::llama(GgmlType::Q8_0), 5).write_file(&model).unwrap();
+    let m = model.to_str().unwrap();
+    let quiet = infer(&["run", m, "-p", "abc", "-n", "2", "--ignore-eos"]);
+    assert!(quiet.status.success());
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("[ load"), "stdout is a pipe: no timing line");
+    let verbose = infer(&["run", m, "-p", "abc", "-n", "2", "--ignore-eos", "-v"]);
+    let err = String::from_utf8_lossy(&verbose.stderr);
+    let line = err.lines().find(|l| l.starts_with("[ load ")).unwrap_or_else(|| panic!("no timing line: {err}"));
+    assert!(line.contains("prompt 3 tokens") && line.contains("generation 2 tokens") && line.ends_with(']'), "{line}");
+}

@@ -1,6 +1,7 @@
 //! The integration tests: one binary, one module per area.
 
 mod bench;
+mod chat;
 mod common;
 mod gguf;
 mod model;

@@ -93,6 +93,36 @@ impl StopArgs {
     }
 }
 
+// How long the context and the output may be. (Plain comment: see `SamplingArgs`.)
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct LengthArgs {
+    /// Most tokens to generate (per reply, in chat); -1 = until an end token or a full context.
+    #[arg(short = 'n', long = "n-predict", value_name = "N", default_value_t = -1, allow_negative_numbers = true,
+          value_parser = parse_n_predict)]
+    pub n_predict: i64,
+    /// Context size in tokens; 0 = the model's trained context.
+    #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 4096)]
+    pub ctx_size: usize,
+}
+
+impl LengthArgs {
+    /// `-n` as a limit: `None` for -1.
+    pub fn max_tokens(&self) -> Option<usize> {
+        usize::try_from(self.n_predict).ok()
+    }
+
+    /// The context size, given the model's trained context for `-c 0`.
+    pub fn n_ctx(&self, n_ctx_train: usize) -> usize {
+        if self.ctx_size == 0 { n_ctx_train } else { self.ctx_size }
+    }
+}
+
+/// `-n`: -1 (unlimited) or a count ≥ 0.
+pub fn parse_n_predict(s: &str) -> Result<i64, String> {
+    let n: i64 = s.trim().parse().map_err(|_| format!("'{s}' is not a whole number"))?;
+    if n < -1 { Err("must be -1 (unlimited) or a count ≥ 0".into()) } else { Ok(n) }
+}
+
 // How many CPU threads the engine uses. (Plain comment: see `SamplingArgs`.)
 #[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
 pub struct ThreadArgs {

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 pub mod args;
 pub mod bench;
+pub mod chat;
 pub mod info;
 pub mod list;
 pub mod logits;
@@ -36,6 +37,8 @@ pub enum Command {
     List(list::ListArgs),
     /// Generate text from a prompt, streamed to stdout.
     Run(run::RunArgs),
+    /// Chat with a model: line editing and history on a terminal, one message per line from a pipe.
+    Chat(chat::ChatArgs),
     /// Print the top-K raw logits at every position of token-id sequences read from stdin (fidelity checks).
     Logits(logits::LogitsArgs),
     /// Measure speed: prefill (pp), generation (tg) and the batched-decode curve (--batch), like llama-bench.
@@ -51,6 +54,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::List(args) => list::run(args),
         Command::Logits(args) => logits::run(args),
         Command::Run(args) => run::run(args),
+        Command::Chat(args) => chat::run(args),
         Command::Bench(args) => bench::run(args),
     }
 }
@@ -91,6 +95,7 @@ pub fn isa_in_use() -> String {
 
 /// A model and its tokenizer, loaded for a command.
 pub struct Loaded {
+    pub path: std::path::PathBuf,
     pub model: crate::model::Model,
     pub tokenizer: crate::tokenizer::Tokenizer,
 }
@@ -115,7 +120,38 @@ pub fn load(spec: Option<&str>, engine: &EngineArgs) -> anyhow::Result<Loaded> {
     let (path, model) = load_model(spec, engine)?;
     let tokenizer = crate::tokenizer::Tokenizer::from_gguf(model.file())
         .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
-    Ok(Loaded { model, tokenizer })
+    Ok(Loaded { path, model, tokenizer })
+}
+
+/// The chat template for a model: `--chat-template` (a template file, or a built-in's name) or the model's own.
+pub fn chat_template(
+    model: &crate::model::Model,
+    arg: Option<&str>,
+) -> anyhow::Result<crate::tokenizer::chat::ChatTemplate> {
+    use crate::tokenizer::chat::ChatTemplate;
+    use anyhow::Context;
+    // A file's contents become the template source.
+    let source = match arg {
+        Some(t) if std::path::Path::new(t).is_file() => Some(ChatTemplate::read_file(std::path::Path::new(t))?),
+        Some(t) if t.contains('/') || t.ends_with(".jinja") => anyhow::bail!("no such chat template file: {t}"),
+        Some(t) => Some(t.to_string()),
+        None => None,
+    };
+    ChatTemplate::from_gguf(model.file(), source.as_deref()).context("loading the chat template")
+}
+
+/// A flag that Ctrl-C sets; generation checks it between tokens and stops. A second Ctrl-C while the flag is still
+/// set (the first not yet honoured) exits at once with status 130. Callers clear the flag once they have stopped.
+pub fn cancel_on_ctrl_c() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let cancel = std::sync::Arc::new(AtomicBool::new(false));
+    let flag = cancel.clone();
+    let _ = ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+    });
+    cancel
 }
 
 /// Engine settings shared by every command that runs a model.

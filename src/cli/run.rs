@@ -4,18 +4,16 @@
 //! stderr, and only when stdout is a terminal (a person is watching) unless `--verbose` asks for them.
 
 use std::io::{IsTerminal, Read};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::cli::EngineArgs;
-use crate::cli::args::{SamplingArgs, StopArgs, ThreadArgs};
+use crate::cli::args::{LengthArgs, SamplingArgs, StopArgs, ThreadArgs};
 use crate::cli::output::print_flush;
-use crate::session::{FinishReason, GenerateRequest, Session};
+use crate::session::{FinishReason, GenerateRequest, Generation, Session, Timings};
 use crate::tokenizer::chat::ChatMessage;
 
 #[derive(Args, Debug)]
@@ -28,13 +26,8 @@ pub struct RunArgs {
     /// Read the prompt from a file (`-` = stdin). Without -p or -f, a piped stdin is the prompt.
     #[arg(short = 'f', long, value_name = "FILE")]
     pub file: Option<String>,
-    /// Most tokens to generate; -1 = until an end token or a full context.
-    #[arg(short = 'n', long = "n-predict", value_name = "N", default_value_t = -1, allow_negative_numbers = true,
-          value_parser = parse_n_predict)]
-    pub n_predict: i64,
-    /// Context size in tokens; 0 = the model's trained context.
-    #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 4096)]
-    pub ctx_size: usize,
+    #[command(flatten)]
+    pub length: LengthArgs,
     /// Wrap the prompt in the model's chat template (as one user turn).
     #[arg(long)]
     pub chat: bool,
@@ -61,11 +54,6 @@ pub struct RunArgs {
     pub threads: ThreadArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
-}
-
-fn parse_n_predict(s: &str) -> Result<i64, String> {
-    let n: i64 = s.parse().map_err(|_| format!("'{s}' is not a whole number"))?;
-    if n < -1 { Err("must be -1 (unlimited) or a count ≥ 0".into()) } else { Ok(n) }
 }
 
 /// Prompts larger than this are refused before tokenizing (64 MiB of text is far beyond any context).
@@ -110,15 +98,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let load_time = load_start.elapsed();
 
     let prompt_text = if args.chat {
-        use crate::tokenizer::chat::ChatTemplate;
-        // --chat-template names a built-in or a file; a file's contents become the template source.
-        let source = match args.chat_template.as_deref() {
-            Some(t) if std::path::Path::new(t).is_file() => Some(ChatTemplate::read_file(std::path::Path::new(t))?),
-            Some(t) if t.contains('/') || t.ends_with(".jinja") => bail!("no such chat template file: {t}"),
-            Some(t) => Some(t.to_string()),
-            None => None,
-        };
-        let template = ChatTemplate::from_gguf(model.file(), source.as_deref()).context("loading the chat template")?;
+        let template = super::chat_template(model, args.chat_template.as_deref())?;
         let mut messages = Vec::new();
         if let Some(sys) = &args.system {
             messages.push(ChatMessage { role: "system".into(), content: sys.clone() });
@@ -131,11 +111,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     // A raw prompt gets BOS if the model asks for it; a rendered chat prompt gets it unless the template wrote it.
     let prompt =
         if args.chat { tokenizer.encode_prompt(&prompt_text) } else { tokenizer.encode(&prompt_text, true, true) };
-    let n_ctx = if args.ctx_size == 0 { model.config.n_ctx_train } else { args.ctx_size };
+    let n_ctx = args.length.n_ctx(model.config.n_ctx_train);
     if prompt.len() > n_ctx {
         bail!("the prompt is {} tokens, but the context holds {n_ctx}: shorten it or raise --ctx-size", prompt.len());
     }
-    let max_tokens = if args.n_predict < 0 { usize::MAX } else { args.n_predict as usize };
+    let max_tokens = args.length.max_tokens().unwrap_or(usize::MAX);
     let req = GenerateRequest {
         prompt,
         max_tokens,
@@ -144,16 +124,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         ignore_eos: args.ignore_eos,
     };
 
-    let cancel = Arc::new(AtomicBool::new(false));
-    {
-        let cancel = cancel.clone();
-        // A second Ctrl-C while the first is being honoured exits at once.
-        let _ = ctrlc::set_handler(move || {
-            if cancel.swap(true, Ordering::SeqCst) {
-                std::process::exit(130);
-            }
-        });
-    }
+    let cancel = super::cancel_on_ctrl_c();
     let pool = args.threads.build_pool().context("starting worker threads")?;
     let mut session = Session::new(model, tokenizer, n_ctx, args.engine.kv_dtype());
     let json_mode = args.json;
@@ -170,24 +141,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if !json_mode && wrote_any && std::io::stdout().is_terminal() {
         print_flush("\n")?;
     }
-    let t = &result.timings;
     if json_mode {
-        let out = json!({
-            "text": result.text,
-            "tokens": result.tokens,
-            "finish_reason": result.finish.as_str(),
-            "seed": params.seed,
-            "prompt_tokens": req.prompt.len(),
-            "timings": {
-                "load_ms": load_time.as_secs_f64() * 1e3,
-                "prompt_tokens": t.prompt_tokens,
-                "prompt_ms": t.prompt_time.as_secs_f64() * 1e3,
-                "prompt_tokens_per_second": t.prompt_tps(),
-                "generated_tokens": t.generated_tokens,
-                "generation_ms": t.generate_time.as_secs_f64() * 1e3,
-                "generation_tokens_per_second": t.generate_tps(),
-            },
-        });
+        let out = generation_json(&result, params.seed, req.prompt.len(), load_time);
         crate::cli::output::print_line(&out.to_string())?;
     }
     if result.context_full {
@@ -199,17 +154,43 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         eprintln!("note: interrupted");
     }
     if show_stats {
-        eprintln!(
-            "[ load {:.0} ms | prompt {} tokens, {:.1} t/s | generation {} tokens, {:.1} t/s | {} threads, {} | seed {} ]",
-            load_time.as_secs_f64() * 1e3,
-            t.prompt_tokens,
-            t.prompt_tps(),
-            t.generated_tokens,
-            t.generate_tps(),
-            args.threads.count(),
-            crate::cli::isa_in_use(),
-            params.seed,
-        );
+        eprintln!("{}", timing_line(Some(load_time), &result.timings, args.threads.count(), params.seed));
     }
     Ok(())
+}
+
+/// `--json`'s object for one generation: its text and tokens, why it ended, the seed, and the timings.
+pub fn generation_json(result: &Generation, seed: u64, prompt_tokens: usize, load_time: Duration) -> Value {
+    let t = &result.timings;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    json!({
+        "text": result.text,
+        "tokens": result.tokens,
+        "finish_reason": result.finish.as_str(),
+        "seed": seed,
+        "prompt_tokens": prompt_tokens,
+        "timings": {
+            "load_ms": ms(load_time),
+            "prompt_tokens": t.prompt_tokens,
+            "prompt_ms": ms(t.prompt_time),
+            "prompt_tokens_per_second": t.prompt_tps(),
+            "generated_tokens": t.generated_tokens,
+            "generation_ms": ms(t.generate_time),
+            "generation_tokens_per_second": t.generate_tps(),
+            "first_token_ms": t.first_token.map(ms),
+        },
+    })
+}
+
+/// The timing line for a person: `[ load … | prompt … | generation … | threads, ISA | seed … ]`.
+pub fn timing_line(load_time: Option<Duration>, t: &Timings, threads: usize, seed: u64) -> String {
+    let load = load_time.map(|d| format!("load {:.0} ms | ", d.as_secs_f64() * 1e3)).unwrap_or_default();
+    format!(
+        "[ {load}prompt {} tokens, {:.1} t/s | generation {} tokens, {:.1} t/s | {threads} threads, {} | seed {seed} ]",
+        t.prompt_tokens,
+        t.prompt_tps(),
+        t.generated_tokens,
+        t.generate_tps(),
+        crate::cli::isa_in_use(),
+    )
 }

@@ -5,8 +5,8 @@
 //! returns its blocks at once, and (later) sequences with a common prefix can share blocks.
 //!
 //! Layers are split into groups with their own block tables. A group of sliding-window layers (gemma3) frees a
-//! sequence's blocks once every position in them has left the window, so those layers keep a cache bounded by the
-//! window rather than by the context.
+//! sequence's blocks once every position in them has left the window (and an optional rewind margin behind it), so
+//! those layers keep a cache bounded by the window rather than by the context.
 //!
 //! Storage per group, f32 or f16, one tile per (block, layer):
 //! - keys `[n_blocks][n_layers_in_group][k_row][block_size]`: each tile transposed, so one key dimension's values
@@ -156,6 +156,9 @@ pub enum TilesMut<'a> {
 pub struct LayerGroup {
     /// Sliding window of these layers, if they have one.
     pub window: Option<usize>,
+    /// Positions kept behind the window (sliding-window groups only), so that a sequence can be truncated back by
+    /// this many and still find the window its next position needs.
+    rewind: usize,
     n_layers: usize,
     n_blocks: usize,
     k: KvStore,
@@ -213,6 +216,18 @@ impl KvPool {
     /// A pool with room for `capacity` positions in total across sequences (sliding-window groups get room for
     /// `swa_capacity`, since they hold at most a window plus one batch per sequence).
     pub fn new(config: &ModelConfig, dtype: KvDtype, capacity: usize, swa_capacity: usize) -> KvPool {
+        KvPool::with_rewind(config, dtype, capacity, swa_capacity, 0)
+    }
+
+    /// As [`KvPool::new`], with sliding-window groups that also keep `rewind` positions behind the window (and room
+    /// for them on top of `swa_capacity`), so that [`KvPool::truncate`] can take a sequence back that far.
+    pub fn with_rewind(
+        config: &ModelConfig,
+        dtype: KvDtype,
+        capacity: usize,
+        swa_capacity: usize,
+        rewind: usize,
+    ) -> KvPool {
         let block_size = DEFAULT_BLOCK_SIZE;
         let mut groups = Vec::new();
         let mut layer_slot = vec![(0, 0); config.n_layer];
@@ -221,8 +236,12 @@ impl KvPool {
             if layers.is_empty() {
                 continue;
             }
-            let positions = if swa { swa_capacity.min(capacity) } else { capacity };
-            let n_blocks = positions.div_ceil(block_size).max(1);
+            let mut n_blocks = capacity.div_ceil(block_size);
+            if swa {
+                // A batch that starts part-way into a block spans one block more than its positions fill.
+                n_blocks = n_blocks.min(swa_capacity.saturating_add(rewind).div_ceil(block_size) + 1);
+            }
+            let n_blocks = n_blocks.max(1);
             let gi = groups.len();
             for (slot, &il) in layers.iter().enumerate() {
                 layer_slot[il] = (gi, slot);
@@ -231,6 +250,7 @@ impl KvPool {
             let per_block = layers.len() * block_size;
             groups.push(LayerGroup {
                 window: if swa { config.sliding_window } else { None },
+                rewind: if swa { rewind } else { 0 },
                 n_layers: layers.len(),
                 n_blocks,
                 k: KvStore::new(dtype, n_blocks * per_block * k_row),
@@ -286,9 +306,9 @@ impl KvPool {
         seq.len += n;
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
             let Some(window) = g.window else { continue };
-            // The next query sits at position `len` and sees positions > len - window.
-            let first_visible = (seq.len + 1).saturating_sub(window);
-            let dead_blocks = first_visible / self.block_size;
+            // The next query sits at position `len` and sees positions > len - window; `rewind` more are kept.
+            let first_kept = (seq.len + 1).saturating_sub(window + g.rewind);
+            let dead_blocks = first_kept / self.block_size;
             for entry in table.iter_mut().take(dead_blocks) {
                 if let Some(b) = entry.take() {
                     g.free.push(b);
@@ -305,12 +325,28 @@ impl KvPool {
         seq.len = 0;
     }
 
+    /// Whether `seq` can be truncated to `new_len` and go on from there: every sliding-window group still holds
+    /// the window that a query at position `new_len` sees. (Freed blocks are always a prefix of a table, so the
+    /// block of the window's first position decides.)
+    pub fn can_truncate(&self, seq: &SeqKv, new_len: usize) -> bool {
+        if new_len >= seq.len {
+            return new_len == seq.len;
+        }
+        self.groups.iter().zip(&seq.tables).all(|(g, table)| {
+            let Some(window) = g.window else { return true };
+            let first_visible = (new_len + 1).saturating_sub(window);
+            table.get(first_visible / self.block_size).is_some_and(Option::is_some)
+        })
+    }
+
     /// Drops positions from `new_len` on (chat rewind, regenerate); blocks past the end return to the pool.
-    /// Sliding-window blocks already freed cannot come back, so truncation there must stay within the window.
+    /// Sliding-window blocks already freed cannot come back: callers check [`KvPool::can_truncate`] first, and
+    /// otherwise start the sequence over.
     pub fn truncate(&mut self, seq: &mut SeqKv, new_len: usize) {
         if new_len >= seq.len {
             return;
         }
+        debug_assert!(self.can_truncate(seq, new_len), "truncating to {new_len} loses the window it needs");
         let keep = new_len.div_ceil(self.block_size);
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
             if table.len() > keep {

@@ -419,7 +419,7 @@ mod tests {
         assert!(t.render(&conv(), false).is_err());
         let t = ChatTemplate::new("t", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "", "").unwrap();
         assert!(t.render(&conv(), false).is_err());
-        let t = ChatTemplate::new("t", "{% include 'https://gh.zcca.site/etc/passwd' %}", "", "").unwrap();
+        let t = ChatTemplate::new("t", "{% include '/etc/passwd' %}", "", "").unwrap();
         assert!(t.render(&conv(), false).is_err());
         let t = ChatTemplate::new("t", "{{ messages[0].content.strip().upper() }}", "", "").unwrap();
         assert_eq!(t.render(&conv(), false).unwrap(), "BE BRIEF.");

@@ -1,0 +1,159 @@
+//! The REPL's `/commands`: parsing them, and `/set` on the chat's settings. Every mistake is one line of error.
+
+use std::path::PathBuf;
+
+use crate::chat::ChatSettings;
+use crate::cli::args::{
+    parse_count, parse_min_p, parse_n_predict, parse_repeat_penalty, parse_seed, parse_temperature, parse_top_p,
+};
+
+/// A parsed command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    Help,
+    Exit,
+    Clear,
+    /// `/system` alone shows the system prompt; with text, sets it.
+    System(Option<String>),
+    Regen,
+    Undo,
+    Save(PathBuf),
+    Load(PathBuf),
+    /// `/set` alone shows every setting; `/set NAME VALUE` changes one.
+    Set(Option<(String, String)>),
+    Context,
+    Stats,
+}
+
+/// The commands, for `/help`.
+pub const HELP: &str = "\
+/help               this list
+/exit               leave (also Ctrl-D, or Ctrl-C twice at an empty prompt)
+/clear              start a new conversation (the system prompt stays)
+/system [TEXT]      show or set the system prompt
+/regen              generate the last reply again
+/undo               drop the last exchange (your message and the reply)
+/save FILE          save the conversation and the settings as JSON
+/load FILE          load a conversation saved with /save
+/set [NAME VALUE]   show the settings, or set temp, top-k, top-p, min-p, repeat-penalty, repeat-last-n,
+                    seed (a number, or random) or n (most tokens per reply; -1 = no limit)
+/context            how the context is spent: system, history, the reply's reserve, free
+/stats              the last reply's prompt and generation speed and time to first token
+\"\"\"                 start or end a message of several lines
+Ctrl-C stops a reply; what was said so far is kept.";
+
+/// Settings `/set` knows, as typed.
+pub const SETTINGS: &str = "temp, top-k, top-p, min-p, repeat-penalty, repeat-last-n, seed, n";
+
+/// Parses a command line (without the leading `/`).
+pub fn parse(line: &str) -> Result<Command, String> {
+    let line = line.trim();
+    let (name, rest) = line.split_once(char::is_whitespace).map_or((line, ""), |(n, r)| (n, r.trim()));
+    let no_args = |c: Command| if rest.is_empty() { Ok(c) } else { Err(format!("/{name} takes no arguments")) };
+    let file = |c: fn(PathBuf) -> Command| {
+        if rest.is_empty() { Err(format!("/{name} needs a file name")) } else { Ok(c(PathBuf::from(rest))) }
+    };
+    match name {
+        "help" | "?" => no_args(Command::Help),
+        "exit" | "quit" | "bye" => no_args(Command::Exit),
+        "clear" => no_args(Command::Clear),
+        "system" => Ok(Command::System((!rest.is_empty()).then(|| rest.to_string()))),
+        "regen" => no_args(Command::Regen),
+        "undo" => no_args(Command::Undo),
+        "save" => file(Command::Save),
+        "load" => file(Command::Load),
+        "set" if rest.is_empty() => Ok(Command::Set(None)),
+        "set" => match rest.split_once(char::is_whitespace) {
+            Some((key, value)) => Ok(Command::Set(Some((key.to_string(), value.trim().to_string())))),
+            None => Err(format!("/set {rest} needs a value (/set alone shows the settings)")),
+        },
+        "context" => no_args(Command::Context),
+        "stats" => no_args(Command::Stats),
+        "" => Err("a command name must follow '/': /help lists them".into()),
+        other => Err(format!("unknown command /{other}: /help lists the commands")),
+    }
+}
+
+/// Applies `/set key value`, checking the value as the command-line flag of the same name would.
+pub fn set(settings: &mut ChatSettings, key: &str, value: &str) -> Result<(), String> {
+    let bad = |e: String| format!("/set {key}: {e}");
+    match key {
+        "temp" | "temperature" => settings.temperature = parse_temperature(value).map_err(bad)?,
+        "top-k" => settings.top_k = parse_count(value).map_err(bad)?,
+        "top-p" => settings.top_p = parse_top_p(value).map_err(bad)?,
+        "min-p" => settings.min_p = parse_min_p(value).map_err(bad)?,
+        "repeat-penalty" => settings.repeat_penalty = parse_repeat_penalty(value).map_err(bad)?,
+        "repeat-last-n" => settings.repeat_last_n = parse_count(value).map_err(bad)?,
+        "seed" if value == "random" => settings.seed = None,
+        "seed" => settings.seed = Some(parse_seed(value).map_err(bad)?),
+        "n" => settings.max_tokens = usize::try_from(parse_n_predict(value).map_err(bad)?).ok(),
+        other => return Err(format!("/set: unknown setting '{other}' (settings: {SETTINGS})")),
+    }
+    Ok(())
+}
+
+/// Every setting, one per line, as `/set` alone prints them.
+pub fn show(settings: &ChatSettings) -> String {
+    let seed = settings.seed.map_or("random".to_string(), |s| s.to_string());
+    let n = settings.max_tokens.map_or("-1 (no limit)".to_string(), |n| n.to_string());
+    format!(
+        "temp {}\ntop-k {}\ntop-p {}\nmin-p {}\nrepeat-penalty {}\nrepeat-last-n {}\nseed {seed}\nn {n}",
+        settings.temperature,
+        settings.top_k,
+        settings.top_p,
+        settings.min_p,
+        settings.repeat_penalty,
+        settings.repeat_last_n,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_parse_and_mistakes_are_one_line() {
+        assert_eq!(parse("help"), Ok(Command::Help));
+        assert_eq!(parse(" system  Be brief. "), Ok(Command::System(Some("Be brief.".into()))));
+        assert_eq!(parse("save my chat.json"), Ok(Command::Save("my chat.json".into())));
+        assert_eq!(parse("set temp 0.5"), Ok(Command::Set(Some(("temp".into(), "0.5".into())))));
+        assert_eq!(parse("set"), Ok(Command::Set(None)));
+        for (bad, needle) in [
+            ("frobnicate", "unknown command /frobnicate"),
+            ("save", "needs a file name"),
+            ("set temp", "needs a value"),
+            ("undo 3", "takes no arguments"),
+            ("", "must follow"),
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(e.contains(needle) && !e.contains('\n'), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn set_checks_values_like_the_flags() {
+        let mut s = ChatSettings::default();
+        set(&mut s, "temp", "0").unwrap();
+        set(&mut s, "top-k", "5").unwrap();
+        set(&mut s, "seed", "42").unwrap();
+        set(&mut s, "n", "16").unwrap();
+        assert_eq!((s.temperature, s.top_k, s.seed, s.max_tokens), (0.0, 5, Some(42), Some(16)));
+        set(&mut s, "n", "-1").unwrap();
+        set(&mut s, "seed", "random").unwrap();
+        assert_eq!((s.seed, s.max_tokens), (None, None));
+        let before = s;
+        for (key, value, needle) in [
+            ("temp", "hot", "/set temp: 'hot' is not a number"),
+            ("temp", "-1", "/set temp: the temperature must be >= 0"),
+            ("top-p", "1.5", "/set top-p: top-p must be in (0, 1]"),
+            ("n", "-2", "/set n: must be -1"),
+            ("seed", "x", "/set seed: 'x' is not a seed"),
+            ("colour", "red", "unknown setting 'colour'"),
+        ] {
+            let e = set(&mut s, key, value).unwrap_err();
+            assert!(e.contains(needle), "{key} {value}: {e}");
+        }
+        assert_eq!(s, before, "a refused value changes nothing");
+        assert!(show(&s).contains("seed random\nn -1 (no limit)"));
+    }
+}
