@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 
 use half::f16;
 
-use crate::packed::PackedView;
+use crate::packed::{PackedFormat, PackedView};
 use crate::quant::{BlockQ2K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, BlockQ8K};
 use crate::vec_f32::{AxpyRows, SoftmaxState};
 
@@ -299,6 +299,8 @@ pub struct Kernels {
     pub q6_k: PanelK<BlockQ6K>,
     /// The kernel for [`crate::packed`] panels, on levels that have one; weights are packed at load only then.
     pub packed: Option<PanelPacked>,
+    /// The panel formats `packed` has SIMD code for (matrices of other types keep their GGUF layout).
+    pub packed_formats: &'static [PackedFormat],
     /// [`crate::vec_f32::dot_cols`].
     pub dot_cols_f32: fn(&[f32], &[f32], usize, &mut [f32]),
     /// [`crate::vec_f32::dot_cols_f16`].

@@ -24,6 +24,7 @@ macro_rules! x86_kernels {
         kernel32 = $tile32:ident: $W32b:ident,
         tilek = $RK:literal x $CK:literal,
         packed = $packed:expr,
+        packed_formats = $pf:expr,
         attention = [$dc32:ident, $dc16:ident, $ar32:ident, $ar16:ident],
         quantize32 = $q32:ident
     ) => {
@@ -96,6 +97,7 @@ macro_rules! x86_kernels {
                 unsafe { panelk::<BlockQ6K>(w, nb, rows, act, n, g, out) }
             },
             packed: $packed,
+            packed_formats: $pf,
             dot_cols_f32: |q, kt, lanes, out| {
                 // SAFETY: see KERNELS.
                 unsafe { $dc32(q, kt, lanes, out) }

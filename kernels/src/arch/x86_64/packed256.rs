@@ -23,7 +23,7 @@ use std::cell::Cell;
 use std::ops::Range;
 
 use crate::dispatch::{Act32, OutSink};
-use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, check_args};
+use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, Sections, check_args};
 
 /// Rows per half panel: one i32 lane each in a 256-bit register.
 const HALF: usize = PANEL_ROWS / 2;
@@ -36,13 +36,15 @@ const PREFETCH: usize = 4096;
 
 /// One output row's activations widened to 16 bits, for a chunk of output rows: row `i`'s values are
 /// `q[i·cols..][..cols]`, each group of four in the order 0, 2, 1, 3 (see the module documentation); per block its scale `d` (the last part's, as `panel_ref` scales), its `s` (the first
-/// part's, which carries both parts' offset terms) and `isum`, the Σq of the combined value.
+/// part's, which carries both parts' offset terms) and `isum`, the Σq of the combined value; for formats with a
+/// scale per half block, `hsum` holds the two halves' Σq (2 per block).
 #[derive(Default)]
 struct Act16 {
     q: Vec<i16>,
     d: Vec<f32>,
     s: Vec<f32>,
     isum: Vec<i32>,
+    hsum: Vec<i32>,
 }
 
 thread_local! {
@@ -51,9 +53,10 @@ thread_local! {
 }
 
 impl Act16 {
-    /// Fills the buffer with output rows `outs` of `act` (`G` activation rows each, `nb` blocks per row).
+    /// Fills the buffer with output rows `outs` of `act` (`G` activation rows each, `nb` blocks per row), and
+    /// with `halves` the half blocks' sums.
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn fill<const G: usize>(&mut self, act: &Act32<'_>, nb: usize, outs: Range<usize>) {
+    fn fill<const G: usize>(&mut self, act: &Act32<'_>, nb: usize, outs: Range<usize>, halves: bool) {
         let cols = nb * 32;
         let n = outs.len();
         self.q.resize(self.q.len().max(n * cols), 0);
@@ -61,6 +64,9 @@ impl Act16 {
             v.resize(v.len().max(n * nb), 0.0);
         }
         self.isum.resize(self.isum.len().max(n * nb), 0);
+        if halves {
+            self.hsum.resize(self.hsum.len().max(2 * n * nb), 0);
+        }
         for (i, o) in outs.enumerate() {
             let a = o * G;
             let q1 = &act.qs[a * cols..(a + 1) * cols];
@@ -93,6 +99,13 @@ impl Act16 {
                 let (i1, i2) = (act.isum[a * nb + b], act.isum[(a + G - 1) * nb + b]);
                 *sum = if G == 2 { (i1 << 8) + i2 } else { i1 };
             }
+            if halves {
+                // The combined values' sums, per 16 (their order within a group of four does not matter).
+                let sums = dst.chunks_exact(16).map(|h| h.iter().map(|&v| v as i32).sum::<i32>());
+                for (hs, v) in self.hsum[2 * i * nb..2 * (i + 1) * nb].iter_mut().zip(sums) {
+                    *hs = v;
+                }
+            }
         }
     }
 }
@@ -117,11 +130,56 @@ trait Quants {
     /// # Safety
     /// As [`Quants::extra`]; `extra` is what it returned for this block.
     unsafe fn unpack_pair(qs: *const u8, jj: usize, extra: __m256i) -> [__m256i; 2];
+    /// Block `b`'s scales for the 8 rows of half `half` of the panel at `panel`: the scale of weights 0..16 and of
+    /// weights 16..32 (the same unless the format splits halves), and the offset (0 without one), as
+    /// [`crate::packed::PackedView::scale`] and `m` state them.
+    ///
+    /// # Safety
+    /// `panel` must be a checked panel with sections `sec`, `b` one of its blocks; the CPU must have AVX2 and F16C.
+    #[inline(always)]
+    unsafe fn scales(panel: *const u8, sec: &Sections, b: usize, half: usize) -> ([__m256; 2], __m256) {
+        // SAFETY: 16 bytes of f16 scales (and offsets) per block and half, 16-byte aligned, by the caller's
+        // contract.
+        unsafe {
+            let d = _mm256_cvtph_ps(_mm_load_si128(panel.add(sec.d + 32 * b + 16 * half).cast()));
+            let m = if Self::FORMAT.has_min() {
+                _mm256_cvtph_ps(_mm_load_si128(panel.add(sec.m + 32 * b + 16 * half).cast()))
+            } else {
+                _mm256_setzero_ps()
+            };
+            ([d, d], m)
+        }
+    }
+}
+
+/// Eight integer scales (bytes, zero- or sign-extended) as f32.
+///
+/// # Safety
+/// Eight bytes must be readable at `p`; the CPU must have AVX2.
+#[inline(always)]
+unsafe fn scale8<const SIGNED: bool>(p: *const u8) -> __m256 {
+    // SAFETY: the caller's contract; no alignment requirement.
+    unsafe {
+        let v = _mm_loadl_epi64(p.cast());
+        _mm256_cvtepi32_ps(if SIGNED { _mm256_cvtepi8_epi32(v) } else { _mm256_cvtepu8_epi32(v) })
+    }
+}
+
+/// A K format's f16 super-block scale line for block `b`, half `half`, as f32.
+///
+/// # Safety
+/// As [`Quants::scales`]; `at` is the section's offset.
+#[inline(always)]
+unsafe fn super_scale(panel: *const u8, at: usize, b: usize, half: usize) -> __m256 {
+    // SAFETY: the caller's contract.
+    unsafe { _mm256_cvtph_ps(_mm_load_si128(panel.add(at + 32 * (b / 8) + 16 * half).cast())) }
 }
 
 struct Q4;
 struct Q5;
 struct Q8;
+struct K4;
+struct K6;
 
 impl Quants for Q4 {
     const FORMAT: PackedFormat = PackedFormat::Q4;
@@ -178,6 +236,67 @@ impl Quants for Q8 {
     }
 }
 
+impl Quants for K4 {
+    const FORMAT: PackedFormat = PackedFormat::K4;
+    #[inline(always)]
+    unsafe fn unpack_pair(qs: *const u8, jj: usize, extra: __m256i) -> [__m256i; 2] {
+        // SAFETY: the same nibble chunks as Q4.
+        unsafe { Q4::unpack_pair(qs, jj, extra) }
+    }
+    #[inline(always)]
+    unsafe fn scales(panel: *const u8, sec: &Sections, b: usize, half: usize) -> ([__m256; 2], __m256) {
+        // SAFETY: the super-block lines and the 16-byte lines of integer scales and mins of block b, by the
+        // caller's contract; this half's 8 bytes start at 8·half.
+        unsafe {
+            let d = _mm256_mul_ps(
+                super_scale(panel, sec.d, b, half),
+                scale8::<false>(panel.add(sec.sc + 16 * b + 8 * half)),
+            );
+            let m = _mm256_mul_ps(
+                super_scale(panel, sec.m, b, half),
+                scale8::<false>(panel.add(sec.mn + 16 * b + 8 * half)),
+            );
+            // −(dmin·mn), negated exactly (a sign flip, as the reference's unary minus).
+            ([d, d], _mm256_xor_ps(m, _mm256_set1_ps(-0.0)))
+        }
+    }
+}
+
+impl Quants for K6 {
+    const FORMAT: PackedFormat = PackedFormat::K6;
+    #[inline(always)]
+    unsafe fn unpack_pair(qs: *const u8, jj: usize, _: __m256i) -> [__m256i; 2] {
+        // SAFETY: the nibble chunk jj and the bit-pair chunk 4 + jj/2 of the block, by the caller's contract.
+        unsafe {
+            let low = _mm256_set1_epi8(0x0F);
+            let top = _mm256_set1_epi8(0x30);
+            let v = _mm256_load_si256(qs.add(64 * jj).cast());
+            let h = _mm256_load_si256(qs.add(64 * (4 + jj / 2)).cast());
+            // This chunk's bit pairs sit at bits 0..4 (even jj) or 4..8 (odd jj) of each byte, the low nibbles'
+            // first: move each pair to bits 4..6 (16-bit shifts; the mask drops what crosses a byte).
+            let (hl, hh) = if jj.is_multiple_of(2) {
+                (_mm256_slli_epi16(h, 4), _mm256_slli_epi16(h, 2))
+            } else {
+                (h, _mm256_srli_epi16(h, 2))
+            };
+            [
+                _mm256_or_si256(_mm256_and_si256(v, low), _mm256_and_si256(hl, top)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), _mm256_and_si256(hh, top)),
+            ]
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales(panel: *const u8, sec: &Sections, b: usize, half: usize) -> ([__m256; 2], __m256) {
+        // SAFETY: the super-block line and the two 16-byte lines of block b's half-block scales, by the
+        // caller's contract.
+        unsafe {
+            let d = super_scale(panel, sec.d, b, half);
+            let sc = |part: usize| scale8::<true>(panel.add(sec.sc + 16 * (2 * b + part) + 8 * half));
+            ([_mm256_mul_ps(d, sc(0)), _mm256_mul_ps(d, sc(1))], _mm256_setzero_ps())
+        }
+    }
+}
+
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -199,6 +318,10 @@ pub(crate) unsafe fn panel(
             (PackedFormat::Q5, _) => run::<Q5, 2>(&w, panels, &act, n_act / 2, out),
             (PackedFormat::Q8, 1) => run::<Q8, 1>(&w, panels, &act, n_act, out),
             (PackedFormat::Q8, _) => run::<Q8, 2>(&w, panels, &act, n_act / 2, out),
+            (PackedFormat::K4, 1) => run::<K4, 1>(&w, panels, &act, n_act, out),
+            (PackedFormat::K4, _) => run::<K4, 2>(&w, panels, &act, n_act / 2, out),
+            (PackedFormat::K6, 1) => run::<K6, 1>(&w, panels, &act, n_act, out),
+            (PackedFormat::K6, _) => run::<K6, 2>(&w, panels, &act, n_act / 2, out),
         }
     }
 }
@@ -218,7 +341,7 @@ unsafe fn run<F: Quants, const G: usize>(
     let mut o0 = 0;
     while o0 < n_out {
         let o1 = (o0 + ACT_CHUNK).min(n_out);
-        a16.fill::<G>(act, w.nb, o0..o1);
+        a16.fill::<G>(act, w.nb, o0..o1, F::FORMAT.split_halves());
         if o1 - o0 == 1 {
             // Decode: one panel (both halves) per tile, streaming the weights. (Two panels per tile keep more
             // activation broadcasts live than there are registers; one half per tile reads each line twice.)
@@ -286,16 +409,19 @@ unsafe fn tile<F: Quants, const C: usize, const S: usize>(
     // for Q4/Q5, nb·16 offsets: `panel_bytes` covers them, checked by `check_args`) and inside rows o..o + C of
     // the activation buffer, which the caller filled.
     unsafe {
-        let base: [*const u8; S] =
-            std::array::from_fn(|s| w.bytes.as_ptr().add((sp + s) / 2 * w.panel_bytes + (sp + s) % 2 * 32));
-        // Scales of the half: 8 f16 at 16 bytes into the panel's 32-byte row of scales for the block.
-        let d_ptr: [*const u8; S] =
-            std::array::from_fn(|s| w.bytes.as_ptr().add((sp + s) / 2 * w.panel_bytes + nb * qsb + (sp + s) % 2 * 16));
+        // Half h of the matrix is rows 8·(h % 2).. of panel h / 2: its quants start 32·(h % 2) bytes into each
+        // chunk.
+        let panel: [*const u8; S] = std::array::from_fn(|s| w.bytes.as_ptr().add((sp + s) / 2 * w.panel_bytes));
+        let half: [usize; S] = std::array::from_fn(|s| (sp + s) % 2);
+        let base: [*const u8; S] = std::array::from_fn(|s| panel[s].add(32 * half[s]));
+        let sec = w.sections();
         let aq: [*const i16; C] = std::array::from_fn(|c| a16.q.as_ptr().add((o + c) * cols));
         let ad: [*const f32; C] = std::array::from_fn(|c| a16.d.as_ptr().add((o + c) * nb));
         let asum: [*const f32; C] = std::array::from_fn(|c| a16.s.as_ptr().add((o + c) * nb));
         let ai: [*const i32; C] = std::array::from_fn(|c| a16.isum.as_ptr().add((o + c) * nb));
+        let ah: [*const i32; C] = std::array::from_fn(|c| a16.hsum.as_ptr().wrapping_add(2 * (o + c) * nb));
         let off = F::FORMAT.offset();
+        let split = F::FORMAT.split_halves();
         let low = _mm256_set1_epi16(0x00FF);
         let mut acc = [[_mm256_setzero_ps(); C]; S];
         let mut qp = base;
@@ -308,15 +434,17 @@ unsafe fn tile<F: Quants, const C: usize, const S: usize>(
                 }
             }
             let extra: [__m256i; S] = std::array::from_fn(|s| F::extra(qp[s]));
-            // One 32-bit lane per row: the exact integer sum of the block's products.
-            let mut iv = [[_mm256_setzero_si256(); C]; S];
+            // One 32-bit lane per row: the exact integer sum of the block's products (of each half block's, for
+            // formats that scale them separately).
+            let mut iv = [[[_mm256_setzero_si256(); C]; S]; 2];
             for jj in 0..4 {
                 for s in 0..S {
                     let u = F::unpack_pair(qp[s], jj, extra[s]);
-                    for (half, uh) in u.iter().enumerate() {
+                    for (part, up) in u.iter().enumerate() {
                         // Each row's bytes w0 w1 w2 w3 as 16-bit (w0, w2) and (w1, w3).
-                        let (even, odd) = (_mm256_and_si256(*uh, low), _mm256_srli_epi16(*uh, 8));
-                        let k = (b << 5) + 4 * jj + 16 * half;
+                        let (even, odd) = (_mm256_and_si256(*up, low), _mm256_srli_epi16(*up, 8));
+                        let k = (b << 5) + 4 * jj + 16 * part;
+                        let into = if split { part } else { 0 };
                         for_each_c!(C, c, {
                             let pair = aq[c].add(k).cast::<i32>();
                             let (ae, ao) = (
@@ -324,26 +452,24 @@ unsafe fn tile<F: Quants, const C: usize, const S: usize>(
                                 _mm256_set1_epi32(pair.add(1).read_unaligned()),
                             );
                             let p = _mm256_add_epi32(_mm256_madd_epi16(even, ae), _mm256_madd_epi16(odd, ao));
-                            iv[s][c] = _mm256_add_epi32(iv[s][c], p);
+                            iv[into][s][c] = _mm256_add_epi32(iv[into][s][c], p);
                         });
                     }
                 }
             }
             for s in 0..S {
-                let scales = d_ptr[s].add(b << 5);
-                let dw = _mm256_cvtph_ps(_mm_load_si128(scales.cast()));
-                let mw = if F::FORMAT.has_min() {
-                    _mm256_cvtph_ps(_mm_load_si128(scales.add(nb * 32).cast()))
-                } else {
-                    _mm256_setzero_ps()
-                };
+                let (dw, mw) = F::scales(panel[s], &sec, b, half[s]);
                 for_each_c!(C, c, {
-                    let mut v = iv[s][c];
-                    if off != 0 {
-                        v = _mm256_add_epi32(v, _mm256_set1_epi32((-off).wrapping_mul(*ai[c].add(b))));
+                    let da = _mm256_set1_ps(*ad[c].add(b));
+                    for part in 0..1 + usize::from(split) {
+                        let mut v = iv[part][s][c];
+                        if off != 0 {
+                            let sum = if split { *ah[c].add(2 * b + part) } else { *ai[c].add(b) };
+                            v = _mm256_add_epi32(v, _mm256_set1_epi32((-off).wrapping_mul(sum)));
+                        }
+                        let scale = _mm256_mul_ps(dw[part], da);
+                        acc[s][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), scale, acc[s][c]);
                     }
-                    let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*ad[c].add(b)));
-                    acc[s][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), scale, acc[s][c]);
                     if F::FORMAT.has_min() {
                         acc[s][c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*asum[c].add(b)), acc[s][c]);
                     }
