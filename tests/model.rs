@@ -97,15 +97,26 @@ fn batching_sequences_changes_nothing() {
 /// bit, those it gets decoding alone, where attention splits by head and the projection quantizes its own input.
 #[test]
 fn many_sequences_decode_bit_for_bit_as_alone() {
+    decode_alone_and_batched(|i| 3 + 4 * i);
+}
+
+/// The same with caches of 250 to 610 positions, across the boundaries of attention's 256-position spans: alone,
+/// a decoding token's spans are tasks of their own, merged afterwards; in a batch, one task merges them in turn.
+#[test]
+fn long_caches_decode_bit_for_bit_as_alone() {
+    decode_alone_and_batched(|i| 250 + 40 * i);
+}
+
+fn decode_alone_and_batched(len: fn(usize) -> usize) {
     let threads = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
     threads.install(|| {
         for spec in [Spec::llama(GgmlType::Q4_1), Spec::gemma(GgmlType::Q8_0)] {
             let model = load_synthetic(spec);
             let c = &model.config;
-            let seqs: Vec<Vec<u32>> = (0..10).map(|i| random_tokens(3 + 4 * i, spec.n_vocab, 100 + i as u64)).collect();
+            let seqs: Vec<Vec<u32>> = (0..10).map(|i| random_tokens(len(i), spec.n_vocab, 100 + i as u64)).collect();
             for kv_dtype in [KvDtype::F32, KvDtype::F16] {
                 let alone: Vec<Vec<f32>> = seqs.iter().map(|s| last_logits(&model, s, s.len() - 1, kv_dtype)).collect();
-                let mut pool = KvPool::new(c, kv_dtype, 1024, 1024);
+                let mut pool = KvPool::new(c, kv_dtype, 8192, 8192);
                 let mut kvs: Vec<SeqKv> = seqs.iter().map(|_| SeqKv::new()).collect();
                 let mut scratch = ForwardScratch::new(&model);
                 for (s, kv) in seqs.iter().zip(kvs.iter_mut()) {
