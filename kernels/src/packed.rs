@@ -52,7 +52,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::GgmlType;
-use crate::arch::{q4k_scales_mins, unpack_nibbles, unpack_q4_k, unpack_q5_0, unpack_q6_k};
+use crate::arch::{q4k_scales_mins, unpack_q4_k, unpack_q6_k};
 use crate::dispatch::{Act32, OutSink};
 use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, cast_blocks};
 
@@ -251,28 +251,30 @@ impl RowWriter<'_> {
         match ty {
             GgmlType::Q4_0 => {
                 for (b, blk) in cast_blocks::<BlockQ4_0>(src)?.iter().enumerate() {
-                    self.quants(b, &unpack_nibbles(&blk.qs));
+                    self.groups(b, &blk.qs);
                     self.f16s(self.sections.d, b, blk.d);
                     self.f16s(self.sections.m, b, offset(blk.d, -8.0)?);
                 }
             }
             GgmlType::Q4_1 => {
                 for (b, blk) in cast_blocks::<BlockQ4_1>(src)?.iter().enumerate() {
-                    self.quants(b, &unpack_nibbles(&blk.qs));
+                    self.groups(b, &blk.qs);
                     self.f16s(self.sections.d, b, blk.d);
                     self.f16s(self.sections.m, b, blk.m);
                 }
             }
             GgmlType::Q5_0 => {
                 for (b, blk) in cast_blocks::<BlockQ5_0>(src)?.iter().enumerate() {
-                    self.quants(b, &unpack_q5_0(blk));
+                    self.groups(b, &blk.qs);
+                    let at = b * self.format.qs_bytes() + 256 + 4 * self.r;
+                    self.bytes[at..at + 4].copy_from_slice(&blk.qh);
                     self.f16s(self.sections.d, b, blk.d);
                     self.f16s(self.sections.m, b, offset(blk.d, -16.0)?);
                 }
             }
             GgmlType::Q8_0 => {
                 for (b, blk) in cast_blocks::<BlockQ8_0>(src)?.iter().enumerate() {
-                    self.quants(b, &blk.qs.map(|q| (q as u8) ^ 0x80));
+                    self.groups(b, &blk.qs.map(|q| (q as u8) ^ 0x80));
                     self.f16s(self.sections.d, b, blk.d);
                 }
             }
@@ -315,37 +317,32 @@ impl RowWriter<'_> {
         self.bytes[i..i + 2].copy_from_slice(&v.to_le_bytes());
     }
 
-    /// Block `b`'s quants of row `r`, from the 32 unsigned values `u` in weight order.
+    /// Row `r`'s bytes of block `b` in its chunks: bytes `4j..4j + 4` of `src` (16 nibble bytes, or Q8's 32
+    /// bytes) go to chunk `j`.
+    fn groups(&mut self, b: usize, src: &[u8]) {
+        let at = b * self.format.qs_bytes() + 4 * self.r;
+        for (j, g) in src.chunks_exact(4).enumerate() {
+            self.bytes[at + 64 * j..at + 64 * j + 4].copy_from_slice(g);
+        }
+    }
+
+    /// Block `b`'s quants of row `r` for the K formats, from the 32 unsigned values `u` in weight order.
     fn quants(&mut self, b: usize, u: &[u8; 32]) {
-        let blk = &mut self.bytes[b * self.format.qs_bytes()..(b + 1) * self.format.qs_bytes()];
-        let r = self.r;
-        if self.format == PackedFormat::Q8 {
-            for (k, &v) in u.iter().enumerate() {
-                blk[(k / 4) * 64 + 4 * r + k % 4] = v;
-            }
-            return;
-        }
-        // Byte i of the row's 16 nibble bytes: weight i low, weight i + 16 high; bytes 4j..4j+4 go to chunk j.
-        for i in 0..16 {
-            blk[(i / 4) * 64 + 4 * r + i % 4] = (u[i] & 0x0F) | (u[i + 16] & 0x0F) << 4;
-        }
-        match self.format {
-            PackedFormat::Q5 => {
-                let qh = u.iter().enumerate().fold(0u32, |h, (k, &v)| h | u32::from(v >> 4) << k);
-                blk[256 + 4 * r..256 + 4 * r + 4].copy_from_slice(&qh.to_le_bytes());
-            }
-            PackedFormat::K6 => {
-                for h in 0..2 {
-                    for i in 0..4 {
-                        let mut byte = 0u8;
-                        for (e, j) in [2 * h, 2 * h + 1].into_iter().enumerate() {
-                            byte |= (u[4 * j + i] >> 4) << (4 * e) | (u[16 + 4 * j + i] >> 4) << (4 * e + 2);
-                        }
-                        blk[(4 + h) * 64 + 4 * r + i] = byte;
+        // Byte i of the row's 16 nibble bytes: weight i low, weight i + 16 high.
+        let nibbles: [u8; 16] = std::array::from_fn(|i| (u[i] & 0x0F) | (u[i + 16] & 0x0F) << 4);
+        self.groups(b, &nibbles);
+        if self.format == PackedFormat::K6 {
+            // The top two bits of each weight, in the two chunks of bit pairs.
+            let at = b * self.format.qs_bytes() + 4 * self.r;
+            for h in 0..2 {
+                for i in 0..4 {
+                    let mut byte = 0u8;
+                    for (e, j) in [2 * h, 2 * h + 1].into_iter().enumerate() {
+                        byte |= (u[4 * j + i] >> 4) << (4 * e) | (u[16 + 4 * j + i] >> 4) << (4 * e + 2);
                     }
+                    self.bytes[at + (4 + h) * 64 + i] = byte;
                 }
             }
-            _ => {}
         }
     }
 }
