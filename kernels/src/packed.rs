@@ -25,6 +25,9 @@
 //! - [`PackedFormat::K6`] (from Q6_K, `u` in 0..=63): the Q4 chunks of the low four bits, then two chunks of high
 //!   bit pairs: byte `i` of row `r` in chunk `4 + h` holds, from its low bits up, the top two bits of weights
 //!   `4j+i` and `16+4j+i` for `j = 2h`, then the same for `j = 2h + 1`.
+//! - [`PackedFormat::F32`] and [`PackedFormat::F16`] (unquantized weights, dotted with f32 activations): block `b`
+//!   holds its 32 columns one after another, each as the 16 rows' values, so that one weight column of a panel
+//!   is one or two registers and a broadcast activation multiplies it without any reduction across lanes.
 //!
 //! Scales, after the quants (`nsb = nb / 8` super-blocks for the K formats; each line of 16 holds the rows in
 //! order):
@@ -32,6 +35,7 @@
 //! ```text
 //! Q4, Q5   d: nb × 16 f16, then m: nb × 16 f16      weight = d·u + m (Q4_0's m is −8·d, Q5_0's −16·d)
 //! Q8       d: nb × 16 f16                           weight = d·(u − 128)
+//! F32, F16 none
 //! K4       d, dmin: nsb × 16 f16 each, then sc, mn: nb × 16 u8 each
 //!                                                   weight = (d·sc)·u − dmin·mn (sc, mn of the 32-weight block)
 //! K6       d: nsb × 16 f16, then sc: nb × 2 × 16 i8 (per block, the first 16 weights' line, then the last 16's)
@@ -76,12 +80,23 @@ pub enum PackedFormat {
     /// Q6_K: 6-bit quants (nibbles plus bit pairs), with an 8-bit scale per half block under an f16 super-block
     /// scale.
     K6,
+    /// F32 weights, column by column.
+    F32,
+    /// F16 weights, column by column.
+    F16,
 }
 
 impl PackedFormat {
     /// Every format, for tests and tables.
-    pub const ALL: [PackedFormat; 5] =
-        [PackedFormat::Q4, PackedFormat::Q5, PackedFormat::Q8, PackedFormat::K4, PackedFormat::K6];
+    pub const ALL: [PackedFormat; 7] = [
+        PackedFormat::Q4,
+        PackedFormat::Q5,
+        PackedFormat::Q8,
+        PackedFormat::K4,
+        PackedFormat::K6,
+        PackedFormat::F32,
+        PackedFormat::F16,
+    ];
 
     /// Quant bytes per block of a whole panel.
     pub const fn qs_bytes(self) -> usize {
@@ -90,6 +105,8 @@ impl PackedFormat {
             PackedFormat::Q5 => PANEL_ROWS * 20,
             PackedFormat::K6 => PANEL_ROWS * 24,
             PackedFormat::Q8 => PANEL_ROWS * 32,
+            PackedFormat::F32 => PANEL_ROWS * 32 * 4,
+            PackedFormat::F16 => PANEL_ROWS * 32 * 2,
         }
     }
 
@@ -118,6 +135,11 @@ impl PackedFormat {
         matches!(self, PackedFormat::K4 | PackedFormat::K6)
     }
 
+    /// Whether the weights are unquantized values, dotted with f32 activations rather than [`Act32`] blocks.
+    pub const fn is_float(self) -> bool {
+        matches!(self, PackedFormat::F32 | PackedFormat::F16)
+    }
+
     /// The packed format for GGUF type `ty`, if there is one.
     pub fn for_type(ty: GgmlType) -> Option<PackedFormat> {
         match ty {
@@ -126,6 +148,8 @@ impl PackedFormat {
             GgmlType::Q8_0 => Some(PackedFormat::Q8),
             GgmlType::Q4_K => Some(PackedFormat::K4),
             GgmlType::Q6_K => Some(PackedFormat::K6),
+            GgmlType::F32 => Some(PackedFormat::F32),
+            GgmlType::F16 => Some(PackedFormat::F16),
             _ => None,
         }
     }
@@ -159,6 +183,7 @@ impl Sections {
                 Sections { d, m: d + f16s, sc, mn: sc + PANEL_ROWS * nb, end: sc + 2 * PANEL_ROWS * nb }
             }
             PackedFormat::K6 => Sections { d, m: 0, sc: d + f16s, mn: 0, end: d + f16s + 2 * PANEL_ROWS * nb },
+            PackedFormat::F32 | PackedFormat::F16 => Sections { d, m: d, sc: d, mn: d, end: d },
         }
     }
 }
@@ -211,7 +236,8 @@ fn panel_bytes(format: PackedFormat, nb: usize) -> usize {
 /// large that its offset `-8·d` (`-16·d`) would overflow f16. The caller then keeps the GGUF layout and its kernels.
 pub fn pack(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Option<PackedMatrix> {
     let format = PackedFormat::for_type(ty)?;
-    if rows == 0 || !rows.is_multiple_of(PANEL_ROWS) || cols == 0 || !cols.is_multiple_of(ty.block_size()) {
+    // Whole 32-column blocks, and the K-quants' whole super-blocks.
+    if rows == 0 || !rows.is_multiple_of(PANEL_ROWS) || cols == 0 || !cols.is_multiple_of(ty.block_size().max(32)) {
         return None;
     }
     let nb = cols / 32;
@@ -304,6 +330,14 @@ impl RowWriter<'_> {
                         }
                     }
                     self.f16s(self.sections.d, sb, blk.d);
+                }
+            }
+            GgmlType::F32 | GgmlType::F16 => {
+                // Value k of the row goes to column k % 32 of block k / 32, at the row's place in the column.
+                let size = ty.type_size();
+                for (k, v) in src.chunks_exact(size).enumerate() {
+                    let at = (k / 32) * self.format.qs_bytes() + ((k % 32) * PANEL_ROWS + self.r) * size;
+                    self.bytes[at..at + size].copy_from_slice(v);
                 }
             }
             _ => return None,
@@ -461,8 +495,17 @@ impl<'a> PackedView<'a> {
         }
     }
 
-    /// The value of row `r`'s weight `k` of block `b` in panel `p`: `scale·(u − OFF) + m`.
+    /// The value of row `r`'s weight `k` of block `b` in panel `p`: `scale·(u − OFF) + m`, or the stored value of
+    /// the float formats.
     pub fn weight(&self, p: usize, b: usize, r: usize, k: usize) -> f32 {
+        if self.format.is_float() {
+            let blk = &self.panel(p)[b * self.format.qs_bytes()..(b + 1) * self.format.qs_bytes()];
+            let at = k * PANEL_ROWS + r;
+            return match self.format {
+                PackedFormat::F32 => f32::from_le_bytes(blk[4 * at..4 * at + 4].try_into().unwrap()),
+                _ => f16::from_le_bytes([blk[2 * at], blk[2 * at + 1]]).to_f32(),
+            };
+        }
         let u = self.quant(p, b, r, k) as i32 - self.format.offset();
         self.scale(p, b, r, k / 16) * u as f32 + self.m(p, b, r)
     }
@@ -470,13 +513,44 @@ impl<'a> PackedView<'a> {
 
 /// Checks the arguments every panel kernel relies on; the SIMD kernels index without bounds checks after it.
 pub(crate) fn check_args(w: &PackedView<'_>, panels: &Range<usize>, act: &Act32<'_>, n_act: usize, group: usize) {
+    assert!(!w.format.is_float(), "a float panel takes f32 activations");
     assert!(group == 1 || group == 2, "activation group must be 1 or 2");
     assert!(n_act.is_multiple_of(group), "activation rows must come in whole groups");
+    check_panels(w, panels);
+    let n = n_act * w.nb;
+    assert!(act.qs.len() >= n * 32 && act.d.len() >= n && act.s.len() >= n && act.isum.len() >= n);
+}
+
+/// As [`check_args`], for the float formats: `n_act` rows of f32 activations in `x`.
+pub(crate) fn check_args_f(w: &PackedView<'_>, panels: &Range<usize>, x: &[f32], n_act: usize) {
+    assert!(w.format.is_float(), "only a float panel takes f32 activations");
+    check_panels(w, panels);
+    assert!(x.len() >= n_act * w.nb * 32, "activation rows out of range");
+}
+
+fn check_panels(w: &PackedView<'_>, panels: &Range<usize>) {
     assert!(panels.start <= panels.end && panels.end <= w.n_panels, "panel range out of the matrix");
     assert!(w.panel_bytes >= panel_bytes(w.format, w.nb) && w.bytes.len() >= w.n_panels * w.panel_bytes);
     assert!(w.bytes.as_ptr().align_offset(64) == 0 && w.panel_bytes.is_multiple_of(64), "panels must be aligned");
-    let n = n_act * w.nb;
-    assert!(act.qs.len() >= n * 32 && act.d.len() >= n && act.s.len() >= n && act.isum.len() >= n);
+}
+
+/// The reference kernel for float panels (see [`crate::dispatch::PanelPackedF`]): output row `o`, column
+/// `16·p + r` is `acc = fma(w_k, x_k, acc)` over the columns `k` in order, from 0: one chain of fused
+/// multiply-adds per output, whatever the tile.
+pub fn panel_ref_f(w: PackedView<'_>, panels: Range<usize>, x: &[f32], n_act: usize, out: &OutSink<'_>) {
+    check_args_f(&w, &panels, x, n_act);
+    let cols = w.nb * 32;
+    for p in panels {
+        for o in 0..n_act {
+            for r in 0..PANEL_ROWS {
+                let mut acc = 0f32;
+                for k in 0..cols {
+                    acc = w.weight(p, k / 32, r, k % 32).mul_add(x[o * cols + k], acc);
+                }
+                out.put(o, p * PANEL_ROWS + r, acc);
+            }
+        }
+    }
 }
 
 /// The reference panel kernel: weight rows of panels `panels` against `n_act` activation rows in groups of

@@ -12,6 +12,8 @@ use rand_chacha::ChaCha8Rng;
 
 const TYPES: [GgmlType; 6] =
     [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
+/// The unquantized formats, whose panels take f32 activations.
+const FLOATS: [GgmlType; 2] = [GgmlType::F32, GgmlType::F16];
 
 /// Columns in blocks of 32 for a type: its own block size must divide them (256 for the K-quants).
 fn cols_for(ty: GgmlType, blocks32: usize) -> usize {
@@ -28,6 +30,8 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f
     let x = randv(&mut rng, rows * cols, 1.0);
     let n = rows * cols / ty.block_size();
     let bytes = match ty {
+        GgmlType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        GgmlType::F16 => x.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
         GgmlType::Q4_0 => {
             let mut b = vec![BlockQ4_0::default(); n];
             quant::q4_0::quantize_row_ref(&x, &mut b);
@@ -131,7 +135,7 @@ impl Act {
 
 #[test]
 fn packing_keeps_every_weight() {
-    for ty in TYPES {
+    for ty in TYPES.into_iter().chain(FLOATS) {
         let (rows, cols) = (48, cols_for(ty, 3));
         let (_, _, deq, p) = pack(ty, rows, cols, 3);
         let v = p.view();
@@ -210,6 +214,71 @@ fn every_level_equals_the_reference_bit_for_bit() {
 }
 
 #[test]
+fn every_level_equals_the_float_reference_bit_for_bit() {
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    let mut tested = Vec::new();
+    for isa in Isa::available() {
+        let Some(kernel) = isa.kernels().unwrap().packed_f else { continue };
+        tested.push(isa.name());
+        for ty in FLOATS {
+            for nb in [1, 2, 5] {
+                let (rows, cols) = (80, 32 * nb);
+                let (_, _, _, p) = pack(ty, rows, cols, nb as u64);
+                for n_act in [1, 2, 3, 5, 6, 7, 13, 50] {
+                    let mut x = randv(&mut rng, n_act * cols, 3.0);
+                    x[cols - 1] = 1e4; // an outlier
+                    for panels in [0..5, 1..2, 2..5, 0..4] {
+                        let run = |f: &dyn Fn(&OutSink<'_>)| {
+                            let mut out = vec![f32::NAN; n_act * rows];
+                            f(&OutSink::new(&mut out, rows));
+                            out
+                        };
+                        let got = run(&|o| kernel(p.view(), panels.clone(), &x, n_act, o));
+                        let want = run(&|o| packed::panel_ref_f(p.view(), panels.clone(), &x, n_act, o));
+                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                                "{isa} {ty} nb={nb} n_act={n_act} panels={panels:?} [{i}]: {g} vs {w}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("float panel kernels checked against panel_ref_f: {}", tested.join(", "));
+}
+
+#[test]
+fn packed_float_matmul_equals_the_gguf_layout() {
+    for ty in FLOATS {
+        let (rows, cols) = (48, 96);
+        let (al, len, deq, p) = pack(ty, rows, cols, 7);
+        let gguf = WeightMatrix::new(ty, as_bytes(&al, len), rows, cols).unwrap();
+        let pw = WeightMatrix::packed(&p);
+        assert!(pw.is_packed() && pw.rows() == rows && pw.cols() == cols && pw.ty() == ty);
+        let mut rng = ChaCha8Rng::seed_from_u64(8);
+        let mut s = MatmulScratch::new(ActPrecision::Q8x2);
+        for m in [1, 4, 11] {
+            let x = randv(&mut rng, m * cols, 2.0);
+            let (mut a, mut b) = (vec![f32::NAN; m * rows], vec![f32::NAN; m * rows]);
+            matmul(&pw, &x, m, &mut a, &mut s);
+            matmul(&gguf, &x, m, &mut b, &mut s);
+            for i in 0..m {
+                let xr = &x[i * cols..(i + 1) * cols];
+                for j in 0..rows {
+                    let wr = &deq[j * cols..(j + 1) * cols];
+                    let mag: f32 = wr.iter().zip(xr).map(|(w, x)| (w * x).abs()).sum();
+                    // Both sum the same f32 products; only the order differs.
+                    let (got, gg) = (a[i * rows + j], b[i * rows + j]);
+                    assert!((got - gg).abs() <= 1e-5 * (1.0 + mag), "{ty} m={m} ({i},{j}): {got} vs {gg}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn packed_matmul_equals_the_gguf_layout_and_keeps_rows_independent() {
     for ty in TYPES {
         let (rows, cols) = (64, cols_for(ty, 9));
@@ -259,7 +328,7 @@ fn packed_matmul_is_the_same_on_one_two_and_three_threads() {
     // 304 + 160 rows (an even split), and 8000 + 160 (enough for the tail of small tasks that large matrices get,
     // 10% of the rows in two tasks per thread). Inside a team and as a plain rayon loop.
     for (rows1, cols, ms, seed) in [(304, 576, [1, 6], 1), (8000, 64, [1, 5], 3)] {
-        for ty in TYPES {
+        for ty in TYPES.into_iter().chain(FLOATS) {
             let cols = cols_for(ty, cols / 32);
             let (_, _, _, p1) = pack(ty, rows1, cols, seed);
             let (al2, len2, _, _) = pack(ty, 160, cols, seed + 1);

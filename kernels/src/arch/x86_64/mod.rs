@@ -38,6 +38,7 @@ macro_rules! x86_kernels {
         kernel32 = $tile32:ident: $W32b:ident,
         tilek = $RK:literal x $CK:literal,
         packed = $packed:expr,
+        packed_f = $packed_f:expr,
         packed_formats = $pf:expr,
         attention = [$dc32:ident, $dc16:ident, $ar32:ident, $ar16:ident],
         quantize32 = $q32:ident
@@ -54,6 +55,7 @@ macro_rules! x86_kernels {
             features = $feat,
             isa = $isa,
             packed = $packed,
+            packed_f = $packed_f,
             packed_formats = $pf,
             attention = [$dc32, $dc16, $ar32, $ar16],
             quantize32 = $q32

@@ -23,7 +23,7 @@ use std::cell::Cell;
 use std::ops::Range;
 
 use crate::dispatch::{Act32, OutSink};
-use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, Sections, check_args};
+use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, Sections, check_args, check_args_f};
 
 /// Rows per half panel: one i32 lane each in a 256-bit register.
 const HALF: usize = PANEL_ROWS / 2;
@@ -322,6 +322,7 @@ pub(crate) unsafe fn panel(
             (PackedFormat::K4, _) => run::<K4, 2>(&w, panels, &act, n_act / 2, out),
             (PackedFormat::K6, 1) => run::<K6, 1>(&w, panels, &act, n_act, out),
             (PackedFormat::K6, _) => run::<K6, 2>(&w, panels, &act, n_act / 2, out),
+            (PackedFormat::F32 | PackedFormat::F16, _) => unreachable!("check_args refuses float panels"),
         }
     }
 }
@@ -373,11 +374,11 @@ unsafe fn run<F: Quants, const G: usize>(
     ACT16.set(a16);
 }
 
-/// Repeats `body` with `c` bound to each constant `0..C` (`C` ≤ 4) so that `[_; C]` accumulators indexed by `c`
+/// Repeats `body` with `c` bound to each constant `0..C` (`C` ≤ 6) so that `[_; C]` accumulators indexed by `c`
 /// become registers.
 macro_rules! for_each_c {
     ($C:ident, $c:ident, $body:block) => {
-        for_each_c!(@ $C, $c, $body, 0 1 2 3)
+        for_each_c!(@ $C, $c, $body, 0 1 2 3 4 5)
     };
     (@ $C:ident, $c:ident, $body:block, $($i:literal)*) => {
         $( if $i < $C { let $c: usize = $i; $body } )*
@@ -484,6 +485,147 @@ unsafe fn tile<F: Quants, const C: usize, const S: usize>(
                 let mut lanes = [0f32; HALF];
                 _mm256_storeu_ps(lanes.as_mut_ptr(), *v);
                 out.put_row(o_base + o + c, (sp + s) * HALF, &lanes);
+            }
+        }
+    }
+}
+
+// -------------------------------------------------------------------------------------------------------------
+// Float panels (F32, F16) against f32 activations. A block's column k holds the panel's 16 weights of input k, two
+// registers of 8 rows: a tile broadcasts each activation once and runs two fused multiply-adds per output row, with
+// one accumulator chain per output element as `panel_ref_f` states.
+
+/// Eight weights of one column half from a float panel, as f32.
+trait FloatW {
+    /// Bytes per weight.
+    const SIZE: usize;
+    /// # Safety
+    /// `8 · SIZE` bytes must be readable at `p`, `8 · SIZE`-aligned; the CPU must have AVX2 and F16C.
+    unsafe fn load8(p: *const u8) -> __m256;
+}
+
+impl FloatW for f32 {
+    const SIZE: usize = 4;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_load_ps(p.cast()) }
+    }
+}
+
+impl FloatW for half::f16 {
+    const SIZE: usize = 2;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_cvtph_ps(_mm_load_si128(p.cast())) }
+    }
+}
+
+/// Rows of activations a float tile multiplies at once: 12 accumulators, two weight registers and a broadcast.
+const TILE_F: usize = 6;
+/// Panels a decode tile streams at once: eight independent accumulator chains keep the fused multiply-adds busy.
+const DECODE_F: usize = 4;
+/// Activation rows whose values stay in L2 while all of a task's panels pass.
+const CHUNK_F: usize = 48;
+
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn panel_f(w: PackedView<'_>, panels: Range<usize>, x: &[f32], n_act: usize, out: &OutSink<'_>) {
+    check_args_f(&w, &panels, x, n_act);
+    // SAFETY (both): the arguments were checked above and the caller has the features.
+    unsafe {
+        match w.format {
+            PackedFormat::F32 => run_f::<f32>(&w, panels, x, n_act, out),
+            _ => run_f::<half::f16>(&w, panels, x, n_act, out),
+        }
+    }
+}
+
+/// # Safety
+/// As [`panel_f`], with its arguments checked by [`check_args_f`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_f<T: FloatW>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], n_act: usize, out: &OutSink<'_>) {
+    // SAFETY (all tiles): the panels lie in the checked range and the rows o..o + C exist.
+    unsafe {
+        if n_act == 1 {
+            let mut p = panels.start;
+            while p < panels.end {
+                match panels.end - p {
+                    1 => tile_f::<T, 1, 1>(w, p, x, 0, out),
+                    2 => tile_f::<T, 1, 2>(w, p, x, 0, out),
+                    3 => tile_f::<T, 1, 3>(w, p, x, 0, out),
+                    _ => tile_f::<T, 1, DECODE_F>(w, p, x, 0, out),
+                }
+                p += (panels.end - p).min(DECODE_F);
+            }
+            return;
+        }
+        let mut o0 = 0;
+        while o0 < n_act {
+            let o1 = (o0 + CHUNK_F).min(n_act);
+            for p in panels.clone() {
+                let mut o = o0;
+                while o < o1 {
+                    match o1 - o {
+                        1 => tile_f::<T, 1, 1>(w, p, x, o, out),
+                        2 => tile_f::<T, 2, 1>(w, p, x, o, out),
+                        3 => tile_f::<T, 3, 1>(w, p, x, o, out),
+                        4 => tile_f::<T, 4, 1>(w, p, x, o, out),
+                        5 => tile_f::<T, 5, 1>(w, p, x, o, out),
+                        _ => tile_f::<T, TILE_F, 1>(w, p, x, o, out),
+                    }
+                    o += (o1 - o).min(TILE_F);
+                }
+            }
+            o0 = o1;
+        }
+    }
+}
+
+/// Panels `p..p + P` against activation rows `o..o + C`.
+///
+/// # Safety
+/// As [`run_f`], with `p + P` ≤ `w.n_panels` and rows `o..o + C` in `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_f<T: FloatW, const C: usize, const P: usize>(
+    w: &PackedView<'_>,
+    p: usize,
+    x: &[f32],
+    o: usize,
+    out: &OutSink<'_>,
+) {
+    const { assert!(C >= 1 && C <= TILE_F && P >= 1 && P <= DECODE_F) };
+    let cols = w.nb * 32;
+    let column = PANEL_ROWS * T::SIZE;
+    // SAFETY: the pointers stay inside panels p..p + P (nb blocks of 32 columns, `panel_bytes` each, checked) and
+    // inside rows o..o + C of `x`, which the caller guarantees; every column starts on a multiple of its size.
+    unsafe {
+        let base: [*const u8; P] = std::array::from_fn(|i| w.bytes.as_ptr().add((p + i) * w.panel_bytes));
+        let xr: [*const f32; C] = std::array::from_fn(|c| x.as_ptr().add((o + c) * cols));
+        let mut acc = [[[_mm256_setzero_ps(); 2]; P]; C];
+        for k in 0..cols {
+            let wv: [[__m256; 2]; P] = std::array::from_fn(|i| {
+                let col = base[i].add(k * column);
+                [T::load8(col), T::load8(col.add(8 * T::SIZE))]
+            });
+            for_each_c!(C, c, {
+                let xb = _mm256_broadcast_ss(&*xr[c].add(k));
+                for i in 0..P {
+                    acc[c][i][0] = _mm256_fmadd_ps(wv[i][0], xb, acc[c][i][0]);
+                    acc[c][i][1] = _mm256_fmadd_ps(wv[i][1], xb, acc[c][i][1]);
+                }
+            });
+        }
+        for (c, row) in acc.iter().enumerate() {
+            for (i, halves) in row.iter().enumerate() {
+                let mut lanes = [0f32; PANEL_ROWS];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), halves[0]);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(HALF), halves[1]);
+                out.put_row(o + c, (p + i) * PANEL_ROWS, &lanes);
             }
         }
     }

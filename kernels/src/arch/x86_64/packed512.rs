@@ -131,6 +131,7 @@ pub(crate) unsafe fn panel(
             (PackedFormat::Q8, _) => run::<Q8, 2>(&w, panels, &act, n_act / 2, out),
             // Not in this level's `packed_formats`, so never packed for it; the reference serves any caller.
             (PackedFormat::K4 | PackedFormat::K6, _) => crate::packed::panel_ref(w, panels, act, n_act, group, out),
+            (PackedFormat::F32 | PackedFormat::F16, _) => unreachable!("check_args refuses float panels"),
         }
     }
 }

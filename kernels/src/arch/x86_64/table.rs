@@ -6,6 +6,7 @@ macro_rules! x86_table {
         features = $feat:literal,
         isa = $isa:expr,
         packed = $packed:expr,
+        packed_f = $packed_f:expr,
         packed_formats = $pf:expr,
         attention = [$dc32:ident, $dc16:ident, $ar32:ident, $ar16:ident],
         quantize32 = $q32:ident
@@ -71,6 +72,7 @@ macro_rules! x86_table {
                 unsafe { panelk::<BlockQ6K>(w, nb, rows, act, n, g, out) }
             },
             packed: $packed,
+            packed_f: $packed_f,
             packed_formats: $pf,
             dot_cols_f32: |q, kt, lanes, out| {
                 // SAFETY: see KERNELS.
