@@ -6,8 +6,10 @@
 
 pub mod chat;
 pub mod cli;
+pub mod eval;
 pub mod gguf;
 pub mod model;
+pub mod quantize;
 pub mod registry;
 pub mod sampling;
 pub mod session;

@@ -5,6 +5,7 @@ mod chat;
 mod common;
 mod gguf;
 mod model;
+mod quantize;
 mod reference_dequant;
 mod reference_quantize;
 mod registry;

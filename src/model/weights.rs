@@ -27,6 +27,9 @@ pub struct Linear {
     bytes: Range<usize>,
     /// The same weights in panels, when the kernels have a panel form for them.
     packed: Option<Arc<PackedMatrix>>,
+    /// BF16 weights widened to f32 at load (exactly: BF16 is the top half of an f32), as the kernels have no BF16
+    /// matrix product.
+    widened: Option<Arc<Vec<f32>>>,
 }
 
 impl Linear {
@@ -35,6 +38,10 @@ impl Linear {
     pub fn matrix<'a>(&'a self, file: &'a GgufFile) -> WeightMatrix<'a> {
         if let Some(p) = &self.packed {
             return WeightMatrix::packed(p);
+        }
+        if let Some(w) = &self.widened {
+            let bytes = infer_kernels::quant::blocks_as_bytes(w.as_slice());
+            return WeightMatrix::new(GgmlType::F32, bytes, self.rows, self.cols).expect("shape checked at load");
         }
         let data = &file_bytes(file)[self.bytes.clone()];
         WeightMatrix::new(self.ty, data, self.rows, self.cols).expect("shape checked at load")
@@ -147,11 +154,20 @@ fn check_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), GgufError> {
 fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linear, GgufError> {
     let t = file.tensor(name)?;
     check_shape(t, &[cols as u64, rows as u64])?;
-    if !t.ty.is_supported() || matches!(t.ty, GgmlType::Q8_K | GgmlType::BF16) {
+    if !t.ty.is_supported() || t.ty == GgmlType::Q8_K {
         return Err(GgufError::UnsupportedType { name: name.to_string(), ty: t.ty });
     }
+    let widened = if t.ty == GgmlType::BF16 {
+        let mut w = vec![0f32; rows * cols];
+        infer_kernels::dequant::dequantize(t.ty, file.tensor_data(t), &mut w)
+            .map_err(|_| GgufError::UnsupportedType { name: name.to_string(), ty: t.ty })?;
+        Some(Arc::new(w))
+    } else {
+        None
+    };
     let start = (file.data_offset() + t.offset) as usize;
-    Ok(Linear { name: name.to_string(), ty: t.ty, rows, cols, bytes: start..start + t.n_bytes as usize, packed: None })
+    let bytes = start..start + t.n_bytes as usize;
+    Ok(Linear { name: name.to_string(), ty: t.ty, rows, cols, bytes, packed: None, widened })
 }
 
 /// A 1-D tensor of `len` values, converted to f32.
