@@ -46,6 +46,16 @@ def keep_best(best, key, rate, extra=None):
         best[key] = (rate, extra)
 
 
+def progress(engine, rec, rate):
+    """One line per result on stderr as it comes, so that an interrupted run still leaves its figures."""
+    if "s_tg" in rec or "n_prompt" not in rec:
+        what = f"B={rec['batch']}"
+    else:
+        what = f"pp{rec['n_prompt']} tg{rec['n_gen']} d{rec.get('n_depth', 0)}"
+    probe = f" (memory read {rec['mem_read_gbs']:.1f} GB/s)" if rec.get("mem_read_gbs") else ""
+    print(f"  {engine}: {what}: {rate:.1f} t/s{probe}", file=sys.stderr, flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="+", help=".gguf files (infer and llama.cpp load the same file)")
@@ -95,17 +105,20 @@ def main():
                 raw.append({"engine": "infer", **rec})
                 key = (name, rec["n_prompt"], rec["n_gen"], rec["n_depth"])
                 keep_best(ours, key, rec["avg_ts"], rec.get("mem_read_gbs"))
+                progress("infer", rec, rec["avg_ts"])
                 bandwidth = max(bandwidth, rec.get("mem_read_gbs") or 0.0)
             for rec in run_json([llama_bench, "-m", model, *common, "-fa", fa_flag]):
                 raw.append({"engine": "llama.cpp", **rec})
                 key = (name, rec["n_prompt"], rec["n_gen"], rec["n_depth"])
                 keep_best(theirs, key, rec["avg_ts"], f"fa {rec.get('flash_attn')}")
+                progress(f"llama.cpp fa {rec.get('flash_attn')}", rec, rec["avg_ts"])
             if args.batch:
                 b = ["--batch", args.batch, "--batch-prompt", str(args.batch_prompt)]
                 b += ["--batch-gen", str(args.batch_gen), "-t", str(args.t), "-r", str(args.r), "-o", "json"]
                 for rec in run_json([args.infer, "bench", model, *b], env):
                     raw.append({"engine": "infer", **rec})
                     keep_best(ours, (name, "batch", rec["batch"]), rec["s_tg"])
+                    progress("infer", rec, rec["s_tg"])
                 ctx = max(counts(args.batch)) * (args.batch_prompt + args.batch_gen) + 256
                 cmd = [batched_bench, "-m", model, "-c", str(ctx), "-npp", str(args.batch_prompt)]
                 cmd += ["-ntg", str(args.batch_gen), "-npl", args.batch, "-t", str(args.t), "--output-format", "jsonl"]
@@ -113,6 +126,7 @@ def main():
                     for rec in run_json(cmd, jsonl=True):
                         raw.append({"engine": "llama.cpp", **rec})
                         keep_best(theirs, (name, "batch", rec["pl"]), rec["speed_tg"])
+                        progress("llama-batched-bench", {"batch": rec["pl"]}, rec["speed_tg"])
 
     if args.json:
         Path(args.json).write_text(json.dumps(raw, indent=1))
