@@ -8,6 +8,7 @@ pub mod chat;
 pub mod cli;
 pub mod eval;
 pub mod gguf;
+pub mod memory;
 pub mod model;
 pub mod quantize;
 pub mod registry;

@@ -5,7 +5,16 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// The system allocator with per-thread memory budgets, which bound the work a model file can make us do (its chat
+/// template is rendered under one).
+#[global_allocator]
+static ALLOC: infer::kernels::budget::BudgetAlloc = infer::kernels::budget::BudgetAlloc;
+
 fn main() -> ExitCode {
+    infer::kernels::signals::exit_on_sigbus(
+        "error: the model file shrank or changed on disk while infer was reading it (SIGBUS); stopped. Replace a \
+         model only while no infer uses it, or run with --no-mmap\n",
+    );
     let cli = infer::cli::Cli::parse();
     match infer::cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -101,6 +101,8 @@ pub enum GenerateError {
     Stop(#[from] StopError),
     #[error(transparent)]
     Forward(#[from] ForwardError),
+    #[error(transparent)]
+    ModelFile(#[from] crate::gguf::GgufError),
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -115,6 +117,11 @@ pub struct Session<'m> {
     /// The tokens whose keys and values are in `kv`, in order.
     cached: Vec<u32>,
     scratch: ForwardScratch,
+}
+
+/// Positions a sliding-window layer group holds: its window plus one prefill chunk.
+fn swa_capacity(model: &Model, n_ctx: usize) -> usize {
+    model.config.sliding_window.map_or(n_ctx, |w| w.saturating_add(PREFILL_CHUNK))
 }
 
 impl<'m> Session<'m> {
@@ -136,7 +143,7 @@ impl<'m> Session<'m> {
         kv_dtype: KvDtype,
         rewind: usize,
     ) -> Session<'m> {
-        let swa = model.config.sliding_window.map_or(n_ctx, |w| w + PREFILL_CHUNK);
+        let swa = swa_capacity(model, n_ctx);
         Session {
             model,
             tokenizer,
@@ -146,6 +153,12 @@ impl<'m> Session<'m> {
             cached: Vec::new(),
             scratch: ForwardScratch::new(model),
         }
+    }
+
+    /// Bytes of KV cache a [`Session::new`] with these arguments allocates (`None`: too many to count).
+    pub fn kv_bytes(model: &Model, n_ctx: usize, kv_dtype: KvDtype) -> Option<u64> {
+        let rewind = model.config.sliding_window.unwrap_or(0);
+        KvPool::bytes_for(&model.config, kv_dtype, n_ctx, swa_capacity(model, n_ctx), rewind)
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -176,6 +189,8 @@ impl<'m> Session<'m> {
         if req.prompt.len() > self.n_ctx {
             return Err(GenerateError::PromptTooLong { prompt: req.prompt.len(), n_ctx: self.n_ctx });
         }
+        // The weights are read from the file's memory map: never from a file that changed since it was validated.
+        self.model.file().check_unchanged()?;
         let began = Instant::now();
         let mut sampler = Sampler::new(req.sampling)?;
         let mut stop = StopMatcher::new(req.stop.iter().cloned())?;

@@ -44,9 +44,17 @@ fn ok(out: &Output) -> String {
 }
 
 /// A scratch folder for the whole test run, and SmolLM2's f32 source in it.
+///
+/// It lives under cargo's target scratch folder and is emptied at the start of each run, because a `TempDir` held
+/// in a static is never dropped: each run used to leave about 2 GB of quantized files behind in the system's /tmp.
 fn workdir() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(crate::common::tempdir).path()
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("quantize-tests");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create the quantize tests' scratch folder");
+        dir
+    })
 }
 
 fn smollm2_f32() -> Option<&'static Path> {

@@ -1,8 +1,14 @@
 //! The integration tests: one binary, one module per area.
 
+// The allocator the `infer` binary runs with, so that memory budgets (chat template rendering) hold here too.
+#[global_allocator]
+static ALLOC: infer::kernels::budget::BudgetAlloc = infer::kernels::budget::BudgetAlloc;
+
 mod bench;
+mod catalogue;
 mod chat;
 mod common;
+mod families;
 mod gguf;
 mod model;
 mod quantize;

@@ -4,6 +4,7 @@
 //! with ggml, so real GGUF files load), scalar reference kernels that define each operation, hand-written AVX2 and
 //! AVX-512 variants chosen once at run time, and the rayon-parallel matrix drivers.
 
+pub mod budget;
 pub mod dequant;
 pub mod ggml_type;
 pub mod quant;
@@ -13,6 +14,7 @@ pub mod dispatch;
 pub mod matmul;
 pub mod packed;
 pub mod parallel;
+pub mod signals;
 pub mod vec_f32;
 
 pub use dequant::{DequantError, dequantize};

@@ -283,10 +283,31 @@ impl Test {
     /// Positions one sequence of this test needs.
     fn positions(self) -> usize {
         match self {
-            Test::Prompt(n, depth) | Test::Gen(n, depth) => depth + n,
-            Test::Curve { prompt, gen_len, .. } => prompt + gen_len,
+            Test::Prompt(n, depth) | Test::Gen(n, depth) => depth.saturating_add(n),
+            Test::Curve { prompt, gen_len, .. } => prompt.saturating_add(gen_len),
         }
     }
+
+    /// Sequences the test decodes at once.
+    fn sequences(self) -> usize {
+        match self {
+            Test::Curve { batch, .. } => batch,
+            _ => 1,
+        }
+    }
+}
+
+/// Positions of a pool for `n_seq` sequences of `positions` each, rounded up to whole blocks.
+fn pool_capacity(n_seq: usize, positions: usize) -> Option<usize> {
+    n_seq.checked_mul(positions.max(1).checked_next_multiple_of(crate::model::kv_cache::DEFAULT_BLOCK_SIZE)?)
+}
+
+/// Refuses, before anything is measured, a test whose KV cache would not fit in memory.
+fn check_pool_fits(model: &Model, kv_dtype: KvDtype, test: Test) -> anyhow::Result<()> {
+    let cap = pool_capacity(test.sequences(), test.positions());
+    let bytes = cap.and_then(|c| KvPool::bytes_for(&model.config, kv_dtype, c, c, 0));
+    crate::memory::check_fits(&format!("the KV cache of {}", test.name()), bytes, "use fewer positions or sequences")?;
+    Ok(())
 }
 
 /// Timings of one repetition.
@@ -354,10 +375,10 @@ impl Runner<'_> {
         (0..n).map(|_| self.rng.random_range(0..n_vocab)).collect()
     }
 
-    /// A pool with room for `n_seq` sequences of `positions` each (rounded up to whole blocks).
+    /// A pool with room for `n_seq` sequences of `positions` each (rounded up to whole blocks); its size was
+    /// checked by [`check_pool_fits`].
     fn pool(&self, n_seq: usize, positions: usize) -> KvPool {
-        let per_seq = positions.max(1).next_multiple_of(crate::model::kv_cache::DEFAULT_BLOCK_SIZE);
-        let cap = n_seq * per_seq;
+        let cap = pool_capacity(n_seq, positions).unwrap_or(usize::MAX);
         KvPool::new(&self.model.config, self.kv_dtype, cap, cap)
     }
 
@@ -518,10 +539,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let mut models = Vec::new();
     for path in &paths {
-        let mut model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
-        model.set_precision(args.engine.precision());
+        let model = crate::cli::load_model_at(path, &args.engine)?;
         let info = ModelInfo::of(path, &model);
         for &test in &tests {
+            check_pool_fits(&model, args.engine.kv_dtype(), test)?;
             if test.positions() > info.n_ctx {
                 let what = match test {
                     Test::Prompt(n, 0) => format!("-p {n}"),
@@ -585,11 +606,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         for ((n_threads, pool), gbs) in pools.iter().zip(&read_gbs) {
             for &test in &tests {
                 progress.set_message(format!("{} {} t{}", info.model_type, test.name(), n_threads));
-                let n_seq = match test {
-                    Test::Curve { batch, .. } => batch,
-                    _ => 1,
-                };
-                let mut kv_pool = runner.pool(n_seq, test.positions());
+                let mut kv_pool = runner.pool(test.sequences(), test.positions());
                 let samples = pool.install(|| -> anyhow::Result<Vec<Sample>> {
                     let mut samples = Vec::with_capacity(args.repetitions);
                     for i in 0..runs_per_test {

@@ -85,6 +85,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let load_time = load_start.elapsed();
     let template = super::chat_template(model, args.chat_template.as_deref())?;
     let n_ctx = args.length.n_ctx(model.config.n_ctx_train);
+    super::check_context(model, n_ctx, args.engine.kv_dtype())?;
     let session = Session::new(model, tokenizer, n_ctx, args.engine.kv_dtype());
     let mut chat = Chat::new(session, tokenizer, template, args.system.clone(), settings);
     chat.stop = args.stop.stop.clone();

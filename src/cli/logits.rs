@@ -3,12 +3,11 @@
 //! Reads one JSON array of token ids per line from stdin, runs each sequence from an empty cache, and prints one
 //! line per sequence: `{"top": [[[id, logit], ...] per position]}`, the K largest raw logits in descending order.
 
-use std::io::BufRead;
-
 use anyhow::Context;
 use clap::Args;
 
 use crate::cli::args::ThreadArgs;
+use crate::cli::input::{MAX_INPUT_BYTES, read_line};
 use crate::cli::output::print_line;
 use crate::model::{ForwardScratch, KvPool, Logits, SeqKv, SeqStep};
 
@@ -38,24 +37,27 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
     let mut scratch = ForwardScratch::new(&model);
     let mut kv_pool: Option<KvPool> = None;
     let top_k = (args.top_k as usize).min(c.n_vocab);
-    for (lineno, line) in stdin.lock().lines().enumerate() {
-        let line = line.context("reading stdin")?;
-        if line.trim().is_empty() {
+    let mut stdin = stdin.lock();
+    for lineno in 1.. {
+        let Some(line) = read_line(&mut stdin, MAX_INPUT_BYTES, lineno)? else { break };
+        if line.trim_ascii().is_empty() {
             continue;
         }
-        let ids: Vec<u32> = serde_json::from_str(&line)
-            .with_context(|| format!("stdin line {}: expected a JSON array of token ids", lineno + 1))?;
+        let ids: Vec<u32> = serde_json::from_slice(&line)
+            .with_context(|| format!("stdin line {lineno}: expected a JSON array of token ids"))?;
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= c.n_vocab) {
-            anyhow::bail!(
-                "stdin line {}: token id {bad} is out of range (vocabulary has {} tokens)",
-                lineno + 1,
-                c.n_vocab
-            );
+            anyhow::bail!("stdin line {lineno}: token id {bad} is out of range (vocabulary has {} tokens)", c.n_vocab);
         }
         // One pool sized for the longest sequence so far; sequences run one at a time from an empty cache.
         let need = ids.len().max(1);
         if kv_pool.as_ref().is_none_or(|p| p.free_positions() < need) {
-            kv_pool = Some(KvPool::new(&c, args.engine.kv_dtype(), need.max(CHUNK), need.max(CHUNK)));
+            let (dtype, cap) = (args.engine.kv_dtype(), need.max(CHUNK));
+            crate::memory::check_fits(
+                &format!("stdin line {lineno} ({} tokens: its KV cache)", ids.len()),
+                KvPool::bytes_for(&c, dtype, cap, cap, 0),
+                "send shorter sequences",
+            )?;
+            kv_pool = Some(KvPool::new(&c, dtype, cap, cap));
         }
         let kv_pool = kv_pool.as_mut().expect("created above");
         let mut kv = SeqKv::new();
@@ -71,7 +73,7 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
             Ok(())
         });
         kv_pool.release(&mut kv);
-        result.with_context(|| format!("stdin line {}", lineno + 1))?;
+        result.with_context(|| format!("stdin line {lineno}"))?;
         let json = serde_json::json!({ "top": top.iter().map(|pos| pos.iter().map(|&(id, l)| serde_json::json!([id, l])).collect::<Vec<_>>()).collect::<Vec<_>>() });
         print_line(&json.to_string())?;
     }

@@ -10,6 +10,7 @@ pub mod bench;
 pub mod chat;
 pub mod compare;
 pub mod info;
+pub mod input;
 pub mod list;
 pub mod logits;
 pub mod membw;
@@ -121,9 +122,25 @@ pub fn load_model(
     use anyhow::Context;
     infer_kernels::dispatch::try_isa().context("INFER_ISA")?;
     let path = resolve_model_arg(spec)?;
-    let mut model = crate::model::Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
-    model.set_precision(engine.precision());
+    let model = load_model_at(&path, engine)?;
     Ok((path, model))
+}
+
+/// Loads the model at `path` with the engine settings: memory-mapped, or read into memory with `--no-mmap`.
+pub fn load_model_at(path: &std::path::Path, engine: &EngineArgs) -> anyhow::Result<crate::model::Model> {
+    use anyhow::Context;
+    let loading = || format!("loading {}", path.display());
+    let file = if engine.no_mmap {
+        let len = std::fs::metadata(path).map(|m| m.len()).ok();
+        crate::memory::check_fits(&format!("reading {} into memory (--no-mmap)", path.display()), len, "")?;
+        crate::gguf::GgufFile::read(path)
+    } else {
+        crate::gguf::GgufFile::open(path)
+    };
+    let mut model =
+        crate::model::Model::from_file(std::sync::Arc::new(file.with_context(loading)?)).with_context(loading)?;
+    model.set_precision(engine.precision());
+    Ok(model)
 }
 
 /// [`load_model`] plus the model's tokenizer.
@@ -133,6 +150,21 @@ pub fn load(spec: Option<&str>, engine: &EngineArgs) -> anyhow::Result<Loaded> {
     let tokenizer = crate::tokenizer::Tokenizer::from_gguf(model.file())
         .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
     Ok(Loaded { path, model, tokenizer })
+}
+
+/// Checks a context size before a session is made for it: a warning on stderr above the context the model was
+/// trained for, and an error with the numbers, before anything is allocated, when its KV cache would not fit.
+pub fn check_context(model: &crate::model::Model, n_ctx: usize, kv: crate::model::KvDtype) -> anyhow::Result<()> {
+    let trained = model.config.n_ctx_train;
+    if n_ctx > trained {
+        eprintln!(
+            "warning: a context of {n_ctx} tokens is more than this model was trained for ({trained}); text past \
+             {trained} tokens may degrade"
+        );
+    }
+    let bytes = crate::session::Session::kv_bytes(model, n_ctx, kv);
+    crate::memory::check_fits(&format!("a context of {n_ctx} tokens (its KV cache)"), bytes, "lower -c/--ctx-size")?;
+    Ok(())
 }
 
 /// The chat template for a model: `--chat-template` (a template file, or a built-in's name) or the model's own.
@@ -176,6 +208,10 @@ pub struct EngineArgs {
     /// Element type of the KV cache.
     #[arg(long = "kv-type", value_name = "T", value_parser = ["f16", "f32"], default_value = "f16", help_heading = "Engine")]
     pub kv_type: String,
+    /// Read the model file into memory instead of mapping it: changes to the file on disk while infer runs then
+    /// cannot affect it (a mapped file that shrinks stops infer with an error).
+    #[arg(long = "no-mmap", help_heading = "Engine")]
+    pub no_mmap: bool,
 }
 
 impl EngineArgs {

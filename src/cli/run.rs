@@ -3,7 +3,7 @@
 //! stdout carries only the model's text (or, with `--json`, one JSON object at the end); timings and notes go to
 //! stderr, and only when stdout is a terminal (a person is watching) unless `--verbose` asks for them.
 
-use std::io::{IsTerminal, Read};
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use crate::cli::EngineArgs;
 use crate::cli::args::{LengthArgs, SamplingArgs, StopArgs, ThreadArgs};
+use crate::cli::input::{MAX_INPUT_BYTES, read_text, read_text_file};
 use crate::cli::output::print_flush;
 use crate::session::{FinishReason, GenerateRequest, Generation, Session, Timings};
 use crate::tokenizer::chat::ChatMessage;
@@ -56,33 +57,17 @@ pub struct RunArgs {
     pub engine: EngineArgs,
 }
 
-/// Prompts larger than this are refused before tokenizing (64 MiB of text is far beyond any context).
-const MAX_PROMPT_BYTES: usize = 64 << 20;
-
 fn read_prompt(args: &RunArgs) -> anyhow::Result<String> {
-    let text = match (&args.prompt, &args.file) {
-        (Some(p), _) => p.clone(),
-        (None, Some(f)) if f == "-" => read_stdin()?,
-        (None, Some(f)) => {
-            let bytes = std::fs::read(f).with_context(|| format!("reading prompt file {f}"))?;
-            String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("prompt file {f} is not valid UTF-8"))?
+    match (&args.prompt, &args.file) {
+        (Some(p), _) if p.len() > MAX_INPUT_BYTES => {
+            bail!("the prompt is {} bytes; the limit is {MAX_INPUT_BYTES}", p.len())
         }
-        (None, None) if !std::io::stdin().is_terminal() => read_stdin()?,
+        (Some(p), _) => Ok(p.clone()),
+        (None, Some(f)) if f == "-" => read_text(std::io::stdin(), "the prompt on stdin"),
+        (None, Some(f)) => read_text_file(std::path::Path::new(f)).with_context(|| format!("prompt file {f}")),
+        (None, None) if !std::io::stdin().is_terminal() => read_text(std::io::stdin(), "the prompt on stdin"),
         (None, None) => bail!("no prompt: give -p TEXT, -f FILE, or pipe it on stdin"),
-    };
-    if text.len() > MAX_PROMPT_BYTES {
-        bail!("the prompt is {} bytes; the limit is {MAX_PROMPT_BYTES}", text.len());
     }
-    Ok(text)
-}
-
-fn read_stdin() -> anyhow::Result<String> {
-    let mut bytes = Vec::new();
-    std::io::stdin()
-        .take(MAX_PROMPT_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .context("reading the prompt from stdin")?;
-    String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("the prompt on stdin is not valid UTF-8"))
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -112,6 +97,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let prompt =
         if args.chat { tokenizer.encode_prompt(&prompt_text) } else { tokenizer.encode(&prompt_text, true, true) };
     let n_ctx = args.length.n_ctx(model.config.n_ctx_train);
+    super::check_context(model, n_ctx, args.engine.kv_dtype())?;
     if prompt.len() > n_ctx {
         bail!("the prompt is {} tokens, but the context holds {n_ctx}: shorten it or raise --ctx-size", prompt.len());
     }

@@ -7,13 +7,14 @@
 //!   `--no-parse-special` treats control-token text such as `<|im_start|>` as plain text; `--stats` reports the
 //!   token count and throughput on stderr.
 
-use std::io::{BufRead, BufWriter, Read, Write};
+use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::Args;
 
+use crate::cli::input::{MAX_INPUT_BYTES, read_line, read_text, read_text_file};
 use crate::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
 
@@ -58,9 +59,10 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<()> {
         let stdin = std::io::stdin();
         let (mut n_bytes, mut n_tokens) = (0usize, 0usize);
         let start = Instant::now();
-        for (i, line) in stdin.lock().lines().enumerate() {
-            let line = line.with_context(|| format!("reading stdin line {}", i + 1))?;
-            let text = parse_jsonl_line(&line).with_context(|| format!("stdin line {}", i + 1))?;
+        let mut stdin = stdin.lock();
+        for i in 1.. {
+            let Some(line) = read_line(&mut stdin, MAX_INPUT_BYTES, i)? else { break };
+            let text = parse_jsonl_line(&line).with_context(|| format!("stdin line {i}"))?;
             let ids = tok.encode(&text, add_special, parse_special);
             n_bytes += text.len();
             n_tokens += ids.len();
@@ -77,12 +79,8 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<()> {
 
     let text = match (&args.prompt, &args.file) {
         (Some(p), _) => p.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,
-        (None, None) => {
-            let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s).context("reading the text from stdin")?;
-            s
-        }
+        (None, Some(f)) => read_text_file(f)?,
+        (None, None) => read_text(std::io::stdin(), "the text on stdin")?,
     };
     let start = Instant::now();
     let ids = tok.encode(&text, add_special, parse_special);
@@ -104,8 +102,8 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<()> {
 }
 
 /// A `--jsonl` line: a JSON string, or an object whose `"text"` is a string.
-fn parse_jsonl_line(line: &str) -> anyhow::Result<String> {
-    let v: serde_json::Value = serde_json::from_str(line).context("not valid JSON")?;
+fn parse_jsonl_line(line: &[u8]) -> anyhow::Result<String> {
+    let v: serde_json::Value = serde_json::from_slice(line).context("not valid JSON")?;
     match v {
         serde_json::Value::String(s) => Ok(s),
         serde_json::Value::Object(mut o) => match o.remove("text") {

@@ -13,6 +13,11 @@ pub enum GgufError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "{path}: the file changed on disk since it was loaded ({was} bytes then, {now} now); load it again",
+        now = now.map_or("missing".to_string(), |n| format!("{n} bytes"))
+    )]
+    FileChanged { path: PathBuf, was: u64, now: Option<u64> },
     #[error("{path}: is a directory, not a GGUF file")]
     IsDirectory { path: PathBuf },
     #[error("not a GGUF file: magic bytes are {found:?}, expected \"GGUF\"")]
@@ -29,8 +34,8 @@ pub enum GgufError {
     CountTooLarge { field: &'static str, value: u64, offset: u64, remaining: u64 },
     #[error("metadata key #{index} at offset {offset} is empty")]
     EmptyKey { index: u64, offset: u64 },
-    #[error("metadata key #{index} at offset {offset} is not valid UTF-8")]
-    InvalidKey { index: u64, offset: u64 },
+    #[error("metadata key #{index} at offset {offset} {why}")]
+    InvalidKey { index: u64, offset: u64, why: &'static str },
     #[error("duplicate metadata key '{key}' at offset {offset}")]
     DuplicateKey { key: String, offset: u64 },
     #[error("metadata key '{key}' at offset {offset}: unknown value type {type_id}")]
@@ -39,8 +44,8 @@ pub enum GgufError {
     NestedArray { key: String, offset: u64 },
     #[error("metadata key '{key}' at offset {offset}: bool byte is {byte}, must be 0 or 1")]
     InvalidBool { key: String, byte: u8, offset: u64 },
-    #[error("metadata key '{key}' at offset {offset}: string of {len} bytes exceeds the {limit}-byte limit")]
-    StringTooLong { key: String, len: u64, limit: u64, offset: u64 },
+    #[error("{what} at offset {offset}: a string of {len} bytes exceeds the {limit}-byte limit")]
+    StringTooLong { what: String, len: u64, limit: u64, offset: u64 },
     #[error("general.alignment = {value} is invalid: must be a power of two between 1 and 1 MiB")]
     InvalidAlignment { value: u64 },
     #[error("missing metadata key '{key}'")]
@@ -75,6 +80,10 @@ pub enum GgufError {
     OverlappingTensors { first: String, second: String },
     #[error("no tensor named '{name}'")]
     MissingTensor { name: String },
+    #[error(
+        "tensor '{name}' is not used by the {arch} decoder: this model variant is not supported (running without it would give wrong text)"
+    )]
+    UnusedTensor { name: String, arch: String },
     #[error("tensor '{name}': type {ty} ({id}) is not supported yet", id = ty.id())]
     UnsupportedType { name: String, ty: GgmlType },
     #[error("tensor '{name}': shape {found:?}, expected {expected:?}")]

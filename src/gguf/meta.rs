@@ -3,6 +3,7 @@
 //! Integers are accepted in any width that holds the value (writers disagree on whether `context_length` is a u32
 //! or a u64), floats as f32 or f64. Strings are stored as read; invalid UTF-8 is only an error where a key's
 //! meaning needs text.
+#![deny(clippy::indexing_slicing, clippy::arithmetic_side_effects, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
 
@@ -365,7 +366,11 @@ impl Metadata {
     /// Sets a key, replacing any earlier value in place.
     pub fn set(&mut self, key: &str, value: MetaValue) {
         match self.index.get(key) {
-            Some(&i) => self.entries[i].1 = value,
+            Some(&i) => {
+                if let Some(entry) = self.entries.get_mut(i) {
+                    entry.1 = value;
+                }
+            }
             None => {
                 self.insert(key.to_string(), value);
             }
@@ -385,7 +390,7 @@ impl Metadata {
     }
 
     pub fn get(&self, key: &str) -> Option<&MetaValue> {
-        self.index.get(key).map(|&i| &self.entries[i].1)
+        self.index.get(key).and_then(|&i| self.entries.get(i)).map(|(_, v)| v)
     }
 
     pub fn contains(&self, key: &str) -> bool {

@@ -5,6 +5,10 @@
 //! arithmetic in one place ([`tensor_extent`]); and every tensor's data must lie inside the file, aligned and
 //! not overlapping another, before the file is handed out. After `open` succeeds, tensor data can be sliced
 //! without further checks.
+//!
+//! Clippy's `indexing_slicing`, `arithmetic_side_effects`, `unwrap_used` and `expect_used` are errors here: no
+//! index, slice or sum on file-derived numbers may panic or wrap.
+#![deny(clippy::indexing_slicing, clippy::arithmetic_side_effects, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -23,6 +27,8 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 pub const MAX_ALIGNMENT: u64 = 1 << 20;
 /// Largest accepted single string (llama.cpp uses the same cap); it must also fit in the file.
 pub const MAX_STRING_LEN: u64 = 1 << 30;
+/// Longest metadata key (GGUF spec).
+pub const MAX_KEY_LEN: usize = 65_535;
 /// Longest tensor name (GGUF spec: at most 64 bytes).
 pub const MAX_TENSOR_NAME: u64 = 64;
 /// Most dimensions a tensor may have (ggml's GGML_MAX_DIMS).
@@ -72,6 +78,8 @@ impl Storage {
 pub struct GgufFile {
     path: PathBuf,
     storage: Storage,
+    /// Length and modification time of a mapped file when it was opened (see [`GgufFile::check_unchanged`]).
+    mapped_stamp: Option<(u64, Option<std::time::SystemTime>)>,
     version: u32,
     metadata: Metadata,
     tensors: Vec<TensorInfo>,
@@ -101,26 +109,55 @@ impl GgufFile {
             return Err(GgufError::IsDirectory { path: path.to_path_buf() });
         }
         let file = File::open(path).map_err(io)?;
-        let storage = if meta.len() == 0 {
+        if meta.len() == 0 {
             // mmap of an empty file fails on some systems; an empty file is simply too short.
-            Storage::Owned(Vec::new())
-        } else {
-            Storage::Mapped(map_file(&file).map_err(io)?)
-        };
-        Self::parse(path.to_path_buf(), storage)
+            return Self::parse(path.to_path_buf(), Storage::Owned(Vec::new()), None);
+        }
+        let storage = Storage::Mapped(map_file(&file).map_err(io)?);
+        Self::parse(path.to_path_buf(), storage, Some((meta.len(), meta.modified().ok())))
     }
 
-    /// Validates a file held in memory (tests, fuzzing, `--no-mmap`).
+    /// Reads and validates a whole file into memory (`--no-mmap`): later changes to the file on disk cannot
+    /// affect it, at the cost of the file's size in memory.
+    pub fn read(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
+        let path = path.as_ref();
+        let io = |source| GgufError::Io { path: path.to_path_buf(), source };
+        if std::fs::metadata(path).map_err(io)?.is_dir() {
+            return Err(GgufError::IsDirectory { path: path.to_path_buf() });
+        }
+        let bytes = std::fs::read(path).map_err(io)?;
+        Self::parse(path.to_path_buf(), Storage::Owned(bytes), None)
+    }
+
+    /// Validates a file held in memory (tests, fuzzing).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
-        Self::parse(PathBuf::from("<memory>"), Storage::Owned(bytes))
+        Self::parse(PathBuf::from("<memory>"), Storage::Owned(bytes), None)
     }
 
-    fn parse(path: PathBuf, storage: Storage) -> Result<GgufFile, GgufError> {
+    /// Whether the mapped file still has the length and modification time it had when opened. Anything reading
+    /// the map after the file changed would read bytes nobody validated (or, past a new end, fault), so a
+    /// generation checks this before it starts. Always true for a file read into memory.
+    pub fn check_unchanged(&self) -> Result<(), GgufError> {
+        let Some((len, modified)) = self.mapped_stamp else { return Ok(()) };
+        let now = std::fs::metadata(&self.path).map(|m| (m.len(), m.modified().ok()));
+        match now {
+            Ok((l, m)) if l == len && m == modified => Ok(()),
+            Ok((l, _)) => Err(GgufError::FileChanged { path: self.path.clone(), was: len, now: Some(l) }),
+            Err(_) => Err(GgufError::FileChanged { path: self.path.clone(), was: len, now: None }),
+        }
+    }
+
+    fn parse(
+        path: PathBuf,
+        storage: Storage,
+        mapped_stamp: Option<(u64, Option<std::time::SystemTime>)>,
+    ) -> Result<GgufFile, GgufError> {
         let parsed = parse_layout(storage.bytes())?;
         let by_name = parsed.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
         Ok(GgufFile {
             path,
             storage,
+            mapped_stamp,
             version: parsed.version,
             metadata: parsed.metadata,
             tensors: parsed.tensors,
@@ -160,9 +197,14 @@ impl GgufFile {
         self.storage.bytes().len() as u64
     }
 
+    /// The position of the tensor named `name` in [`GgufFile::tensors`], if present.
+    pub fn tensor_index(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
     /// The tensor named `name`, if present.
     pub fn tensor_info(&self, name: &str) -> Option<&TensorInfo> {
-        self.by_name.get(name).map(|&i| &self.tensors[i])
+        self.by_name.get(name).and_then(|&i| self.tensors.get(i))
     }
 
     /// The tensor named `name`, or an error naming it.
@@ -173,9 +215,9 @@ impl GgufFile {
     /// The raw bytes of a tensor's data (zero-copy). `info` must come from this file.
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
         // Bounds were validated when the file was opened (`parse_layout`), so this cannot overflow or leave the
-        // file; `get` keeps a foreign `TensorInfo` from panicking all the same.
-        let start = (self.data_offset + info.offset) as usize;
-        self.storage.bytes().get(start..start + info.n_bytes as usize).unwrap_or(&[])
+        // file; checked arithmetic and `get` keep a foreign `TensorInfo` from panicking all the same.
+        let range = tensor_range(self.data_offset, info.offset, info.n_bytes);
+        range.and_then(|r| self.storage.bytes().get(r)).unwrap_or(&[])
     }
 
     /// The whole file (header included): tensor byte ranges computed from `data_offset() + offset` index into it.
@@ -192,6 +234,13 @@ impl GgufFile {
     pub fn tensor_bytes_total(&self) -> u64 {
         self.tensors.iter().map(|t| t.n_bytes).sum()
     }
+}
+
+/// Byte range `data_offset + offset .. + n_bytes` in the file, if it can be computed.
+fn tensor_range(data_offset: u64, offset: u64, n_bytes: u64) -> Option<std::ops::Range<usize>> {
+    let start = usize::try_from(data_offset.checked_add(offset)?).ok()?;
+    let end = start.checked_add(usize::try_from(n_bytes).ok()?)?;
+    Some(start..end)
 }
 
 #[allow(unsafe_code)]
@@ -222,7 +271,7 @@ impl<'a> Cursor<'a> {
     }
 
     fn remaining(&self) -> u64 {
-        (self.buf.len() - self.pos) as u64
+        self.buf.len().saturating_sub(self.pos) as u64
     }
 
     fn take(&mut self, n: u64, what: impl FnOnce() -> String) -> Result<&'a [u8], GgufError> {
@@ -234,9 +283,10 @@ impl<'a> Cursor<'a> {
                 available: self.remaining(),
             });
         }
-        let n = n as usize;
-        let out = &self.buf[self.pos..self.pos + n];
-        self.pos += n;
+        // `n` fits: it is at most what remains of a slice.
+        let end = self.pos.saturating_add(n as usize);
+        let out = self.buf.get(self.pos..end).unwrap_or_default();
+        self.pos = end;
         Ok(out)
     }
 
@@ -264,7 +314,7 @@ impl<'a> Cursor<'a> {
         let at = self.offset();
         let len = self.u64(|| format!("length of {}", what()))?;
         if len > MAX_STRING_LEN {
-            return Err(GgufError::StringTooLong { key: what(), len, limit: MAX_STRING_LEN, offset: at });
+            return Err(GgufError::StringTooLong { what: what(), len, limit: MAX_STRING_LEN, offset: at });
         }
         self.take(len, what)
     }
@@ -299,7 +349,12 @@ fn parse_layout(buf: &[u8]) -> Result<Layout, GgufError> {
         });
     }
     if n_kv > c.remaining() / 14 {
-        return Err(GgufError::CountTooLarge { field: "n_kv", value: n_kv, offset: at + 8, remaining: c.remaining() });
+        return Err(GgufError::CountTooLarge {
+            field: "n_kv",
+            value: n_kv,
+            offset: at.saturating_add(8),
+            remaining: c.remaining(),
+        });
     }
 
     let mut metadata = Metadata::new();
@@ -309,8 +364,14 @@ fn parse_layout(buf: &[u8]) -> Result<Layout, GgufError> {
         if key_bytes.is_empty() {
             return Err(GgufError::EmptyKey { index, offset: key_at });
         }
-        let key =
-            std::str::from_utf8(key_bytes).map_err(|_| GgufError::InvalidKey { index, offset: key_at })?.to_string();
+        // Keys are ASCII (GGUF spec): anything else is a damaged or hostile file, and keys end up in messages.
+        if key_bytes.len() > MAX_KEY_LEN {
+            return Err(GgufError::InvalidKey { index, offset: key_at, why: "is longer than 65535 bytes" });
+        }
+        if !key_bytes.iter().all(u8::is_ascii_graphic) {
+            return Err(GgufError::InvalidKey { index, offset: key_at, why: "is not printable ASCII" });
+        }
+        let key = String::from_utf8_lossy(key_bytes).into_owned();
         if metadata.contains(&key) {
             return Err(GgufError::DuplicateKey { key, offset: key_at });
         }
@@ -379,7 +440,7 @@ fn parse_layout(buf: &[u8]) -> Result<Layout, GgufError> {
         let ty = GgmlType::from_id(type_id).map_err(|ty| GgufError::BadTensorType { name: name.clone(), ty })?;
         let offset = c.u64(|| format!("data offset of tensor '{name}'"))?;
         let (n_elements, n_bytes) = tensor_extent(&name, &dims, ty)?;
-        if offset % alignment != 0 {
+        if !offset.is_multiple_of(alignment) {
             return Err(GgufError::MisalignedTensor { name, offset, alignment });
         }
         seen.insert(name.clone(), index);
@@ -390,10 +451,9 @@ fn parse_layout(buf: &[u8]) -> Result<Layout, GgufError> {
     let data_offset = c.offset().checked_next_multiple_of(alignment).unwrap_or(u64::MAX);
     let file_len = buf.len() as u64;
     for t in &tensors {
-        let start = data_offset.checked_add(t.offset);
-        let end = start.and_then(|s| s.checked_add(t.n_bytes));
-        match (start, end) {
-            (Some(_), Some(end)) if end <= file_len => {}
+        let end = data_offset.checked_add(t.offset).and_then(|s| s.checked_add(t.n_bytes));
+        match end {
+            Some(end) if end <= file_len => {}
             _ => {
                 return Err(GgufError::TensorOutOfBounds {
                     name: t.name.clone(),
@@ -408,8 +468,10 @@ fn parse_layout(buf: &[u8]) -> Result<Layout, GgufError> {
     let mut order: Vec<&TensorInfo> = tensors.iter().filter(|t| t.n_bytes > 0).collect();
     order.sort_by_key(|t| t.offset);
     for pair in order.windows(2) {
-        if pair[0].offset + pair[0].n_bytes > pair[1].offset {
-            return Err(GgufError::OverlappingTensors { first: pair[0].name.clone(), second: pair[1].name.clone() });
+        if let [a, b] = pair
+            && a.offset.checked_add(a.n_bytes).is_none_or(|end| end > b.offset)
+        {
+            return Err(GgufError::OverlappingTensors { first: a.name.clone(), second: b.name.clone() });
         }
     }
 
@@ -425,11 +487,12 @@ pub fn tensor_extent(name: &str, dims: &[u64], ty: GgmlType) -> Result<(u64, u64
         .ok_or_else(|| GgufError::ShapeOverflow { name: name.to_string(), shape: dims.to_vec() })?;
     let block = ty.block_size() as u64;
     let ne0 = dims.first().copied().unwrap_or(1);
-    if ne0 % block != 0 {
+    if block == 0 || !ne0.is_multiple_of(block) {
         return Err(GgufError::RowNotBlockAligned { name: name.to_string(), ty, ne0, block: ty.block_size() });
     }
-    let n_bytes = (n_elements / block)
-        .checked_mul(ty.type_size() as u64)
+    let n_bytes = n_elements
+        .checked_div(block)
+        .and_then(|blocks| blocks.checked_mul(ty.type_size() as u64))
         .filter(|&n| n <= i64::MAX as u64)
         .ok_or_else(|| GgufError::ShapeOverflow { name: name.to_string(), shape: dims.to_vec() })?;
     Ok((n_elements, n_bytes))
@@ -452,6 +515,15 @@ fn read_value(c: &mut Cursor, key: &str, ty: MetaType) -> Result<MetaValue, Gguf
         MetaType::String => MetaValue::String(read_string(c, key)?),
         MetaType::Array => MetaValue::Array(read_array(c, key)?),
     })
+}
+
+/// The first `N` bytes of `b` as an array (zero-filled if `b` is shorter, which callers rule out).
+fn le_bytes<const N: usize>(b: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    for (o, v) in out.iter_mut().zip(b) {
+        *o = *v;
+    }
+    out
 }
 
 fn read_bool(c: &mut Cursor, key: &str) -> Result<bool, GgufError> {
@@ -484,7 +556,7 @@ fn read_array(c: &mut Cursor, key: &str) -> Result<MetaArray, GgufError> {
     let len_at = c.offset();
     let n = c.u64(|| format!("length of array '{key}'"))?;
     // Checked in O(1) before any allocation: every element takes at least `min_size` bytes.
-    if n > c.remaining() / elem.min_size() {
+    if n > c.remaining().checked_div(elem.min_size()).unwrap_or(0) {
         return Err(GgufError::CountTooLarge {
             field: "array length",
             value: n,
@@ -495,11 +567,10 @@ fn read_array(c: &mut Cursor, key: &str) -> Result<MetaArray, GgufError> {
     let n = n as usize;
     macro_rules! fixed {
         ($variant:ident, $t:ty) => {{
-            let size = std::mem::size_of::<$t>();
-            let bytes = c.take((n * size) as u64, || format!("array '{key}'"))?;
-            MetaArray::$variant(
-                bytes.chunks_exact(size).map(|b| <$t>::from_le_bytes(b.try_into().expect("chunk size"))).collect(),
-            )
+            const SIZE: usize = std::mem::size_of::<$t>();
+            // `n` elements fit in what remains (checked above), so the product cannot overflow.
+            let bytes = c.take(n.saturating_mul(SIZE) as u64, || format!("array '{key}'"))?;
+            MetaArray::$variant(bytes.chunks_exact(SIZE).map(|b| <$t>::from_le_bytes(le_bytes::<SIZE>(b))).collect())
         }};
     }
     Ok(match elem {

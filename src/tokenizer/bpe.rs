@@ -37,11 +37,12 @@ pub fn token_text_to_bytes(text: &str) -> Option<Vec<u8>> {
 impl BpeModel {
     /// Builds the tables. `mergeable[i]` says whether token `i` takes part in merging (normal and user-defined tokens;
     /// control tokens do not, so their text never comes out of merging).
+    #[deny(clippy::indexing_slicing, clippy::arithmetic_side_effects, clippy::unwrap_used, clippy::expect_used)]
     pub fn new(tokens: &[String], mergeable: &[bool], merges: &[String]) -> Result<BpeModel, TokenizerError> {
         let mut bytes_to_id: FxMap<Box<[u8]>, u32> = FxMap::default();
         bytes_to_id.reserve(tokens.len());
-        for (id, text) in tokens.iter().enumerate() {
-            if !mergeable[id] {
+        for ((id, text), &m) in tokens.iter().enumerate().zip(mergeable) {
+            if !m {
                 continue;
             }
             if let Some(bytes) = token_text_to_bytes(text)
@@ -52,9 +53,9 @@ impl BpeModel {
             }
         }
         let mut byte_ids = [NONE; 256];
-        for b in 0..=255u8 {
+        for (b, slot) in (0..=255u8).zip(byte_ids.iter_mut()) {
             if let Some(&id) = bytes_to_id.get(&[b][..]) {
-                byte_ids[b as usize] = id;
+                *slot = id;
             }
         }
         let mut table: FxMap<u64, (u32, u32)> = FxMap::default();
@@ -63,11 +64,13 @@ impl BpeModel {
         for (rank, merge) in merges.iter().enumerate() {
             // "left right", split at the first space after the first char (a left part never holds a space: the
             // byte-level alphabet has none).
-            let first_len = merge.chars().next().map_or(0, char::len_utf8);
-            let Some(pos) = merge[first_len..].find(' ').map(|p| p + first_len) else {
+            let split = merge.char_indices().skip(1).find(|&(_, c)| c == ' ').and_then(|(at, _)| {
+                let (left, rest) = merge.split_at_checked(at)?;
+                Some((left, rest.strip_prefix(' ')?))
+            });
+            let Some((left, right)) = split else {
                 return Err(TokenizerError::BadMerge { index: rank, text: merge.clone() });
             };
-            let (left, right) = (&merge[..pos], &merge[pos + 1..]);
             let (Some(lb), Some(rb)) = (token_text_to_bytes(left), token_text_to_bytes(right)) else {
                 return Err(TokenizerError::BadMerge { index: rank, text: merge.clone() });
             };

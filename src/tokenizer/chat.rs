@@ -6,14 +6,21 @@
 //! string/list/dict methods (`.strip()`, `.startswith()`, `.items()`, ... via minijinja-contrib's pycompat).
 //!
 //! Rendering is bounded: minijinja's fuel limits the instructions executed, the recursion limit the nesting, and the
-//! output stops at [`MAX_OUTPUT`] bytes. Templates have no loader, so `include`/`import`/`extends` cannot reach the
-//! filesystem. Every failure is a [`TemplateError`], never a panic.
+//! output stops at [`MAX_OUTPUT`] bytes. Those do not bound the values a template builds along the way (forty
+//! `{% set ns.s = ns.s ~ ns.s %}` ask for a terabyte in forty instructions), so each render runs on its own thread
+//! under a memory budget and a time limit ([`RenderLimits`], enforced by [`infer_kernels::budget`] when the program
+//! installs its allocator, as the `infer` binary does). A template that passes either limit is refused from then on
+//! without being run again. Templates have no loader, so `include`/`import`/`extends` cannot reach the filesystem.
+//! Every failure is a [`TemplateError`], never a panic.
 //!
 //! A model without a template gets a built-in one that fits its architecture: [`GEMMA`] for the Gemma family,
 //! [`CHATML`] otherwise.
 
 use std::io;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use infer_kernels::budget::{self, Bounded};
 
 use minijinja::{Environment, Error, ErrorKind, Value, context};
 use serde::{Deserialize, Serialize};
@@ -31,6 +38,21 @@ pub const MAX_SOURCE: usize = 1 << 20;
 const FUEL: u64 = 10_000_000;
 /// Deepest nesting of calls, macros and blocks.
 const RECURSION_LIMIT: usize = 64;
+
+/// The memory and time one render may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenderLimits {
+    /// Bytes the rendering thread may hold at once: the conversation, every value the template builds, the output.
+    pub memory: usize,
+    /// Wall-clock time before the render is abandoned.
+    pub time: Duration,
+}
+
+impl RenderLimits {
+    /// 256 MiB and 5 s: a real template renders a 16 MiB conversation in a few times its size and well under a
+    /// second, and both stay far below what would hurt the machine (2 GiB, a 10 s hang).
+    pub const DEFAULT: RenderLimits = RenderLimits { memory: 256 << 20, time: Duration::from_secs(5) };
+}
 
 /// ChatML, as written by OpenAI and used by SmolLM2, Qwen and many others:
 /// `<|im_start|>{role}\n{content}<|im_end|>\n` per message, and `<|im_start|>assistant\n` to prompt a reply.
@@ -82,6 +104,13 @@ pub enum TemplateError {
     Raised { name: String, message: String },
     #[error("chat template `{name}` produced more than {limit} bytes")]
     OutputTooLarge { name: String, limit: usize },
+    #[error(
+        "chat template `{name}` needed more than {mib} MiB of memory while rendering; it is not run again",
+        mib = limit >> 20
+    )]
+    MemoryLimit { name: String, limit: usize },
+    #[error("chat template `{name}` took longer than {seconds} s to render; it is not run again")]
+    TimeLimit { name: String, seconds: f64 },
     #[error("chat template `{name}` is {len} bytes, more than the {limit}-byte limit")]
     SourceTooLarge { name: String, len: usize, limit: usize },
     #[error("`{0}` is not a built-in chat template (built-ins: chatml, gemma)")]
@@ -100,6 +129,16 @@ pub struct ChatTemplate {
     source: String,
     bos_token: String,
     eos_token: String,
+    limits: RenderLimits,
+    /// Set once a render passed a limit: the template is not run again.
+    tripped: Mutex<Option<Tripped>>,
+}
+
+/// Which limit a render passed.
+#[derive(Clone, Copy, Debug)]
+enum Tripped {
+    Memory(usize),
+    Time(Duration),
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -126,7 +165,24 @@ impl ChatTemplate {
         }
         // Compile once here so that a syntax error surfaces when the template is loaded.
         make_env(&name, &source, Arc::new(Mutex::new(None)))?;
-        Ok(ChatTemplate { name, source, bos_token: bos_token.into(), eos_token: eos_token.into() })
+        Ok(ChatTemplate {
+            name,
+            source,
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+            limits: RenderLimits::DEFAULT,
+            tripped: Mutex::new(None),
+        })
+    }
+
+    /// The same template under other limits (tests and fuzzing use small ones).
+    pub fn with_limits(mut self, limits: RenderLimits) -> ChatTemplate {
+        self.limits = limits;
+        self
+    }
+
+    pub fn limits(&self) -> RenderLimits {
+        self.limits
     }
 
     /// A built-in template by name (`chatml`, `gemma`).
@@ -193,39 +249,88 @@ impl ChatTemplate {
         &self.source
     }
 
-    /// Renders a conversation; `add_generation_prompt` appends the text that opens the assistant's reply.
+    /// Renders a conversation; `add_generation_prompt` appends the text that opens the assistant's reply. The render
+    /// runs on its own thread within [`RenderLimits`].
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TemplateError> {
-        // A fresh environment per render, so that `raise_exception` reports to this render only.
+        if let Some(t) = self.tripped.lock().ok().and_then(|t| *t) {
+            return Err(self.limit_error(t));
+        }
+        // Global caches of the template engine fill on first use; filling them here, outside any budget, means a
+        // render stopped at its limit can never be holding one half-built (which would block every later render).
+        warm_up();
+        // The environment (with the compiled template) is built here and moved to the rendering thread, so the
+        // budget covers the render alone.
         let raised: Raised = Arc::new(Mutex::new(None));
         let env = make_env(&self.name, &self.source, raised.clone())?;
-        let tmpl = env.get_template(&self.name).map_err(|e| self.render_error(&e))?;
-        let ctx = context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => &self.bos_token,
-            eos_token => &self.eos_token,
-        };
-        let mut out = CappedWriter { buf: Vec::new(), limit: MAX_OUTPUT, overflowed: false };
-        let result = tmpl.render_captured_to(ctx, &mut out).map(|_| ());
-        if out.overflowed {
-            return Err(TemplateError::OutputTooLarge { name: self.name.clone(), limit: MAX_OUTPUT });
-        }
-        if let Err(e) = result {
-            if let Some(message) = raised.lock().ok().and_then(|m| m.clone()) {
-                return Err(TemplateError::Raised { name: self.name.clone(), message });
+        let (name, bos, eos) = (self.name.clone(), self.bos_token.clone(), self.eos_token.clone());
+        let messages = messages.to_vec();
+        let outcome = budget::run_bounded(self.limits.memory, self.limits.time, move || {
+            render_in(&env, &name, &messages, add_generation_prompt, &bos, &eos, &raised)
+        });
+        let tripped = match outcome {
+            Bounded::Done(result) => return result,
+            Bounded::OverBudget { budget } => Tripped::Memory(budget),
+            Bounded::TimedOut { limit } => Tripped::Time(limit),
+            Bounded::Panicked => {
+                return Err(TemplateError::Render { name: self.name.clone(), detail: "the renderer panicked".into() });
             }
-            return Err(self.render_error(&e));
+            Bounded::NoThread(detail) => return Err(TemplateError::Render { name: self.name.clone(), detail }),
+        };
+        if let Ok(mut t) = self.tripped.lock() {
+            *t = Some(tripped);
         }
-        // Output is the concatenation of strings: valid UTF-8.
-        String::from_utf8(out.buf).map_err(|_| TemplateError::Render {
-            name: self.name.clone(),
-            detail: "output is not valid UTF-8".to_string(),
-        })
+        Err(self.limit_error(tripped))
     }
 
-    fn render_error(&self, e: &Error) -> TemplateError {
-        TemplateError::Render { name: self.name.clone(), detail: describe(e) }
+    fn limit_error(&self, t: Tripped) -> TemplateError {
+        match t {
+            Tripped::Memory(limit) => TemplateError::MemoryLimit { name: self.name.clone(), limit },
+            Tripped::Time(d) => TemplateError::TimeLimit { name: self.name.clone(), seconds: d.as_secs_f64() },
+        }
     }
+}
+
+/// One render, on the bounded thread.
+fn render_in(
+    env: &Environment<'static>,
+    name: &str,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+    raised: &Raised,
+) -> Result<String, TemplateError> {
+    let render_error = |e: &Error| TemplateError::Render { name: name.to_string(), detail: describe(e) };
+    let tmpl = env.get_template(name).map_err(|e| render_error(&e))?;
+    let ctx = context! {
+        messages => messages,
+        add_generation_prompt => add_generation_prompt,
+        bos_token => bos_token,
+        eos_token => eos_token,
+    };
+    let mut out = CappedWriter { buf: Vec::new(), limit: MAX_OUTPUT, overflowed: false };
+    let result = tmpl.render_captured_to(ctx, &mut out).map(|_| ());
+    if out.overflowed {
+        return Err(TemplateError::OutputTooLarge { name: name.to_string(), limit: MAX_OUTPUT });
+    }
+    if let Err(e) = result {
+        if let Some(message) = raised.lock().ok().and_then(|m| m.clone()) {
+            return Err(TemplateError::Raised { name: name.to_string(), message });
+        }
+        return Err(render_error(&e));
+    }
+    // Output is the concatenation of strings: valid UTF-8.
+    String::from_utf8(out.buf)
+        .map_err(|_| TemplateError::Render { name: name.to_string(), detail: "output is not valid UTF-8".to_string() })
+}
+
+/// Fills the template engine's process-wide caches (number formatting, the default filters) once.
+fn warm_up() {
+    static DONE: std::sync::Once = std::sync::Once::new();
+    DONE.call_once(|| {
+        let env = Environment::new();
+        let _ = env.render_str("{{ 7 }}{{ 1.5 }}{{ [1, 'a', none] | tojson }}{{ 'x' | upper }}", ());
+    });
 }
 
 /// An error with its causes, on one line.
@@ -249,8 +354,10 @@ fn make_env(name: &str, source: &str, raised: Raised) -> Result<Environment<'sta
     minijinja_contrib::add_to_environment(&mut env);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", move |msg: String| -> Result<Value, Error> {
+        // Copied before the lock is taken: a render stopped at its memory limit must not be holding it.
+        let copy = msg.clone();
         if let Ok(mut r) = raised.lock() {
-            *r = Some(msg.clone());
+            *r = Some(copy);
         }
         Err(Error::new(ErrorKind::InvalidOperation, msg))
     });

@@ -24,6 +24,7 @@ struct Matcher {
 
 impl Matcher {
     /// `cands` must already be in priority order.
+    #[deny(clippy::indexing_slicing, clippy::arithmetic_side_effects, clippy::unwrap_used, clippy::expect_used)]
     fn new(cands: &[(u32, &str)]) -> Option<Matcher> {
         if cands.is_empty() {
             return None;
@@ -49,6 +50,7 @@ pub struct SpecialMatcher {
 
 impl SpecialMatcher {
     /// `specials`: (id, text, is_user_defined) of every control, unknown and user-defined token with non-empty text.
+    #[deny(clippy::indexing_slicing, clippy::arithmetic_side_effects, clippy::unwrap_used, clippy::expect_used)]
     pub fn new(mut specials: Vec<(u32, &str, bool)>) -> SpecialMatcher {
         // Longest first; equal lengths by id, so that the order is deterministic.
         specials.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));

@@ -27,19 +27,20 @@ pub struct SpmModel {
 impl SpmModel {
     /// `byte_ids`: the `<0xXX>` token of each byte (`u32::MAX` where there is none); an ASCII byte without one falls
     /// back to the token that is that single character, if any.
+    #[deny(clippy::indexing_slicing, clippy::arithmetic_side_effects, clippy::unwrap_used, clippy::expect_used)]
     pub fn new(tokens: &[String], scores: Vec<f32>, mergeable: &[bool], mut byte_ids: [u32; 256]) -> SpmModel {
         let mut pieces: FxMap<Box<str>, u32> = FxMap::default();
         pieces.reserve(tokens.len());
-        for (id, text) in tokens.iter().enumerate() {
-            if mergeable[id] && !text.is_empty() {
+        for ((id, text), &m) in tokens.iter().enumerate().zip(mergeable) {
+            if m && !text.is_empty() {
                 pieces.insert(text.as_str().into(), id as u32);
             }
         }
-        for b in 0..128u8 {
-            if byte_ids[b as usize] == NONE
+        for (b, slot) in (0..128u8).zip(byte_ids.iter_mut()) {
+            if *slot == NONE
                 && let Some(&id) = pieces.get(char::from(b).encode_utf8(&mut [0; 4]) as &str)
             {
-                byte_ids[b as usize] = id;
+                *slot = id;
             }
         }
         let mut bridges = Vec::new();

@@ -1,12 +1,14 @@
-//! llama (and the many models that share its GGUF layout, such as SmolLM2): RMSNorm, rotary embeddings on adjacent
-//! pairs, grouped-query attention, SwiGLU feed-forward, output weights tied to the embedding when `output.weight`
-//! is absent. Every default in `ModelConfig::from_metadata` already describes llama, so nothing changes here.
+//! llama (Llama 2/3.x, Mistral, SmolLM2 and the many models that share its GGUF layout): RMSNorm, rotary
+//! embeddings on adjacent pairs, grouped-query attention, SwiGLU feed-forward, output weights tied to the
+//! embedding when `output.weight` is absent. Llama 3.1's rope scaling arrives as per-frequency divisors in
+//! `rope_freqs.weight` (the shared loader applies them); Mistral's window, when the metadata sets one, slides on
+//! every layer.
 
 use crate::gguf::{GgufError, Metadata};
 use crate::model::config::{Activation, ModelConfig, RopeStyle};
 
-pub fn configure(config: &mut ModelConfig, _meta: &Metadata) -> Result<(), GgufError> {
+pub fn configure(config: &mut ModelConfig, meta: &Metadata) -> Result<(), GgufError> {
     config.rope_style = RopeStyle::Interleaved;
     config.activation = Activation::Silu;
-    Ok(())
+    super::sliding_window(config, meta, true)
 }
