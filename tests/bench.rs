@@ -130,6 +130,23 @@ fn depth_runs_each_test_after_a_filled_cache() {
 }
 
 #[test]
+fn bandwidth_probe_is_reported_with_the_tests() {
+    let dir = tempdir();
+    let model = tiny_model(dir.path());
+    let m = model.to_str().unwrap();
+    let args = ["bench", m, "-p", "4", "-n", "4", "-r", "1", "-t", "1", "--bandwidth", "-o", "json"];
+    let records: Vec<serde_json::Value> = serde_json::from_str(&run_ok(&args)).expect("a JSON array");
+    for r in &records {
+        let gbs = r["mem_read_gbs"].as_f64().unwrap_or_else(|| panic!("no mem_read_gbs: {r}"));
+        assert!(gbs > 0.1 && gbs < 10_000.0, "{r}");
+    }
+    let md = run_ok(&["bench", m, "-p", "0", "-n", "4", "-r", "1", "-t", "1", "--bandwidth"]);
+    assert!(md.contains("memory read") && md.contains("tg4 at most"), "{md}");
+    let plain = run_ok(&["bench", m, "-p", "0", "-n", "4", "-r", "1", "-t", "1", "-o", "json"]);
+    assert!(!plain.contains("mem_read_gbs"), "the probe runs only when asked: {plain}");
+}
+
+#[test]
 fn batching_curve_records_and_plot() {
     let dir = tempdir();
     let model = tiny_model(dir.path());

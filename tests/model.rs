@@ -97,15 +97,26 @@ fn batching_sequences_changes_nothing() {
 /// bit, those it gets decoding alone, where attention splits by head and the projection quantizes its own input.
 #[test]
 fn many_sequences_decode_bit_for_bit_as_alone() {
+    decode_alone_and_batched(|i| 3 + 4 * i);
+}
+
+/// The same with caches of 250 to 610 positions, across the boundaries of attention's 256-position spans: alone,
+/// a decoding token's spans are tasks of their own, merged afterwards; in a batch, one task merges them in turn.
+#[test]
+fn long_caches_decode_bit_for_bit_as_alone() {
+    decode_alone_and_batched(|i| 250 + 40 * i);
+}
+
+fn decode_alone_and_batched(len: fn(usize) -> usize) {
     let threads = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
     threads.install(|| {
         for spec in [Spec::llama(GgmlType::Q4_1), Spec::gemma(GgmlType::Q8_0)] {
             let model = load_synthetic(spec);
             let c = &model.config;
-            let seqs: Vec<Vec<u32>> = (0..10).map(|i| random_tokens(3 + 4 * i, spec.n_vocab, 100 + i as u64)).collect();
+            let seqs: Vec<Vec<u32>> = (0..10).map(|i| random_tokens(len(i), spec.n_vocab, 100 + i as u64)).collect();
             for kv_dtype in [KvDtype::F32, KvDtype::F16] {
                 let alone: Vec<Vec<f32>> = seqs.iter().map(|s| last_logits(&model, s, s.len() - 1, kv_dtype)).collect();
-                let mut pool = KvPool::new(c, kv_dtype, 1024, 1024);
+                let mut pool = KvPool::new(c, kv_dtype, 8192, 8192);
                 let mut kvs: Vec<SeqKv> = seqs.iter().map(|_| SeqKv::new()).collect();
                 let mut scratch = ForwardScratch::new(&model);
                 for (s, kv) in seqs.iter().zip(kvs.iter_mut()) {
@@ -160,9 +171,22 @@ fn real_model_prefill_equals_decode() {
     assert!(d < 1e-4, "prefill vs decode on SmolLM2: {d}");
 }
 
-/// Runs `infer logits` on a reference file's sequences and scores the result the way `score_logits.py` does:
-/// top-1 agreement with f32, and mean |Δlogit| over the reference's top-10 ids.
-fn score_against_f32(model: &str, fixture: &str) -> Option<(f64, f64)> {
+/// The SIMD levels the fidelity tests run `infer logits` on: `INFER_ISA` if it is set, else every vector level this
+/// CPU has (each has kernels of its own, so each must hold the same fidelity).
+fn simd_levels() -> Vec<String> {
+    match std::env::var("INFER_ISA") {
+        Ok(isa) if !isa.trim().is_empty() => vec![isa],
+        _ => infer::kernels::dispatch::Isa::available()
+            .into_iter()
+            .filter(|i| *i != infer::kernels::dispatch::Isa::Scalar)
+            .map(|i| i.name().to_string())
+            .collect(),
+    }
+}
+
+/// Runs `infer logits` (at SIMD level `isa`) on a reference file's sequences and scores the result the way
+/// `score_logits.py` does: top-1 agreement with f32, and mean |Δlogit| over the reference's top-10 ids.
+fn score_against_f32(model: &str, fixture: &str, isa: &str) -> Option<(f64, f64)> {
     let path = real_model(model)?;
     let fixture = std::fs::read_to_string(reference(fixture)).ok()?;
     let lines: Vec<serde_json::Value> = fixture.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -175,6 +199,7 @@ fn score_against_f32(model: &str, fixture: &str) -> Option<(f64, f64)> {
     }
     let mut child = crate::common::infer_bin()
         .args(["logits", path.to_str().unwrap(), "--top-k", "40"])
+        .env("INFER_ISA", isa)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -212,17 +237,21 @@ fn score_against_f32(model: &str, fixture: &str) -> Option<(f64, f64)> {
 
 #[test]
 fn smollm2_logits_stay_close_to_f32() {
-    let Some((top1, mean)) = score_against_f32("smollm2", "smollm2-logits-f32.jsonl") else { return };
-    eprintln!("SmolLM2 vs f32: top-1 {top1:.4}, mean |Δ| {mean:.4} (llama.cpp: 0.973, 0.169)");
-    // The issue asks for ≥ 0.97 and ≤ 0.20; we hold ourselves to far tighter bounds than llama.cpp reaches.
-    assert!(top1 >= 0.99 && mean <= 0.02, "top-1 {top1}, mean |Δ| {mean}");
+    for isa in simd_levels() {
+        let Some((top1, mean)) = score_against_f32("smollm2", "smollm2-logits-f32.jsonl", &isa) else { return };
+        eprintln!("SmolLM2 vs f32 ({isa}): top-1 {top1:.4}, mean |Δ| {mean:.4} (llama.cpp: 0.973, 0.169)");
+        // The issue asks for ≥ 0.97 and ≤ 0.20; we hold ourselves to far tighter bounds than llama.cpp reaches.
+        assert!(top1 >= 0.99 && mean <= 0.02, "{isa}: top-1 {top1}, mean |Δ| {mean}");
+    }
 }
 
 #[test]
 fn gemma3_logits_stay_close_to_f32() {
-    let Some((top1, mean)) = score_against_f32("gemma3", "gemma3-logits-f32.jsonl") else { return };
-    eprintln!("Gemma 3 vs f32: top-1 {top1:.4}, mean |Δ| {mean:.4} (llama.cpp: 0.957, 0.199)");
-    assert!(top1 >= 0.99 && mean <= 0.02, "top-1 {top1}, mean |Δ| {mean}");
+    for isa in simd_levels() {
+        let Some((top1, mean)) = score_against_f32("gemma3", "gemma3-logits-f32.jsonl", &isa) else { return };
+        eprintln!("Gemma 3 vs f32 ({isa}): top-1 {top1:.4}, mean |Δ| {mean:.4} (llama.cpp: 0.957, 0.199)");
+        assert!(top1 >= 0.99 && mean <= 0.02, "{isa}: top-1 {top1}, mean |Δ| {mean}");
+    }
 }
 
 #[test]

@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 
 use half::f16;
 
-use crate::packed::PackedView;
+use crate::packed::{PackedFormat, PackedView};
 use crate::quant::{BlockQ2K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, BlockQ8K};
 use crate::vec_f32::{AxpyRows, SoftmaxState};
 
@@ -272,6 +272,10 @@ pub type PanelF<T> = fn(w: &[T], cols: usize, rows: Range<usize>, x: &[f32], n_a
 pub type PanelPacked =
     fn(w: PackedView<'_>, panels: Range<usize>, act: Act32<'_>, n_act: usize, group: usize, out: &OutSink<'_>);
 
+/// Panels `panels` of a float [`crate::packed`] matrix (F32, F16) against `n_act` rows of f32 activations
+/// (`x[a·cols..][..cols]`); output column `16·panel + row`.
+pub type PanelPackedF = fn(w: PackedView<'_>, panels: Range<usize>, x: &[f32], n_act: usize, out: &OutSink<'_>);
+
 /// [`quantize_row32`]'s signature: (x, group, qs, d, s, isum).
 pub type Quantize32 = fn(&[f32], usize, &mut [i8], &mut [f32], &mut [f32], &mut [i32]);
 
@@ -299,6 +303,11 @@ pub struct Kernels {
     pub q6_k: PanelK<BlockQ6K>,
     /// The kernel for [`crate::packed`] panels, on levels that have one; weights are packed at load only then.
     pub packed: Option<PanelPacked>,
+    /// The kernel for float panels (F32, F16), on levels that pack them.
+    pub packed_f: Option<PanelPackedF>,
+    /// The panel formats `packed` and `packed_f` have SIMD code for (matrices of other types keep their GGUF
+    /// layout).
+    pub packed_formats: &'static [PackedFormat],
     /// [`crate::vec_f32::dot_cols`].
     pub dot_cols_f32: fn(&[f32], &[f32], usize, &mut [f32]),
     /// [`crate::vec_f32::dot_cols_f16`].

@@ -77,6 +77,7 @@ impl WData<'_> {
     fn act_kind(&self) -> ActKind {
         match self {
             WData::F32(_) | WData::F16(_) => ActKind::F32,
+            WData::Packed(v) if v.format.is_float() => ActKind::F32,
             WData::Q8_0(_) | WData::Q4_0(_) | WData::Q4_1(_) | WData::Q5_0(_) | WData::Packed(_) => ActKind::B32,
             WData::Q2K(_) | WData::Q4K(_) | WData::Q6K(_) => ActKind::K,
         }
@@ -527,10 +528,12 @@ fn run_panel(
         WData::Packed(v) => {
             assert!(rows.start.is_multiple_of(PANEL_ROWS) && rows.end.is_multiple_of(PANEL_ROWS));
             let panels = rows.start / PANEL_ROWS..rows.end / PANEL_ROWS;
-            match k.packed {
-                Some(f) => f(v, panels, act32, n_act, group, out),
-                // A level without a panel kernel (tests compare levels within one process).
-                None => crate::packed::panel_ref(v, panels, act32, n_act, group, out),
+            // A level without a panel kernel uses the reference (tests compare levels within one process).
+            match (v.format.is_float(), k.packed, k.packed_f) {
+                (false, Some(f), _) => f(v, panels, act32, n_act, group, out),
+                (false, None, _) => crate::packed::panel_ref(v, panels, act32, n_act, group, out),
+                (true, _, Some(f)) => f(v, panels, x, m, out),
+                (true, _, None) => crate::packed::panel_ref_f(v, panels, x, m, out),
             }
         }
     }

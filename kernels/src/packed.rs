@@ -7,28 +7,47 @@
 //! four activation bytes advances all 16 rows at once, lane `r` belonging to row `r`. Nothing is reduced across
 //! lanes, each block's epilogue serves 16 rows, and the 16 results of a panel are contiguous in the output.
 //!
-//! Layout of one panel (16 rows × `nb` 32-weight blocks), 64-byte aligned:
+//! Layout of one panel (16 rows × `nb` 32-weight blocks), 64-byte aligned: the quants, then the scales.
 //!
 //! ```text
 //! qs   nb × QS bytes   block b: QS/64 chunks of 64 bytes; chunk j holds, for rows r = 0..16, a 4-byte group of
 //!                      row r at bytes 4r..4r+4
-//! d    nb × 16 f16     block b: the 16 rows' scales
-//! m    nb × 16 f16     block b: the 16 rows' offsets (Q4 and Q5 only)
 //! ```
 //!
-//! - [`PackedFormat::Q4`] (from Q4_0 and Q4_1): chunk `j` (0..4) holds the nibble bytes `4j..4j+4` of each row,
-//!   so its low nibbles are weights `4j..4j+4` and its high nibbles weights `16+4j..16+4j+4`, exactly as in the
-//!   GGUF block. Weight = `d·u + m` with `u` the nibble; Q4_0's `m` is `-8·d`.
+//! Quants, by format (`u` is the unsigned quant the kernels multiply):
+//! - [`PackedFormat::Q4`] (from Q4_0 and Q4_1) and [`PackedFormat::K4`] (from Q4_K): chunk `j` (0..4) holds the
+//!   nibble bytes `4j..4j+4` of each row, so its low nibbles are weights `4j..4j+4` and its high nibbles weights
+//!   `16+4j..16+4j+4`, exactly as in a Q4_0 block (Q4_K's nibbles are re-paired to match).
 //! - [`PackedFormat::Q5`] (from Q5_0): the Q4 chunks, then a fifth 64-byte chunk holding each row's 32 high bits
-//!   (the GGUF `qh`, bit k for weight k) at bytes 4r..4r+4. Weight = `d·u + m` with `u` the 5-bit value and
-//!   `m = -16·d`.
+//!   (the GGUF `qh`, bit k for weight k) at bytes 4r..4r+4.
 //! - [`PackedFormat::Q8`] (from Q8_0): chunk `j` (0..8) holds weights `4j..4j+4` of each row, biased by +128 so
-//!   they are unsigned (`vpdpbusd` multiplies unsigned by signed bytes); the kernel takes `128·Σq` back out in the
-//!   integers. Weight = `d·(u − 128)`.
+//!   they are unsigned (`vpdpbusd` multiplies unsigned by signed bytes).
+//! - [`PackedFormat::K6`] (from Q6_K, `u` in 0..=63): the Q4 chunks of the low four bits, then two chunks of high
+//!   bit pairs: byte `i` of row `r` in chunk `4 + h` holds, from its low bits up, the top two bits of weights
+//!   `4j+i` and `16+4j+i` for `j = 2h`, then the same for `j = 2h + 1`.
+//! - [`PackedFormat::F32`] and [`PackedFormat::F16`] (unquantized weights, dotted with f32 activations): block `b`
+//!   holds its 32 columns one after another, each as the 16 rows' values, so that one weight column of a panel
+//!   is one or two registers and a broadcast activation multiplies it without any reduction across lanes.
 //!
-//! Packing keeps every bit of the source: the panels hold the same quants and the same f16 scales, only moved.
-//! The scalar [`panel_ref`] states exactly what the SIMD kernel computes, in the same order of float
-//! operations, so the two agree bit for bit.
+//! Scales, after the quants (`nsb = nb / 8` super-blocks for the K formats; each line of 16 holds the rows in
+//! order):
+//!
+//! ```text
+//! Q4, Q5   d: nb × 16 f16, then m: nb × 16 f16      weight = d·u + m (Q4_0's m is −8·d, Q5_0's −16·d)
+//! Q8       d: nb × 16 f16                           weight = d·(u − 128)
+//! F32, F16 none
+//! K4       d, dmin: nsb × 16 f16 each, then sc, mn: nb × 16 u8 each
+//!                                                   weight = (d·sc)·u − dmin·mn (sc, mn of the 32-weight block)
+//! K6       d: nsb × 16 f16, then sc: nb × 2 × 16 i8 (per block, the first 16 weights' line, then the last 16's)
+//!                                                   weight = (d·sc)·(u − 32)
+//! ```
+//!
+//! Packing keeps every bit of the source: the panels hold the same quants and the same scales, only moved (and
+//! Q4_0/Q5_0's offsets spelled out, which is exact in f16 unless it overflows). Every format is a sequence of
+//! 32-weight blocks with a scale per block (per half block for K6) and an optional offset, so one tile loop serves
+//! all of them; a K format's scale `d·sc` is formed in f32 when it is used (exact: 11 × 8 significant bits). The
+//! activations are the [`Act32`] blocks for every format. The scalar [`panel_ref`] states exactly what the SIMD
+//! kernels compute, in the same order of float operations, so they agree bit for bit.
 
 use std::fmt;
 use std::ops::Range;
@@ -37,14 +56,18 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::GgmlType;
+use crate::arch::{q4k_scales_mins, unpack_q4_k, unpack_q6_k};
 use crate::dispatch::{Act32, OutSink};
-use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, cast_blocks};
+use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, cast_blocks};
 
-/// Rows per panel: one i32 lane each in a 512-bit register.
+/// Rows per panel: one i32 lane each in a 512-bit register (two halves of 8 in 256-bit ones).
 pub const PANEL_ROWS: usize = 16;
 
-/// How a panel's quants are stored (see the module documentation).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// 32-weight blocks per K-quant super-block.
+const SUPER: usize = 8;
+
+/// How a panel's quants and scales are stored (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PackedFormat {
     /// Unsigned nibbles with a scale and an offset per row and block (Q4_0, Q4_1).
     Q4,
@@ -52,29 +75,69 @@ pub enum PackedFormat {
     Q5,
     /// Bytes biased to unsigned, with a scale per row and block (Q8_0).
     Q8,
+    /// Q4_K: nibbles, with 6-bit scales and mins per block under f16 super-block scales.
+    K4,
+    /// Q6_K: 6-bit quants (nibbles plus bit pairs), with an 8-bit scale per half block under an f16 super-block
+    /// scale.
+    K6,
+    /// F32 weights, column by column.
+    F32,
+    /// F16 weights, column by column.
+    F16,
 }
 
 impl PackedFormat {
+    /// Every format, for tests and tables.
+    pub const ALL: [PackedFormat; 7] = [
+        PackedFormat::Q4,
+        PackedFormat::Q5,
+        PackedFormat::Q8,
+        PackedFormat::K4,
+        PackedFormat::K6,
+        PackedFormat::F32,
+        PackedFormat::F16,
+    ];
+
     /// Quant bytes per block of a whole panel.
     pub const fn qs_bytes(self) -> usize {
         match self {
-            PackedFormat::Q4 => PANEL_ROWS * 16,
+            PackedFormat::Q4 | PackedFormat::K4 => PANEL_ROWS * 16,
             PackedFormat::Q5 => PANEL_ROWS * 20,
+            PackedFormat::K6 => PANEL_ROWS * 24,
             PackedFormat::Q8 => PANEL_ROWS * 32,
+            PackedFormat::F32 => PANEL_ROWS * 32 * 4,
+            PackedFormat::F16 => PANEL_ROWS * 32 * 2,
         }
     }
 
-    /// Whether the panel carries per-block offsets `m`.
+    /// Whether the weights carry an offset `m` per row and block (a float term `m·s` per activation block).
     pub const fn has_min(self) -> bool {
-        matches!(self, PackedFormat::Q4 | PackedFormat::Q5)
+        matches!(self, PackedFormat::Q4 | PackedFormat::Q5 | PackedFormat::K4)
     }
 
-    /// The bias the integer dot product must take back out, times Σq.
+    /// The bias the integer dot product takes back out, times the activations' Σq.
     pub const fn offset(self) -> i32 {
         match self {
-            PackedFormat::Q4 | PackedFormat::Q5 => 0,
             PackedFormat::Q8 => 128,
+            PackedFormat::K6 => 32,
+            _ => 0,
         }
+    }
+
+    /// Whether each half block (16 weights) has a scale of its own, so that the two halves' integer sums are
+    /// scaled separately.
+    pub const fn split_halves(self) -> bool {
+        matches!(self, PackedFormat::K6)
+    }
+
+    /// Whether the scales are K-quant style: an f16 super-block scale times a small integer per block.
+    pub const fn is_k(self) -> bool {
+        matches!(self, PackedFormat::K4 | PackedFormat::K6)
+    }
+
+    /// Whether the weights are unquantized values, dotted with f32 activations rather than [`Act32`] blocks.
+    pub const fn is_float(self) -> bool {
+        matches!(self, PackedFormat::F32 | PackedFormat::F16)
     }
 
     /// The packed format for GGUF type `ty`, if there is one.
@@ -83,7 +146,44 @@ impl PackedFormat {
             GgmlType::Q4_0 | GgmlType::Q4_1 => Some(PackedFormat::Q4),
             GgmlType::Q5_0 => Some(PackedFormat::Q5),
             GgmlType::Q8_0 => Some(PackedFormat::Q8),
+            GgmlType::Q4_K => Some(PackedFormat::K4),
+            GgmlType::Q6_K => Some(PackedFormat::K6),
+            GgmlType::F32 => Some(PackedFormat::F32),
+            GgmlType::F16 => Some(PackedFormat::F16),
             _ => None,
+        }
+    }
+}
+
+/// Byte offsets of a panel's scale sections (see the module documentation), from the panel's start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sections {
+    /// `d`: per block (Q formats) or per super-block (K formats), 16 f16 each.
+    pub d: usize,
+    /// `m` (Q4, Q5) or `dmin` (K4), laid out as `d`; unused otherwise.
+    pub m: usize,
+    /// K formats: the integer scales, 16 bytes per block (K6: 32, the two halves').
+    pub sc: usize,
+    /// K4: the integer mins, 16 bytes per block.
+    pub mn: usize,
+    /// Bytes of quants and scales (before padding to whole lines).
+    pub end: usize,
+}
+
+impl Sections {
+    pub const fn of(format: PackedFormat, nb: usize) -> Sections {
+        let d = nb * format.qs_bytes();
+        let lines = if format.is_k() { nb / SUPER } else { nb };
+        let f16s = PANEL_ROWS * 2 * lines;
+        match format {
+            PackedFormat::Q4 | PackedFormat::Q5 => Sections { d, m: d + f16s, sc: 0, mn: 0, end: d + 2 * f16s },
+            PackedFormat::Q8 => Sections { d, m: 0, sc: 0, mn: 0, end: d + f16s },
+            PackedFormat::K4 => {
+                let sc = d + 2 * f16s;
+                Sections { d, m: d + f16s, sc, mn: sc + PANEL_ROWS * nb, end: sc + 2 * PANEL_ROWS * nb }
+            }
+            PackedFormat::K6 => Sections { d, m: 0, sc: d + f16s, mn: 0, end: d + f16s + 2 * PANEL_ROWS * nb },
+            PackedFormat::F32 | PackedFormat::F16 => Sections { d, m: d, sc: d, mn: d, end: d },
         }
     }
 }
@@ -128,112 +228,157 @@ pub struct PackedView<'a> {
 }
 
 fn panel_bytes(format: PackedFormat, nb: usize) -> usize {
-    let scales = if format.has_min() { 2 } else { 1 } * PANEL_ROWS * 2;
-    (nb * (format.qs_bytes() + scales)).next_multiple_of(64)
+    Sections::of(format, nb).end.next_multiple_of(64)
 }
 
 /// Repacks `rows × cols` weights of type `ty` (GGUF bytes `data`) into panels. `None` when there is no packed
-/// form: another type, rows not a multiple of [`PANEL_ROWS`], a size that does not match, or a Q4_0 scale so
-/// large that its offset `-8·d` would overflow f16. The caller then keeps the GGUF layout and its kernels.
+/// form: another type, rows not a multiple of [`PANEL_ROWS`], a size that does not match, or a Q4_0/Q5_0 scale so
+/// large that its offset `-8·d` (`-16·d`) would overflow f16. The caller then keeps the GGUF layout and its kernels.
 pub fn pack(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Option<PackedMatrix> {
     let format = PackedFormat::for_type(ty)?;
-    if rows == 0 || !rows.is_multiple_of(PANEL_ROWS) || !cols.is_multiple_of(32) || cols == 0 {
+    // Whole 32-column blocks, and the K-quants' whole super-blocks.
+    if rows == 0 || !rows.is_multiple_of(PANEL_ROWS) || cols == 0 || !cols.is_multiple_of(ty.block_size().max(32)) {
         return None;
     }
     let nb = cols / 32;
-    if rows.checked_mul(nb)?.checked_mul(ty.type_size())? != data.len() {
+    if rows.checked_mul(cols / ty.block_size())?.checked_mul(ty.type_size())? != data.len() {
         return None;
     }
+    let row_bytes = data.len() / rows;
     let pb = panel_bytes(format, nb);
     let mut lines = vec![Line([0; 64]); rows / PANEL_ROWS * pb / 64];
-    // Scaling by a power of two is exact in f16 unless it overflows; such a block keeps the GGUF layout.
-    let offset = |d: f16, by: f32| Some(f16::from_f32(by * d.to_f32())).filter(|m| m.is_finite());
-    let ok = match ty {
-        GgmlType::Q4_1 => {
-            let blocks: &[BlockQ4_1] = cast_blocks(data)?;
-            fill(&mut lines, format, pb, nb, |r, b| {
-                let blk = &blocks[r * nb + b];
-                Some(Src { qs: &blk.qs, qh: None, d: blk.d, m: blk.m })
-            })
-        }
-        GgmlType::Q4_0 => {
-            let blocks: &[BlockQ4_0] = cast_blocks(data)?;
-            fill(&mut lines, format, pb, nb, |r, b| {
-                let blk = &blocks[r * nb + b];
-                Some(Src { qs: &blk.qs, qh: None, d: blk.d, m: offset(blk.d, -8.0)? })
-            })
-        }
-        GgmlType::Q5_0 => {
-            let blocks: &[BlockQ5_0] = cast_blocks(data)?;
-            fill(&mut lines, format, pb, nb, |r, b| {
-                let blk = &blocks[r * nb + b];
-                Some(Src { qs: &blk.qs, qh: Some(blk.qh), d: blk.d, m: offset(blk.d, -16.0)? })
-            })
-        }
-        GgmlType::Q8_0 => {
-            let blocks: &[BlockQ8_0] = cast_blocks(data)?;
-            fill(&mut lines, format, pb, nb, |r, b| {
-                let blk = &blocks[r * nb + b];
-                Some(Src { qs: i8_bytes(&blk.qs), qh: None, d: blk.d, m: f16::ZERO })
-            })
-        }
-        _ => return None,
-    };
+    let sections = Sections::of(format, nb);
+    let ok = lines.par_chunks_mut(pb / 64).enumerate().all(|(p, panel)| {
+        let bytes = lines_as_bytes_mut(panel);
+        (0..PANEL_ROWS).all(|r| {
+            let row = p * PANEL_ROWS + r;
+            let src = &data[row * row_bytes..(row + 1) * row_bytes];
+            let mut out = RowWriter { format, r, sections, bytes: &mut *bytes };
+            out.write(ty, src).is_some()
+        })
+    });
     ok.then_some(PackedMatrix { source: ty, format, rows, cols, panel_bytes: pb, lines })
 }
 
-fn i8_bytes(q: &[i8; 32]) -> &[u8] {
-    // i8 and u8 have the same size and alignment, and every bit pattern is valid for both.
-    // SAFETY: see above; the slice covers exactly the 32 bytes of `q`.
-    unsafe { std::slice::from_raw_parts(q.as_ptr().cast::<u8>(), 32) }
-}
-
-/// One GGUF block's parts, as [`fill`] takes them.
-struct Src<'a> {
-    /// Nibble bytes (Q4/Q5) or the signed bytes (Q8).
-    qs: &'a [u8],
-    /// Q5's 32 high bits.
-    qh: Option<[u8; 4]>,
-    d: f16,
-    m: f16,
-}
-
-/// Fills every panel from `get(row, block)`, in parallel over panels. False if `get` refused a block.
-fn fill<'a>(
-    lines: &mut [Line],
+/// Writes one row of a panel (row `r` of 16) from its GGUF bytes.
+struct RowWriter<'a> {
     format: PackedFormat,
-    pb: usize,
-    nb: usize,
-    get: impl Fn(usize, usize) -> Option<Src<'a>> + Sync,
-) -> bool {
-    let qsb = format.qs_bytes();
-    lines.par_chunks_mut(pb / 64).enumerate().all(|(p, panel)| {
-        let bytes = lines_as_bytes_mut(panel);
-        for b in 0..nb {
-            for r in 0..PANEL_ROWS {
-                let Some(src) = get(p * PANEL_ROWS + r, b) else { return false };
-                let blk = &mut bytes[b * qsb..(b + 1) * qsb];
-                // Each 4-byte group of the row goes to chunk j, at the row's 4 bytes.
-                for (j, group) in src.qs.chunks_exact(4).enumerate() {
-                    let dst = &mut blk[j * 64 + 4 * r..j * 64 + 4 * r + 4];
-                    for (o, &v) in dst.iter_mut().zip(group) {
-                        *o = if format == PackedFormat::Q8 { v ^ 0x80 } else { v };
+    r: usize,
+    sections: Sections,
+    bytes: &'a mut [u8],
+}
+
+impl RowWriter<'_> {
+    /// Decodes `src` (one row of type `ty`) into the panel. `None` if a block cannot be held (an offset that
+    /// overflows f16).
+    fn write(&mut self, ty: GgmlType, src: &[u8]) -> Option<()> {
+        // Scaling by a power of two is exact in f16 unless it overflows; such a block keeps the GGUF layout.
+        let offset = |d: f16, by: f32| Some(f16::from_f32(by * d.to_f32())).filter(|m| m.is_finite());
+        match ty {
+            GgmlType::Q4_0 => {
+                for (b, blk) in cast_blocks::<BlockQ4_0>(src)?.iter().enumerate() {
+                    self.groups(b, &blk.qs);
+                    self.f16s(self.sections.d, b, blk.d);
+                    self.f16s(self.sections.m, b, offset(blk.d, -8.0)?);
+                }
+            }
+            GgmlType::Q4_1 => {
+                for (b, blk) in cast_blocks::<BlockQ4_1>(src)?.iter().enumerate() {
+                    self.groups(b, &blk.qs);
+                    self.f16s(self.sections.d, b, blk.d);
+                    self.f16s(self.sections.m, b, blk.m);
+                }
+            }
+            GgmlType::Q5_0 => {
+                for (b, blk) in cast_blocks::<BlockQ5_0>(src)?.iter().enumerate() {
+                    self.groups(b, &blk.qs);
+                    let at = b * self.format.qs_bytes() + 256 + 4 * self.r;
+                    self.bytes[at..at + 4].copy_from_slice(&blk.qh);
+                    self.f16s(self.sections.d, b, blk.d);
+                    self.f16s(self.sections.m, b, offset(blk.d, -16.0)?);
+                }
+            }
+            GgmlType::Q8_0 => {
+                for (b, blk) in cast_blocks::<BlockQ8_0>(src)?.iter().enumerate() {
+                    self.groups(b, &blk.qs.map(|q| (q as u8) ^ 0x80));
+                    self.f16s(self.sections.d, b, blk.d);
+                }
+            }
+            GgmlType::Q4_K => {
+                for (sb, blk) in cast_blocks::<BlockQ4K>(src)?.iter().enumerate() {
+                    let u = unpack_q4_k(blk);
+                    let (sc, mn) = q4k_scales_mins(&blk.scales);
+                    for j in 0..SUPER {
+                        let b = sb * SUPER + j;
+                        self.quants(b, u[32 * j..32 * j + 32].try_into().unwrap());
+                        self.bytes[self.sections.sc + b * PANEL_ROWS + self.r] = sc[j];
+                        self.bytes[self.sections.mn + b * PANEL_ROWS + self.r] = mn[j];
                     }
+                    self.f16s(self.sections.d, sb, blk.d);
+                    self.f16s(self.sections.m, sb, blk.dmin);
                 }
-                if let Some(qh) = src.qh {
-                    blk[256 + 4 * r..256 + 4 * r + 4].copy_from_slice(&qh);
+            }
+            GgmlType::Q6_K => {
+                for (sb, blk) in cast_blocks::<BlockQ6K>(src)?.iter().enumerate() {
+                    let u = unpack_q6_k(blk);
+                    for j in 0..SUPER {
+                        let b = sb * SUPER + j;
+                        self.quants(b, u[32 * j..32 * j + 32].try_into().unwrap());
+                        for h in 0..2 {
+                            let at = self.sections.sc + (2 * b + h) * PANEL_ROWS + self.r;
+                            self.bytes[at] = blk.scales[2 * j + h] as u8;
+                        }
+                    }
+                    self.f16s(self.sections.d, sb, blk.d);
                 }
-                let scales = nb * qsb;
-                let di = scales + (b * PANEL_ROWS + r) * 2;
-                bytes[di..di + 2].copy_from_slice(&src.d.to_le_bytes());
-                if format.has_min() {
-                    let mi = scales + (nb * PANEL_ROWS + b * PANEL_ROWS + r) * 2;
-                    bytes[mi..mi + 2].copy_from_slice(&src.m.to_le_bytes());
+            }
+            GgmlType::F32 | GgmlType::F16 => {
+                // Value k of the row goes to column k % 32 of block k / 32, at the row's place in the column.
+                let size = ty.type_size();
+                for (k, v) in src.chunks_exact(size).enumerate() {
+                    let at = (k / 32) * self.format.qs_bytes() + ((k % 32) * PANEL_ROWS + self.r) * size;
+                    self.bytes[at..at + size].copy_from_slice(v);
+                }
+            }
+            _ => return None,
+        }
+        Some(())
+    }
+
+    /// Row `r`'s entry of line `line` of 16 f16 in the section at `at`.
+    fn f16s(&mut self, at: usize, line: usize, v: f16) {
+        let i = at + (line * PANEL_ROWS + self.r) * 2;
+        self.bytes[i..i + 2].copy_from_slice(&v.to_le_bytes());
+    }
+
+    /// Row `r`'s bytes of block `b` in its chunks: bytes `4j..4j + 4` of `src` (16 nibble bytes, or Q8's 32
+    /// bytes) go to chunk `j`.
+    fn groups(&mut self, b: usize, src: &[u8]) {
+        let at = b * self.format.qs_bytes() + 4 * self.r;
+        for (j, g) in src.chunks_exact(4).enumerate() {
+            self.bytes[at + 64 * j..at + 64 * j + 4].copy_from_slice(g);
+        }
+    }
+
+    /// Block `b`'s quants of row `r` for the K formats, from the 32 unsigned values `u` in weight order.
+    fn quants(&mut self, b: usize, u: &[u8; 32]) {
+        // Byte i of the row's 16 nibble bytes: weight i low, weight i + 16 high.
+        let nibbles: [u8; 16] = std::array::from_fn(|i| (u[i] & 0x0F) | (u[i + 16] & 0x0F) << 4);
+        self.groups(b, &nibbles);
+        if self.format == PackedFormat::K6 {
+            // The top two bits of each weight, in the two chunks of bit pairs.
+            let at = b * self.format.qs_bytes() + 4 * self.r;
+            for h in 0..2 {
+                for i in 0..4 {
+                    let mut byte = 0u8;
+                    for (e, j) in [2 * h, 2 * h + 1].into_iter().enumerate() {
+                        byte |= (u[4 * j + i] >> 4) << (4 * e) | (u[16 + 4 * j + i] >> 4) << (4 * e + 2);
+                    }
+                    self.bytes[at + (4 + h) * 64 + i] = byte;
                 }
             }
         }
-        true
-    })
+    }
 }
 
 fn lines_as_bytes_mut(lines: &mut [Line]) -> &mut [u8] {
@@ -287,56 +432,134 @@ impl<'a> PackedView<'a> {
     pub fn quant(&self, p: usize, b: usize, r: usize, k: usize) -> u8 {
         let qsb = self.format.qs_bytes();
         let blk = &self.panel(p)[b * qsb..(b + 1) * qsb];
+        if self.format == PackedFormat::Q8 {
+            return blk[(k / 4) * 64 + 4 * r + k % 4];
+        }
+        let (j, i, high) = ((k % 16) / 4, k % 4, k >= 16);
+        let v = blk[j * 64 + 4 * r + i];
+        let low4 = if high { v >> 4 } else { v & 0x0F };
         match self.format {
-            PackedFormat::Q4 | PackedFormat::Q5 => {
-                let (j, i, high) = if k < 16 { (k / 4, k % 4, false) } else { ((k - 16) / 4, k % 4, true) };
-                let v = blk[j * 64 + 4 * r + i];
-                let low4 = if high { v >> 4 } else { v & 0x0F };
-                if self.format == PackedFormat::Q5 {
-                    let qh = u32::from_le_bytes(blk[256 + 4 * r..256 + 4 * r + 4].try_into().unwrap());
-                    low4 | (((qh >> k) & 1) as u8) << 4
-                } else {
-                    low4
-                }
+            PackedFormat::Q5 => {
+                let qh = u32::from_le_bytes(blk[256 + 4 * r..256 + 4 * r + 4].try_into().unwrap());
+                low4 | (((qh >> k) & 1) as u8) << 4
             }
-            PackedFormat::Q8 => blk[(k / 4) * 64 + 4 * r + k % 4],
+            PackedFormat::K6 => {
+                let pairs = blk[(4 + j / 2) * 64 + 4 * r + i];
+                let shift = 4 * (j % 2) + 2 * usize::from(high);
+                low4 | ((pairs >> shift) & 3) << 4
+            }
+            _ => low4,
         }
     }
 
-    fn scale(&self, p: usize, which: usize, b: usize, r: usize) -> f32 {
-        let i = self.nb * self.format.qs_bytes() + ((which * self.nb + b) * PANEL_ROWS + r) * 2;
+    fn f16_at(&self, p: usize, at: usize, line: usize, r: usize) -> f32 {
+        let i = at + (line * PANEL_ROWS + r) * 2;
         let s = &self.panel(p)[i..i + 2];
         f16::from_le_bytes([s[0], s[1]]).to_f32()
     }
 
-    /// Scale `d` of row `r`, block `b` in panel `p`.
-    pub fn d(&self, p: usize, b: usize, r: usize) -> f32 {
-        self.scale(p, 0, b, r)
+    fn byte_at(&self, p: usize, at: usize, line: usize, r: usize) -> u8 {
+        self.panel(p)[at + line * PANEL_ROWS + r]
     }
 
-    /// Offset `m` of row `r`, block `b` in panel `p` (0 for formats without one).
+    /// The byte offsets of this matrix's scale sections.
+    pub fn sections(&self) -> Sections {
+        Sections::of(self.format, self.nb)
+    }
+
+    /// The scale of row `r`'s weights `16·half..16·half + 16` in block `b` of panel `p` (the same for both halves
+    /// except in K6). For the K formats it is `d·sc` in f32, the product the kernels form.
+    pub fn scale(&self, p: usize, b: usize, r: usize, half: usize) -> f32 {
+        let sec = self.sections();
+        match self.format {
+            PackedFormat::K4 => self.f16_at(p, sec.d, b / SUPER, r) * self.byte_at(p, sec.sc, b, r) as f32,
+            PackedFormat::K6 => {
+                self.f16_at(p, sec.d, b / SUPER, r) * self.byte_at(p, sec.sc, 2 * b + half, r) as i8 as f32
+            }
+            _ => self.f16_at(p, sec.d, b, r),
+        }
+    }
+
+    /// Scale `d` of row `r`, block `b` in panel `p` (for K6, that of the block's first 16 weights).
+    pub fn d(&self, p: usize, b: usize, r: usize) -> f32 {
+        self.scale(p, b, r, 0)
+    }
+
+    /// Offset `m` of row `r`, block `b` in panel `p` (0 for formats without one; for K4 `−dmin·mn`, in f32).
     pub fn m(&self, p: usize, b: usize, r: usize) -> f32 {
-        if self.format.has_min() { self.scale(p, 1, b, r) } else { 0.0 }
+        let sec = self.sections();
+        match self.format {
+            PackedFormat::Q4 | PackedFormat::Q5 => self.f16_at(p, sec.m, b, r),
+            PackedFormat::K4 => -(self.f16_at(p, sec.m, b / SUPER, r) * self.byte_at(p, sec.mn, b, r) as f32),
+            _ => 0.0,
+        }
+    }
+
+    /// The value of row `r`'s weight `k` of block `b` in panel `p`: `scale·(u − OFF) + m`, or the stored value of
+    /// the float formats.
+    pub fn weight(&self, p: usize, b: usize, r: usize, k: usize) -> f32 {
+        if self.format.is_float() {
+            let blk = &self.panel(p)[b * self.format.qs_bytes()..(b + 1) * self.format.qs_bytes()];
+            let at = k * PANEL_ROWS + r;
+            return match self.format {
+                PackedFormat::F32 => f32::from_le_bytes(blk[4 * at..4 * at + 4].try_into().unwrap()),
+                _ => f16::from_le_bytes([blk[2 * at], blk[2 * at + 1]]).to_f32(),
+            };
+        }
+        let u = self.quant(p, b, r, k) as i32 - self.format.offset();
+        self.scale(p, b, r, k / 16) * u as f32 + self.m(p, b, r)
     }
 }
 
 /// Checks the arguments every panel kernel relies on; the SIMD kernels index without bounds checks after it.
 pub(crate) fn check_args(w: &PackedView<'_>, panels: &Range<usize>, act: &Act32<'_>, n_act: usize, group: usize) {
+    assert!(!w.format.is_float(), "a float panel takes f32 activations");
     assert!(group == 1 || group == 2, "activation group must be 1 or 2");
     assert!(n_act.is_multiple_of(group), "activation rows must come in whole groups");
+    check_panels(w, panels);
+    let n = n_act * w.nb;
+    assert!(act.qs.len() >= n * 32 && act.d.len() >= n && act.s.len() >= n && act.isum.len() >= n);
+}
+
+/// As [`check_args`], for the float formats: `n_act` rows of f32 activations in `x`.
+pub(crate) fn check_args_f(w: &PackedView<'_>, panels: &Range<usize>, x: &[f32], n_act: usize) {
+    assert!(w.format.is_float(), "only a float panel takes f32 activations");
+    check_panels(w, panels);
+    assert!(x.len() >= n_act * w.nb * 32, "activation rows out of range");
+}
+
+fn check_panels(w: &PackedView<'_>, panels: &Range<usize>) {
     assert!(panels.start <= panels.end && panels.end <= w.n_panels, "panel range out of the matrix");
     assert!(w.panel_bytes >= panel_bytes(w.format, w.nb) && w.bytes.len() >= w.n_panels * w.panel_bytes);
     assert!(w.bytes.as_ptr().align_offset(64) == 0 && w.panel_bytes.is_multiple_of(64), "panels must be aligned");
-    let n = n_act * w.nb;
-    assert!(act.qs.len() >= n * 32 && act.d.len() >= n && act.s.len() >= n && act.isum.len() >= n);
+}
+
+/// The reference kernel for float panels (see [`crate::dispatch::PanelPackedF`]): output row `o`, column
+/// `16·p + r` is `acc = fma(w_k, x_k, acc)` over the columns `k` in order, from 0: one chain of fused
+/// multiply-adds per output, whatever the tile.
+pub fn panel_ref_f(w: PackedView<'_>, panels: Range<usize>, x: &[f32], n_act: usize, out: &OutSink<'_>) {
+    check_args_f(&w, &panels, x, n_act);
+    let cols = w.nb * 32;
+    for p in panels {
+        for o in 0..n_act {
+            for r in 0..PANEL_ROWS {
+                let mut acc = 0f32;
+                for k in 0..cols {
+                    acc = w.weight(p, k / 32, r, k % 32).mul_add(x[o * cols + k], acc);
+                }
+                out.put(o, p * PANEL_ROWS + r, acc);
+            }
+        }
+    }
 }
 
 /// The reference panel kernel: weight rows of panels `panels` against `n_act` activation rows in groups of
 /// `group` (see [`crate::dispatch::Panel32`]); output row `a / group`, column `16·p + r`.
 ///
-/// Per output, per block, in this order: the integer dot product `i = Σ u·q − OFF·Σq` (for a Q8x2 pair
-/// `256·i₁ + i₂`), then `acc = fma(i, d·d_a, acc)` with `d_a` the (last) activation row's scale, then for Q4/Q5
-/// `acc = fma(m, s_a, acc)` with `s_a` the first row's `s`.
+/// Per output, per block, in this order: for each half block `h` with a scale of its own (K6; else the whole
+/// block as one), the integer dot product `i = Σ u·q − OFF·Σq` over its weights (for a Q8x2 pair `256·i₁ + i₂`),
+/// then `acc = fma(i, scale·d_a, acc)` with `d_a` the (last) activation row's scale; then for formats with an
+/// offset `acc = fma(m, s_a, acc)` with `s_a` the first row's `s`.
 pub fn panel_ref(
     w: PackedView<'_>,
     panels: Range<usize>,
@@ -348,20 +571,25 @@ pub fn panel_ref(
     check_args(&w, &panels, &act, n_act, group);
     let nb = w.nb;
     let off = w.format.offset();
+    // The weights each integer sum covers: the two half blocks, or the whole block.
+    let parts: &[(usize, usize)] = if w.format.split_halves() { &[(0, 16), (16, 32)] } else { &[(0, 32)] };
     for p in panels {
         for o in 0..n_act / group {
             for r in 0..PANEL_ROWS {
                 let mut acc = 0f32;
                 for b in 0..nb {
-                    let mut iv = 0i32;
-                    for g in 0..group {
-                        let (q, _, _, isum) = act.block(o * group + g, nb, b);
-                        let dot: i32 = (0..32).map(|k| w.quant(p, b, r, k) as i32 * q[k] as i32).sum();
-                        iv = iv * 256 + (dot - off * isum);
-                    }
                     let (_, da, _, _) = act.block(o * group + group - 1, nb, b);
                     let (_, _, sa, _) = act.block(o * group, nb, b);
-                    acc = (iv as f32).mul_add(w.d(p, b, r) * da, acc);
+                    for &(k0, k1) in parts {
+                        let mut iv = 0i32;
+                        for g in 0..group {
+                            let (q, _, _, _) = act.block(o * group + g, nb, b);
+                            let dot: i32 = (k0..k1).map(|k| w.quant(p, b, r, k) as i32 * q[k] as i32).sum();
+                            let sum: i32 = (k0..k1).map(|k| q[k] as i32).sum();
+                            iv = iv * 256 + (dot - off * sum);
+                        }
+                        acc = (iv as f32).mul_add(w.scale(p, b, r, k0 / 16) * da, acc);
+                    }
                     if w.format.has_min() {
                         acc = w.m(p, b, r).mul_add(sa, acc);
                     }

@@ -148,6 +148,18 @@ pub struct SoftmaxState {
 
 impl SoftmaxState {
     pub const EMPTY: SoftmaxState = SoftmaxState { max: f32::NEG_INFINITY, sum: 0.0 };
+
+    /// Folds in the state of a later, separately computed run of scores: raises the maximum to cover both and
+    /// returns the factors `(e^(old max − max), e^(other max − max))` by which the two runs' weighted sums must be
+    /// scaled before they are added. The larger maximum's factor is exactly 1; the sums combine as
+    /// `sum·r_self + other.sum·r_other`.
+    pub fn merge(&mut self, other: SoftmaxState) -> (f32, f32) {
+        let max = self.max.max(other.max);
+        let (r_self, r_other) = (exp_approx(self.max - max), exp_approx(other.max - max));
+        self.sum = self.sum * r_self + other.sum * r_other;
+        self.max = max;
+        (r_self, r_other)
+    }
 }
 
 /// One block of a streaming (online) softmax over attention scores: multiplies `x` by `scale`, raises the running

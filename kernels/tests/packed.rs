@@ -6,11 +6,19 @@ use infer_kernels::GgmlType;
 use infer_kernels::dispatch::{Act32, Isa, OutSink, quantize_row32};
 use infer_kernels::matmul::{ActPrecision, MatmulScratch, WeightMatrix, matmul, matmul_multi};
 use infer_kernels::packed::{self, PANEL_ROWS, PackedMatrix};
-use infer_kernels::quant::{self, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, blocks_as_bytes};
+use infer_kernels::quant::{self, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, blocks_as_bytes};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-const TYPES: [GgmlType; 4] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0];
+const TYPES: [GgmlType; 6] =
+    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
+/// The unquantized formats, whose panels take f32 activations.
+const FLOATS: [GgmlType; 2] = [GgmlType::F32, GgmlType::F16];
+
+/// Columns in blocks of 32 for a type: its own block size must divide them (256 for the K-quants).
+fn cols_for(ty: GgmlType, blocks32: usize) -> usize {
+    (32 * blocks32).next_multiple_of(ty.block_size())
+}
 
 fn randv(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-1.0f32..1.0) * scale).collect()
@@ -20,8 +28,10 @@ fn randv(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
 fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let x = randv(&mut rng, rows * cols, 1.0);
-    let n = rows * cols / 32;
+    let n = rows * cols / ty.block_size();
     let bytes = match ty {
+        GgmlType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        GgmlType::F16 => x.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
         GgmlType::Q4_0 => {
             let mut b = vec![BlockQ4_0::default(); n];
             quant::q4_0::quantize_row_ref(&x, &mut b);
@@ -42,11 +52,34 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f
             quant::q8_0::quantize_row_ref(&x, &mut b);
             blocks_as_bytes(&b).to_vec()
         }
+        GgmlType::Q4_K => {
+            let mut b = vec![zeroed_q4_k(); n];
+            quant::q4_k::quantize_row_ref(&x, &mut b);
+            blocks_as_bytes(&b).to_vec()
+        }
+        GgmlType::Q6_K => {
+            let mut b = vec![zeroed_q6_k(); n];
+            quant::q6_k::quantize_row_ref(&x, &mut b);
+            // Negative sub-block scales occur in real files (the quantizer picks the sign of the largest weight);
+            // flip some so that the kernels see them.
+            for blk in b.iter_mut().step_by(3) {
+                blk.scales[5] = blk.scales[5].wrapping_neg();
+            }
+            blocks_as_bytes(&b).to_vec()
+        }
         _ => unreachable!(),
     };
     let mut deq = vec![0f32; rows * cols];
     infer_kernels::dequantize(ty, &bytes, &mut deq).unwrap();
     (bytes, deq)
+}
+
+fn zeroed_q4_k() -> BlockQ4K {
+    BlockQ4K { d: f16::ZERO, dmin: f16::ZERO, scales: [0; 12], qs: [0; 128] }
+}
+
+fn zeroed_q6_k() -> BlockQ6K {
+    BlockQ6K { ql: [0; 128], qh: [0; 64], scales: [0; 16], d: f16::ZERO }
 }
 
 /// `Vec<u8>` has no alignment guarantee; the block types need 2 (f16 scales), so copy into f16s.
@@ -102,19 +135,15 @@ impl Act {
 
 #[test]
 fn packing_keeps_every_weight() {
-    for ty in TYPES {
-        let (rows, cols) = (48, 96);
+    for ty in TYPES.into_iter().chain(FLOATS) {
+        let (rows, cols) = (48, cols_for(ty, 3));
         let (_, _, deq, p) = pack(ty, rows, cols, 3);
         let v = p.view();
-        assert_eq!((v.n_panels, v.nb), (3, 3));
+        assert_eq!((v.n_panels, v.nb), (3, cols / 32));
         for row in 0..rows {
             for k in 0..cols {
                 let (pi, r, b, kk) = (row / PANEL_ROWS, row % PANEL_ROWS, k / 32, k % 32);
-                let u = v.quant(pi, b, r, kk) as f32;
-                let got = match ty {
-                    GgmlType::Q8_0 => v.d(pi, b, r) * (u - 128.0),
-                    _ => v.d(pi, b, r) * u + v.m(pi, b, r),
-                };
+                let got = v.weight(pi, b, r, kk);
                 let want = deq[row * cols + k];
                 assert!((got - want).abs() <= 1e-6 * (1.0 + want.abs()), "{ty} ({row},{k}): {got} vs {want}");
             }
@@ -130,7 +159,9 @@ fn pack_refuses_what_it_cannot_hold() {
     assert!(packed::pack(GgmlType::Q4_1, b, 32, 64).is_some());
     assert!(packed::pack(GgmlType::Q4_1, &b[..b.len() - 20], 31, 64).is_none(), "rows not a multiple of 16");
     assert!(packed::pack(GgmlType::Q4_1, &b[..b.len() - 20], 32, 64).is_none(), "short data");
-    assert!(packed::pack(GgmlType::Q6_K, &[0u8; 16 * 210], 16, 256).is_none(), "no panel form for Q6_K");
+    assert!(packed::pack(GgmlType::Q2_K, &[0u8; 16 * 84], 16, 256).is_none(), "no panel form for Q2_K");
+    assert!(packed::pack(GgmlType::Q6_K, &[0u8; 16 * 210], 16, 256).is_some());
+    assert!(packed::pack(GgmlType::Q6_K, &[0u8; 16 * 210], 16, 288).is_none(), "K-quant rows are whole super-blocks");
     // A Q4_0 scale whose offset −8·d overflows f16 keeps the GGUF layout.
     let mut blocks = vec![BlockQ4_0::default(); 32];
     quant::q4_0::quantize_row_ref(&vec![1.0; 32 * 32], &mut blocks);
@@ -141,10 +172,14 @@ fn pack_refuses_what_it_cannot_hold() {
 #[test]
 fn every_level_equals_the_reference_bit_for_bit() {
     let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let mut tested = Vec::new();
     for isa in Isa::available() {
         let Some(kernel) = isa.kernels().unwrap().packed else { continue };
+        tested.push(isa.name());
         for ty in TYPES {
-            for nb in [1, 2, 5] {
+            // K-quant rows are whole super-blocks of 8 blocks.
+            let widths: &[usize] = if ty.block_size() == 256 { &[8, 16] } else { &[1, 2, 5, 9] };
+            for &nb in widths {
                 let (rows, cols) = (48, 32 * nb);
                 let (_, _, _, p) = pack(ty, rows, cols, nb as u64);
                 for group in [1, 2] {
@@ -175,12 +210,78 @@ fn every_level_equals_the_reference_bit_for_bit() {
             }
         }
     }
+    eprintln!("panel kernels checked against panel_ref: {}", tested.join(", "));
+}
+
+#[test]
+fn every_level_equals_the_float_reference_bit_for_bit() {
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    let mut tested = Vec::new();
+    for isa in Isa::available() {
+        let Some(kernel) = isa.kernels().unwrap().packed_f else { continue };
+        tested.push(isa.name());
+        for ty in FLOATS {
+            for nb in [1, 2, 5] {
+                let (rows, cols) = (80, 32 * nb);
+                let (_, _, _, p) = pack(ty, rows, cols, nb as u64);
+                for n_act in [1, 2, 3, 5, 6, 7, 13, 50] {
+                    let mut x = randv(&mut rng, n_act * cols, 3.0);
+                    x[cols - 1] = 1e4; // an outlier
+                    for panels in [0..5, 1..2, 2..5, 0..4] {
+                        let run = |f: &dyn Fn(&OutSink<'_>)| {
+                            let mut out = vec![f32::NAN; n_act * rows];
+                            f(&OutSink::new(&mut out, rows));
+                            out
+                        };
+                        let got = run(&|o| kernel(p.view(), panels.clone(), &x, n_act, o));
+                        let want = run(&|o| packed::panel_ref_f(p.view(), panels.clone(), &x, n_act, o));
+                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                                "{isa} {ty} nb={nb} n_act={n_act} panels={panels:?} [{i}]: {g} vs {w}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("float panel kernels checked against panel_ref_f: {}", tested.join(", "));
+}
+
+#[test]
+fn packed_float_matmul_equals_the_gguf_layout() {
+    for ty in FLOATS {
+        let (rows, cols) = (48, 96);
+        let (al, len, deq, p) = pack(ty, rows, cols, 7);
+        let gguf = WeightMatrix::new(ty, as_bytes(&al, len), rows, cols).unwrap();
+        let pw = WeightMatrix::packed(&p);
+        assert!(pw.is_packed() && pw.rows() == rows && pw.cols() == cols && pw.ty() == ty);
+        let mut rng = ChaCha8Rng::seed_from_u64(8);
+        let mut s = MatmulScratch::new(ActPrecision::Q8x2);
+        for m in [1, 4, 11] {
+            let x = randv(&mut rng, m * cols, 2.0);
+            let (mut a, mut b) = (vec![f32::NAN; m * rows], vec![f32::NAN; m * rows]);
+            matmul(&pw, &x, m, &mut a, &mut s);
+            matmul(&gguf, &x, m, &mut b, &mut s);
+            for i in 0..m {
+                let xr = &x[i * cols..(i + 1) * cols];
+                for j in 0..rows {
+                    let wr = &deq[j * cols..(j + 1) * cols];
+                    let mag: f32 = wr.iter().zip(xr).map(|(w, x)| (w * x).abs()).sum();
+                    // Both sum the same f32 products; only the order differs.
+                    let (got, gg) = (a[i * rows + j], b[i * rows + j]);
+                    assert!((got - gg).abs() <= 1e-5 * (1.0 + mag), "{ty} m={m} ({i},{j}): {got} vs {gg}");
+                }
+            }
+        }
+    }
 }
 
 #[test]
 fn packed_matmul_equals_the_gguf_layout_and_keeps_rows_independent() {
     for ty in TYPES {
-        let (rows, cols) = (64, 288);
+        let (rows, cols) = (64, cols_for(ty, 9));
         let (al, len, deq, p) = pack(ty, rows, cols, 5);
         let gguf = WeightMatrix::new(ty, as_bytes(&al, len), rows, cols).unwrap();
         let pw = WeightMatrix::packed(&p);
@@ -200,9 +301,20 @@ fn packed_matmul_equals_the_gguf_layout_and_keeps_rows_independent() {
                     for j in 0..rows {
                         let (got, gg) = (a[i * rows + j], b[i * rows + j]);
                         assert_eq!(got.to_bits(), one[j].to_bits(), "{ty} {prec:?} m={m}: row {i} differs from m=1");
-                        let mag: f32 = deq[j * cols..(j + 1) * cols].iter().zip(xr).map(|(w, x)| (w * x).abs()).sum();
-                        // Same integers, same scales; only the order of the float epilogue differs.
-                        assert!((got - gg).abs() <= 1e-5 * (1.0 + mag), "{ty} {prec:?} m={m} ({i},{j}): {got} vs {gg}");
+                        let wr = &deq[j * cols..(j + 1) * cols];
+                        let mag: f32 = wr.iter().zip(xr).map(|(w, x)| (w * x).abs()).sum();
+                        if ty.block_size() == 32 {
+                            // Same integers, same scales; only the order of the float epilogue differs.
+                            let ok = (got - gg).abs() <= 1e-5 * (1.0 + mag);
+                            assert!(ok, "{ty} {prec:?} m={m} ({i},{j}): {got} vs {gg}");
+                        } else {
+                            // The GGUF-layout K-quant kernels take Q8_K activations (one scale per 256), the
+                            // panels the 32-blocks: both within their activations' rounding of the exact sum.
+                            let exact: f64 = wr.iter().zip(xr).map(|(&w, &x)| w as f64 * x as f64).sum();
+                            let tol = if prec == ActPrecision::Q8 { 1e-2 } else { 1e-4 } * (1.0 + mag as f64);
+                            assert!((got as f64 - exact).abs() <= tol, "{ty} {prec:?} ({i},{j}): {got} vs {exact}");
+                            assert!((gg as f64 - exact).abs() <= 3e-2 * (1.0 + mag as f64), "{ty} GGUF ({i},{j})");
+                        }
                     }
                 }
             }
@@ -216,7 +328,8 @@ fn packed_matmul_is_the_same_on_one_two_and_three_threads() {
     // 304 + 160 rows (an even split), and 8000 + 160 (enough for the tail of small tasks that large matrices get,
     // 10% of the rows in two tasks per thread). Inside a team and as a plain rayon loop.
     for (rows1, cols, ms, seed) in [(304, 576, [1, 6], 1), (8000, 64, [1, 5], 3)] {
-        for ty in TYPES {
+        for ty in TYPES.into_iter().chain(FLOATS) {
+            let cols = cols_for(ty, cols / 32);
             let (_, _, _, p1) = pack(ty, rows1, cols, seed);
             let (al2, len2, _, _) = pack(ty, 160, cols, seed + 1);
             let w1 = WeightMatrix::packed(&p1);

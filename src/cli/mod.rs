@@ -13,6 +13,7 @@ pub mod info;
 pub mod input;
 pub mod list;
 pub mod logits;
+pub mod membw;
 pub mod output;
 pub mod perplexity;
 pub mod pull;

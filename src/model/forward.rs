@@ -6,6 +6,7 @@
 //! (batched decode), or a mix (continuous batching). Only attention looks at sequences separately. Logits are
 //! computed only for the positions that ask for them.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use infer_kernels::matmul::{ActPrecision, MatmulScratch, PreQuant, WeightMatrix, matmul, matmul_multi};
@@ -91,10 +92,11 @@ pub struct ForwardScratch {
     out_items: Vec<(usize, usize)>, // per item: (first logits row, number of rows)
     out_x: Vec<f32>,                // (n_out, n_embd)
     logits: Vec<f32>,               // (n_out, n_vocab)
-    router: Vec<f32>,               // (T, n_expert) router scores, then softmax weights
-    routes: Vec<Route>,             // (T·n_used) each token's chosen experts, then grouped by expert
-    moe_x: Vec<f32>,                // (tokens of one expert, n_embd) gathered inputs
-    moe_y: Vec<f32>,                // (tokens of one expert, n_embd) that expert's outputs
+    attention: AttentionParts,
+    router: Vec<f32>,   // (T, n_expert) router scores, then softmax weights
+    routes: Vec<Route>, // (T·n_used) each token's chosen experts, then grouped by expert
+    moe_x: Vec<f32>,    // (tokens of one expert, n_embd) gathered inputs
+    moe_y: Vec<f32>,    // (tokens of one expert, n_embd) that expert's outputs
     /// Per layer and expert: how many times the last forward pass ran the expert's matrices (0 or 1).
     expert_reads: Vec<u32>,
     matmul: MatmulScratch,
@@ -130,6 +132,7 @@ impl ForwardScratch {
             out_items: Vec::new(),
             out_x: Vec::new(),
             logits: Vec::new(),
+            attention: AttentionParts::default(),
             router: Vec::new(),
             routes: Vec::new(),
             moe_x: Vec::new(),
@@ -169,6 +172,16 @@ impl ForwardScratch {
 thread_local! {
     /// Attention's score rows, reused by every task on this thread.
     static SCORES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// A span's outputs and states before they are merged into a token's row (whole-token attention tasks).
+    static SPARE: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The few-token attention tasks (token, run of heads, span) and their partial results (see
+/// [`Model::attention`]), kept between forward passes.
+#[derive(Default)]
+pub(crate) struct AttentionParts {
+    tasks: Vec<(u32, u32, u32)>,
+    buf: Vec<f32>,
 }
 
 /// How many KV blocks ahead of the one it reads a decoding token's attention prefetches (see
@@ -483,7 +496,8 @@ impl Model {
 
             let wo = self.mat(&lw.wo);
             let att = &mut s.att[..t_count * att_dim];
-            self.attention(il, items, pool, &s.plan, &s.q[..t_count * q_dim], att, &wo, &mut s.matmul);
+            let q = &s.q[..t_count * q_dim];
+            self.attention(il, items, pool, &s.plan, q, att, &wo, &mut s.matmul, &mut s.attention);
 
             // Output projection, optional post-norm, residual.
             if let Some(st) = &mut s.stats {
@@ -697,14 +711,16 @@ impl Model {
     }
 
     /// Causal attention of every new token over its sequence's cache (which already holds the new keys and values),
-    /// with a streaming softmax over the cache's blocks. A task takes one token and a run of query heads that share
-    /// a key head, so each key and value is read once for all of them; with too few tokens to keep the threads busy
-    /// that way, one head per task. Each head's arithmetic is the same either way, so results do not depend on the
-    /// split (nor, therefore, on the batch).
+    /// with a streaming softmax over the cache's blocks. The positions are cut into spans of [`SPAN`] at fixed
+    /// multiples of it: each span's softmax and weighted values are computed on their own, and the spans are
+    /// merged in order ([`vec_f32::SoftmaxState::merge`]). A query head's arithmetic is therefore the same whoever
+    /// computes it, so results do not depend on the batch, the split into tasks or the thread count.
     ///
-    /// With enough tokens for every thread, a task takes whole tokens (all their heads) and also quantizes each
-    /// finished row for the output projection `wo` (see [`MatmulScratch::prequantize`]), which then skips its own
-    /// quantization pass. With fewer, tasks take single heads, and `wo` quantizes its few rows itself.
+    /// With enough tokens for every thread, a task takes whole tokens (all their heads and spans) and also
+    /// quantizes each finished row for the output projection `wo` (see [`MatmulScratch::prequantize`]), which then
+    /// skips its own quantization pass. With fewer (decode), a task takes one span of one token's run of query
+    /// heads that share a key head, so each key and value is read once for all of them and a long cache spreads
+    /// over all threads; the spans' partial results are merged afterwards, and `wo` quantizes its few rows itself.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -716,121 +732,281 @@ impl Model {
         att: &mut [f32],
         wo: &WeightMatrix<'_>,
         mm: &mut MatmulScratch,
+        parts: &mut AttentionParts,
     ) {
-        const MAX_HEADS: usize = 8;
         const BS: usize = super::kv_cache::DEFAULT_BLOCK_SIZE;
-        const CHUNK: usize = 8;
         let c = &self.config;
         let (hd, hdv, group) = (c.head_dim, c.head_dim_v, c.gqa_group());
-        let q_dim = c.q_dim();
         let window = pool.window(il);
         assert_eq!(pool.block_size, BS, "attention's score buffer is sized for the default block size");
-        let scale = c.attn_scale;
         let threads = parallel::threads();
         let whole_tokens = plan.len() >= 4 * threads;
-        let heads = if whole_tokens || plan.len() * c.n_head_kv >= 4 * threads {
-            (1..=MAX_HEADS.min(group)).rev().find(|h| group.is_multiple_of(*h)).unwrap_or(1)
-        } else {
-            1
-        };
-        let runs_per_token = c.n_head / heads;
-        let task = |idx: usize, out: &mut [f32]| {
-            let (t, h0) = (idx / runs_per_token, idx % runs_per_token * heads);
+        // The positions token `t` sees.
+        let seen = |t: usize| window.map_or(0, |w| (plan[t].pos + 1).saturating_sub(w))..plan[t].pos + 1;
+        // Query heads h0..h0 + heads of token t over the positions `range`, unnormalised.
+        let span = |t: usize, h0: usize, heads: usize, range: Range<usize>, out: &mut [f32], st: &mut [_]| {
             let slot = plan[t];
-            let kv = &*items[slot.item].kv;
-            let kvh = h0 / group;
+            let qh = &q[t * c.q_dim() + h0 * hd..t * c.q_dim() + (h0 + heads) * hd];
+            let run = SpanRun {
+                il,
+                kv: &*items[slot.item].kv,
+                pool,
+                kvh: h0 / group,
+                hd,
+                hdv,
+                v_dim: c.v_dim(),
+                scale: c.attn_scale,
+                softcap: c.attn_softcap,
+            };
             // A prompt's tokens read the same blocks one after another, which stay cached; a decoding token
             // reads its sequence's blocks once per step, from memory.
-            let fetch_ahead = items[slot.item].tokens.len() == 1;
-            let qh = &q[t * q_dim + h0 * hd..t * q_dim + (h0 + heads) * hd];
-            let lo = window.map_or(0, |w| (slot.pos + 1).saturating_sub(w));
-            out.fill(0.0);
-            let mut softmax = [vec_f32::SoftmaxState::EMPTY; MAX_HEADS];
-            // Positions go in chunks of up to CHUNK blocks: their scores first (one row of CHUNK·BS per head), one
-            // softmax step per head over the whole chunk, then the values; per-block softmax steps of 16 scores
-            // were mostly overhead.
-            let row = CHUNK * BS;
-            // The score rows live in a per-thread buffer: a fresh zeroed array per task (4 KB) was most of the
-            // attention tasks' fixed cost at short contexts. Only what a chunk writes is read back.
-            let mut scores = SCORES.take();
-            scores.resize(heads * row, 0.0);
-            let mut tile = [0f32; MAX_HEADS * BS];
-            let tile = &mut tile[..heads * BS];
-            let mut p = lo;
-            while p <= slot.pos {
-                // (lane, length, column in the chunk) per block, and the blocks themselves.
-                let mut runs = [(0usize, 0usize, 0usize); CHUNK];
-                let mut blocks = [None; CHUNK];
-                let (mut nb, mut width) = (0, 0);
-                while nb < CHUNK && p <= slot.pos {
-                    let (kt, v, lane) = pool.block(kv, il, p);
-                    let ahead = p - lane + PREFETCH_BLOCKS * BS;
-                    if fetch_ahead && ahead <= slot.pos {
-                        pool.prefetch(kv, il, ahead, kvh * hd..(kvh + 1) * hd, kvh * hdv..(kvh + 1) * hdv);
-                    }
-                    let n = (BS - lane).min(slot.pos + 1 - p);
-                    match kt {
-                        KvRow::F32(k) => vec_f32::dot_cols(qh, &k[kvh * hd * BS..(kvh + 1) * hd * BS], BS, tile),
-                        KvRow::F16(k) => vec_f32::dot_cols_f16(qh, &k[kvh * hd * BS..(kvh + 1) * hd * BS], BS, tile),
-                    }
-                    for h in 0..heads {
-                        scores[h * row + width..h * row + width + n]
-                            .copy_from_slice(&tile[h * BS + lane..h * BS + lane + n]);
-                    }
-                    runs[nb] = (lane, n, width);
-                    blocks[nb] = Some(v);
-                    nb += 1;
-                    width += n;
-                    p += n;
-                }
-                for (h, state) in softmax[..heads].iter_mut().enumerate() {
-                    let sc = &mut scores[h * row..h * row + width];
-                    // Soft-capping (gemma2) bends the scaled scores, so the softmax then takes them unscaled.
-                    let scale = match c.attn_softcap {
-                        Some(cap) => {
-                            sc.iter_mut().for_each(|v| *v = cap * (*v * scale / cap).tanh());
-                            1.0
-                        }
-                        None => scale,
-                    };
-                    // Scores become softmax weights in place; what was summed under an older maximum is rescaled.
-                    let r = vec_f32::softmax_block(sc, scale, state);
-                    if r != 1.0 {
-                        vec_f32::scale(r, &mut out[h * hdv..(h + 1) * hdv]);
-                    }
-                }
-                for (&(lane, n, col), v) in runs[..nb].iter().zip(&blocks[..nb]) {
-                    let w = &scores[col..];
-                    let at = lane * c.v_dim() + kvh * hdv;
-                    match v.expect("filled above") {
-                        KvRow::F32(v) => vec_f32::axpy_rows(n, w, row, &v[at..], c.v_dim(), out, hdv),
-                        KvRow::F16(v) => vec_f32::axpy_rows_f16(n, w, row, &v[at..], c.v_dim(), out, hdv),
-                    }
-                }
-            }
-            for (h, state) in softmax[..heads].iter().enumerate() {
-                if state.sum > 0.0 {
-                    vec_f32::scale(1.0 / state.sum, &mut out[h * hdv..(h + 1) * hdv]);
-                }
-            }
-            SCORES.set(scores);
+            let fetch_ahead = (items[slot.item].tokens.len() == 1).then_some(slot.pos);
+            run.span(qh, range, fetch_ahead, out, st)
         };
-        if !whole_tokens {
-            let tasks = if plan.len() * runs_per_token >= 2 { threads * ATTENTION_TASKS_PER_THREAD } else { 1 };
-            for_each_row_in(Chunks::new(att, heads * hdv), tasks, task);
+        if whole_tokens {
+            let heads = (1..=MAX_HEADS.min(group)).rev().find(|h| group.is_multiple_of(*h)).unwrap_or(1);
+            let width = c.n_head * hdv;
+            let quant = mm.prequantize(&[wo], att, width);
+            // With one new token per sequence (decode), one contiguous run of tokens per thread: the rows then stay
+            // on the thread that reads them next (small runs interleaved them and cost 5% of a 16-sequence step).
+            // A prompt's tokens differ in cost (each sees one more position than the one before), so there threads
+            // claim small runs and the late, expensive tokens spread over all of them.
+            let tasks = if plan.len() > items.len() { threads * ATTENTION_TASKS_PER_THREAD } else { threads };
+            for_rows_in(att, width, quant, tasks, |t, row| {
+                let mut spare = SPARE.take();
+                spare.resize(MAX_HEADS * (hdv + 2), 0.0);
+                for (r, out) in row.chunks_exact_mut(heads * hdv).enumerate() {
+                    let h0 = r * heads;
+                    let mut states = [vec_f32::SoftmaxState::EMPTY; MAX_HEADS];
+                    for (i, range) in spans(seen(t)).enumerate() {
+                        if i == 0 {
+                            span(t, h0, heads, range, out, &mut states[..heads]);
+                        } else {
+                            let (tmp, _) = spare.split_at_mut(heads * hdv);
+                            let mut st = [vec_f32::SoftmaxState::EMPTY; MAX_HEADS];
+                            span(t, h0, heads, range, tmp, &mut st[..heads]);
+                            merge_heads(out, &mut states[..heads], tmp, &st[..heads], hdv);
+                        }
+                    }
+                    normalize(out, &states[..heads], hdv);
+                }
+                SPARE.set(spare);
+            });
             return;
         }
-        // With one new token per sequence (decode), one contiguous run of tokens per thread: the rows then stay on
-        // the thread that reads them next (small runs interleaved them and cost 5% of a 16-sequence step). A
-        // prompt's tokens differ in cost (each sees one more position than the one before), so there threads claim
-        // small runs and the late, expensive tokens spread over all of them.
-        let tasks = if plan.len() > items.len() { threads * ATTENTION_TASKS_PER_THREAD } else { threads };
-        let width = c.n_head * hdv;
-        let quant = mm.prequantize(&[wo], att, width);
-        for_rows_in(att, width, quant, tasks, |t, row| {
-            for (r, out) in row.chunks_exact_mut(heads * hdv).enumerate() {
-                task(t * runs_per_token + r, out);
+        // Few tokens: one task per (token, run of heads, span). Runs of all the heads that share a key head read
+        // each key once for all of them; with too few tasks that way, single heads keep the threads busy.
+        let span_count = |t: usize| spans(seen(t)).count();
+        let total_spans: usize = (0..plan.len()).map(span_count).sum();
+        let shared = (1..=MAX_HEADS.min(group)).rev().find(|h| group.is_multiple_of(*h)).unwrap_or(1);
+        let heads = if total_spans * (c.n_head / shared) >= 2 * threads { shared } else { 1 };
+        let runs = c.n_head / heads;
+        parts.tasks.clear();
+        for t in 0..plan.len() {
+            for r in 0..runs {
+                parts.tasks.extend((0..span_count(t)).map(|i| (t as u32, r as u32, i as u32)));
+            }
+        }
+        // Each task's part: its heads' unnormalised outputs, then their softmax states (max, sum).
+        let part_len = heads * (hdv + 2);
+        let n = parts.tasks.len();
+        grow(&mut parts.buf, n * part_len);
+        let tasks = &parts.tasks;
+        let tasks_run = if n >= 2 { n.min(threads * ATTENTION_TASKS_PER_THREAD) } else { 1 };
+        for_each_row_in(Chunks::new(&mut parts.buf[..n * part_len], part_len), tasks_run, |i, part| {
+            let (t, r, si) = (tasks[i].0 as usize, tasks[i].1 as usize, tasks[i].2 as usize);
+            let range = spans(seen(t)).nth(si).expect("counted above");
+            let (out, st) = part.split_at_mut(heads * hdv);
+            let mut states = [vec_f32::SoftmaxState::EMPTY; MAX_HEADS];
+            span(t, r * heads, heads, range, out, &mut states[..heads]);
+            for (h, s) in states[..heads].iter().enumerate() {
+                st[2 * h] = s.max;
+                st[2 * h + 1] = s.sum;
             }
         });
+        // The spans of each (token, run) follow one another: merge them in order into the token's row.
+        let mut i = 0;
+        while i < n {
+            let (t, r) = (tasks[i].0 as usize, tasks[i].1 as usize);
+            let count = span_count(t);
+            let out = &mut att[t * c.n_head * hdv + r * heads * hdv..t * c.n_head * hdv + (r + 1) * heads * hdv];
+            let state_of = |part: &[f32], h: usize| vec_f32::SoftmaxState {
+                max: part[heads * hdv + 2 * h],
+                sum: part[heads * hdv + 2 * h + 1],
+            };
+            let first = &parts.buf[i * part_len..(i + 1) * part_len];
+            out.copy_from_slice(&first[..heads * hdv]);
+            let mut states = [vec_f32::SoftmaxState::EMPTY; MAX_HEADS];
+            for (h, st) in states[..heads].iter_mut().enumerate() {
+                *st = state_of(first, h);
+            }
+            for j in i + 1..i + count {
+                let part = &parts.buf[j * part_len..(j + 1) * part_len];
+                let mut st = [vec_f32::SoftmaxState::EMPTY; MAX_HEADS];
+                for (h, s) in st[..heads].iter_mut().enumerate() {
+                    *s = state_of(part, h);
+                }
+                merge_heads(out, &mut states[..heads], &part[..heads * hdv], &st[..heads], hdv);
+            }
+            normalize(out, &states[..heads], hdv);
+            i += count;
+        }
+    }
+}
+
+/// Most query heads one attention task takes (those sharing a key head).
+const MAX_HEADS: usize = 8;
+
+/// Positions per attention span (see [`Model::attention`]): spans start at multiples of it, so a long cache
+/// splits into independent pieces that threads share. A multiple of the KV block size.
+const SPAN: usize = 256;
+
+/// The spans covering positions `range`: cut at multiples of [`SPAN`].
+fn spans(range: Range<usize>) -> impl Iterator<Item = Range<usize>> {
+    let end = range.end;
+    let mut at = range.start;
+    std::iter::from_fn(move || {
+        (at < end).then(|| {
+            let next = ((at / SPAN + 1) * SPAN).min(end);
+            let r = at..next;
+            at = next;
+            r
+        })
+    })
+}
+
+/// Folds a later span's unnormalised outputs and softmax states into `out`/`states` (per head, `hdv` values
+/// each). A factor of exactly 1 skips its multiply, so a span that does not raise the maximum leaves `out` as it
+/// was before its own values are added.
+fn merge_heads(
+    out: &mut [f32],
+    states: &mut [vec_f32::SoftmaxState],
+    other: &[f32],
+    st: &[vec_f32::SoftmaxState],
+    hdv: usize,
+) {
+    for (h, (state, &o)) in states.iter_mut().zip(st).enumerate() {
+        let (r_self, r_other) = state.merge(o);
+        let (dst, src) = (&mut out[h * hdv..(h + 1) * hdv], &other[h * hdv..(h + 1) * hdv]);
+        if r_self != 1.0 {
+            vec_f32::scale(r_self, dst);
+        }
+        vec_f32::axpy(r_other, src, dst);
+    }
+}
+
+/// Divides each head's weighted sum of values by its softmax sum.
+fn normalize(out: &mut [f32], states: &[vec_f32::SoftmaxState], hdv: usize) {
+    for (h, state) in states.iter().enumerate() {
+        if state.sum > 0.0 {
+            vec_f32::scale(1.0 / state.sum, &mut out[h * hdv..(h + 1) * hdv]);
+        }
+    }
+}
+
+/// What one span of attention needs besides the query and the positions.
+struct SpanRun<'a> {
+    il: usize,
+    kv: &'a SeqKv,
+    pool: &'a KvPool,
+    /// The key (and value) head the query heads share.
+    kvh: usize,
+    hd: usize,
+    hdv: usize,
+    v_dim: usize,
+    scale: f32,
+    /// Soft-capping of the scaled scores (gemma2).
+    softcap: Option<f32>,
+}
+
+impl SpanRun<'_> {
+    /// The unnormalised attention of the query heads `qh` (sharing key head `kvh`) over positions `range`: `out`
+    /// (heads × hdv) gets each head's weighted sum of values under its softmax state in `states`. Positions go in
+    /// chunks of up to CHUNK blocks: their scores first (one row of CHUNK·BS per head), one softmax step per head
+    /// over the whole chunk, then the values; per-block softmax steps of 16 scores were mostly overhead. With
+    /// `fetch_ahead = Some(last position)` (decode, which reads the cache from memory), each block's key and
+    /// value rows two blocks ahead are prefetched.
+    fn span(
+        &self,
+        qh: &[f32],
+        range: Range<usize>,
+        fetch_ahead: Option<usize>,
+        out: &mut [f32],
+        states: &mut [vec_f32::SoftmaxState],
+    ) {
+        const BS: usize = super::kv_cache::DEFAULT_BLOCK_SIZE;
+        const CHUNK: usize = 8;
+        let (kvh, hd, hdv) = (self.kvh, self.hd, self.hdv);
+        let heads = states.len();
+        let row = CHUNK * BS;
+        // The score rows live in a per-thread buffer: a fresh zeroed array per task (4 KB) was most of the
+        // attention tasks' fixed cost at short contexts. Only what a chunk writes is read back.
+        let mut scores = SCORES.take();
+        scores.resize(heads * row, 0.0);
+        let mut tile = [0f32; MAX_HEADS * BS];
+        let tile = &mut tile[..heads * BS];
+        out.fill(0.0);
+        states.fill(vec_f32::SoftmaxState::EMPTY);
+        let mut p = range.start;
+        while p < range.end {
+            // (lane, length, column in the chunk) per block, and the blocks themselves.
+            let mut runs = [(0usize, 0usize, 0usize); CHUNK];
+            let mut blocks = [None; CHUNK];
+            let (mut nb, mut width) = (0, 0);
+            while nb < CHUNK && p < range.end {
+                let (kt, v, lane) = self.pool.block(self.kv, self.il, p);
+                if let Some(last) = fetch_ahead {
+                    let ahead = p - lane + PREFETCH_BLOCKS * BS;
+                    if ahead <= last {
+                        self.pool.prefetch(
+                            self.kv,
+                            self.il,
+                            ahead,
+                            kvh * hd..(kvh + 1) * hd,
+                            kvh * hdv..(kvh + 1) * hdv,
+                        );
+                    }
+                }
+                let n = (BS - lane).min(range.end - p);
+                match kt {
+                    KvRow::F32(k) => vec_f32::dot_cols(qh, &k[kvh * hd * BS..(kvh + 1) * hd * BS], BS, tile),
+                    KvRow::F16(k) => vec_f32::dot_cols_f16(qh, &k[kvh * hd * BS..(kvh + 1) * hd * BS], BS, tile),
+                }
+                for h in 0..heads {
+                    scores[h * row + width..h * row + width + n]
+                        .copy_from_slice(&tile[h * BS + lane..h * BS + lane + n]);
+                }
+                runs[nb] = (lane, n, width);
+                blocks[nb] = Some(v);
+                nb += 1;
+                width += n;
+                p += n;
+            }
+            for (h, state) in states.iter_mut().enumerate() {
+                let sc = &mut scores[h * row..h * row + width];
+                // Soft-capping (gemma2) bends the scaled scores, so the softmax then takes them unscaled.
+                let scale = match self.softcap {
+                    Some(cap) => {
+                        sc.iter_mut().for_each(|v| *v = cap * (*v * self.scale / cap).tanh());
+                        1.0
+                    }
+                    None => self.scale,
+                };
+                // Scores become softmax weights in place; what was summed under an older maximum is rescaled.
+                let r = vec_f32::softmax_block(sc, scale, state);
+                if r != 1.0 {
+                    vec_f32::scale(r, &mut out[h * hdv..(h + 1) * hdv]);
+                }
+            }
+            for (&(lane, n, col), v) in runs[..nb].iter().zip(&blocks[..nb]) {
+                let w = &scores[col..];
+                let at = lane * self.v_dim + kvh * hdv;
+                match v.expect("filled above") {
+                    KvRow::F32(v) => vec_f32::axpy_rows(n, w, row, &v[at..], self.v_dim, out, hdv),
+                    KvRow::F16(v) => vec_f32::axpy_rows_f16(n, w, row, &v[at..], self.v_dim, out, hdv),
+                }
+            }
+        }
+        SCORES.set(scores);
     }
 }

@@ -47,9 +47,10 @@ impl Linear {
         WeightMatrix::new(self.ty, data, self.rows, self.cols).expect("shape checked at load")
     }
 
-    /// Repacks the matrix into panels if the kernel level and the format allow it.
+    /// Repacks the matrix into panels if the kernel level has a panel kernel for its format.
     fn pack(&mut self, file: &GgufFile) {
-        if infer_kernels::dispatch::kernels().packed.is_none() {
+        let has_kernel = |f| infer_kernels::dispatch::kernels().packed_formats.contains(&f);
+        if !packed::PackedFormat::for_type(self.ty).is_some_and(has_kernel) {
             return;
         }
         let data = &file_bytes(file)[self.bytes.clone()];

@@ -18,6 +18,9 @@ pub mod avx2;
 #[path = "x86_64/avx512.rs"]
 pub mod avx512;
 #[cfg(target_arch = "x86_64")]
+#[path = "x86_64/packed256.rs"]
+pub(crate) mod packed256;
+#[cfg(target_arch = "x86_64")]
 #[path = "x86_64/packed512.rs"]
 pub(crate) mod packed512;
 

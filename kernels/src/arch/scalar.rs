@@ -29,6 +29,8 @@ pub(crate) static KERNELS: Kernels = Kernels {
     // The panel layout exists for wide registers; the scalar level keeps the GGUF layout (and
     // `packed::panel_ref` states the panel kernels' arithmetic for tests).
     packed: None,
+    packed_f: None,
+    packed_formats: &[],
     dot_cols_f32: |q, kt, lanes, out| crate::vec_f32::dot_cols_ref(q, kt, lanes, out, |v| v),
     dot_cols_f16: |q, kt, lanes, out| crate::vec_f32::dot_cols_ref(q, kt, lanes, out, f16::to_f32),
     axpy_rows_f32: |a, v, out| crate::vec_f32::axpy_rows_ref(a, v, out, |x| x),

@@ -79,6 +79,9 @@ pub struct BenchArgs {
     /// Skip the untimed warmup run of each test.
     #[arg(long)]
     pub no_warmup: bool,
+    /// Also probe the memory read rate at each thread count (decode's limit is that rate over the model's bytes).
+    #[arg(long)]
+    pub bandwidth: bool,
     /// Also draw the results as a chart: FILE.svg or FILE.png.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,

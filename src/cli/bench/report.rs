@@ -40,6 +40,9 @@ pub struct Record {
     /// Tokens per second of CPU time per thread: tokens / (CPU seconds / n_threads): the rate if every thread had a
     /// core to itself and never idled. On a busy machine it estimates (from above) what an idle one would give.
     pub avg_ts_cpu: Option<f64>,
+    /// The memory read probe's rate at this thread count, GB/s (with --bandwidth).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem_read_gbs: Option<f64>,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub curve: Option<CurvePoint>,
 }
@@ -247,6 +250,25 @@ pub(super) fn to_markdown(records: &[Record], build: &str) -> String {
         out.push_str(&md_table(&header, &[true; 11], &rows));
         out.push('\n');
     }
+    let mut probed = false;
+    for r in records.iter().filter(|r| r.n_gen > 0 && r.curve.is_none()) {
+        if let Some(gbs) = r.mem_read_gbs {
+            probed = true;
+            let limit = gbs * 1e9 / r.model_size as f64;
+            let _ = write!(
+                out,
+                "\nmemory read {gbs:.1} GB/s on {} threads: {} {} at most {limit:.0} t/s ({} per token); {:.0}% of it",
+                r.n_threads,
+                r.model_type,
+                r.test,
+                size_str(r.model_size),
+                100.0 * r.avg_ts / limit
+            );
+        }
+    }
+    if probed {
+        out.push('\n');
+    }
     if records.iter().any(|r| r.avg_ts_cpu.is_some()) {
         let _ = write!(
             out,
@@ -261,7 +283,7 @@ pub(super) fn to_markdown(records: &[Record], build: &str) -> String {
 
 /// CSV with a header: one row per record, the batching-curve columns empty for pp/tg rows.
 pub(super) fn to_csv(records: &[Record]) -> String {
-    const COLUMNS: [&str; 29] = [
+    const COLUMNS: [&str; 30] = [
         "build",
         "model_filename",
         "model_type",
@@ -282,6 +304,7 @@ pub(super) fn to_csv(records: &[Record]) -> String {
         "avg_ts",
         "stddev_ts",
         "avg_ts_cpu",
+        "mem_read_gbs",
         "n_kv",
         "t_pp",
         "s_pp",
@@ -320,6 +343,7 @@ pub(super) fn to_csv(records: &[Record]) -> String {
             format!("{:.4}", r.avg_ts),
             format!("{:.4}", r.stddev_ts),
             opt(r.avg_ts_cpu.map(|v| format!("{v:.4}"))),
+            opt(r.mem_read_gbs.map(|v| format!("{v:.3}"))),
             opt(c.map(|c| c.n_kv.to_string())),
             opt(c.map(|c| format!("{:.6}", c.t_pp))),
             opt(c.map(|c| format!("{:.4}", c.s_pp))),

@@ -442,6 +442,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<_>>()?;
 
+    let read_gbs: Vec<Option<f64>> =
+        pools.iter().map(|(_, pool)| args.bandwidth.then(|| pool.install(crate::cli::membw::read_gbs))).collect();
     let runs_per_test = args.repetitions + usize::from(!args.no_warmup);
     let total = (models.len() * pools.len() * tests.len() * runs_per_test) as u64;
     let progress = if stderr_is_terminal() {
@@ -468,7 +470,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ubatch: args.ubatch,
             rng: ChaCha8Rng::seed_from_u64(TOKEN_SEED),
         };
-        for (n_threads, pool) in &pools {
+        for ((n_threads, pool), gbs) in pools.iter().zip(&read_gbs) {
             for &test in &tests {
                 progress.set_message(format!("{} {} t{}", info.model_type, test.name(), n_threads));
                 let samples = pool.install(|| -> anyhow::Result<Vec<Sample>> {
@@ -484,7 +486,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                     Ok(samples)
                 });
                 let samples = samples.with_context(|| format!("{}: {}", info.filename, test.name()))?;
-                records.push(make_record(&build, info, &isa, *n_threads, &args, test, &samples));
+                let mut record = make_record(&build, info, &isa, *n_threads, &args, test, &samples);
+                record.mem_read_gbs = *gbs;
+                records.push(record);
             }
         }
     }
@@ -583,6 +587,7 @@ fn make_record(
         samples_ts,
         samples_cpu_ns: cpu.map(|c| c.iter().map(|&t| (t * 1e9).round() as u64).collect()),
         avg_ts_cpu,
+        mem_read_gbs: None,
         curve,
     }
 }

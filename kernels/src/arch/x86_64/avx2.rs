@@ -38,7 +38,15 @@ x86_kernels!(
     tile32 = 4 x 2,
     kernel32 = tile32: W32,
     tilek = 2 x 2,
-    packed = None,
+    packed = Some(|w, panels, act, n, g, out| {
+        // SAFETY: see KERNELS.
+        unsafe { crate::arch::packed256::panel(w, panels, act, n, g, out) }
+    }),
+    packed_f = Some(|w, panels, x, n, out| {
+        // SAFETY: see KERNELS.
+        unsafe { crate::arch::packed256::panel_f(w, panels, x, n, out) }
+    }),
+    packed_formats = &crate::packed::PackedFormat::ALL,
     attention = [dot_cols_f32, dot_cols_f16, axpy_rows_f32, axpy_rows_f16],
     quantize32 = quantize32
 );

@@ -129,6 +129,9 @@ pub(crate) unsafe fn panel(
             (PackedFormat::Q5, _) => run::<Q5, 2>(&w, panels, &act, n_act / 2, out),
             (PackedFormat::Q8, 1) => run::<Q8, 1>(&w, panels, &act, n_act, out),
             (PackedFormat::Q8, _) => run::<Q8, 2>(&w, panels, &act, n_act / 2, out),
+            // Not in this level's `packed_formats`, so never packed for it; the reference serves any caller.
+            (PackedFormat::K4 | PackedFormat::K6, _) => crate::packed::panel_ref(w, panels, act, n_act, group, out),
+            (PackedFormat::F32 | PackedFormat::F16, _) => unreachable!("check_args refuses float panels"),
         }
     }
 }

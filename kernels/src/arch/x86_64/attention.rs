@@ -1,0 +1,232 @@
+//! Attention's f32 kernels at 256 bits (scores as column sums over transposed keys, weighted value rows), and the
+//! elementwise softmax, SwiGLU and GeGLU steps compiled for the level.
+
+macro_rules! x86_attention {
+    ($feat:literal) => {
+        /// [`crate::vec_f32::dot_cols`]: tiles of up to 3 heads × 16 lanes keep both partial sums of every output
+        /// in registers (12 accumulators), and each key load serves every head of the tile.
+        ///
+        /// # Safety
+        /// The CPU must have this level's features.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn dot_cols<W: WF>(q: &[f32], kt: &[W], lanes: usize, out: &mut [f32]) {
+            let (hd, heads) = crate::vec_f32::dot_cols_shape(q.len(), kt.len(), lanes, out.len());
+            let mut j = 0;
+            while j < lanes {
+                let wide = lanes - j >= 16;
+                let mut h = 0;
+                while h < heads {
+                    let hh = (heads - h).min(3);
+                    // SAFETY: the shape is checked, so heads h..h + hh and lanes j..j + 8 or 16 lie inside q, kt
+                    // and out; the caller has the features.
+                    unsafe {
+                        match (hh, wide) {
+                            (3, true) => cols_tile::<W, 3, 2>(q, kt, lanes, hd, h, j, out),
+                            (2, true) => cols_tile::<W, 2, 2>(q, kt, lanes, hd, h, j, out),
+                            (_, true) => cols_tile::<W, 1, 2>(q, kt, lanes, hd, h, j, out),
+                            (3, false) => cols_tile::<W, 3, 1>(q, kt, lanes, hd, h, j, out),
+                            (2, false) => cols_tile::<W, 2, 1>(q, kt, lanes, hd, h, j, out),
+                            (_, false) => cols_tile::<W, 1, 1>(q, kt, lanes, hd, h, j, out),
+                        }
+                    }
+                    h += hh;
+                }
+                j += if wide { 16 } else { 8 };
+            }
+        }
+
+        /// Heads `h0..h0 + H` × lanes `j..j + 8·V` of [`dot_cols`].
+        ///
+        /// # Safety
+        /// Those heads and lanes must exist in `q`, `kt` and `out` (checked by `dot_cols_shape`); the CPU must have
+        /// this level's features.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn cols_tile<W: WF, const H: usize, const V: usize>(
+            q: &[f32],
+            kt: &[W],
+            lanes: usize,
+            hd: usize,
+            h0: usize,
+            j: usize,
+            out: &mut [f32],
+        ) {
+            // SAFETY: every offset stays below h0·hd + H·hd ≤ q.len(), (hd − 1)·lanes + j + 8V ≤ kt.len() and
+            // (h0 + H − 1)·lanes + j + 8V ≤ out.len(), by the caller's contract.
+            unsafe {
+                let qp = q.as_ptr().add(h0 * hd);
+                let kp = kt.as_ptr().add(j);
+                let mut even = [[_mm256_setzero_ps(); V]; H];
+                let mut odd = [[_mm256_setzero_ps(); V]; H];
+                let step = |acc: &mut [[__m256; V]; H], d: usize| {
+                    let k: [__m256; V] = std::array::from_fn(|v| W::ldp(kp.add(d * lanes + 8 * v)));
+                    for h in 0..H {
+                        let qb = _mm256_set1_ps(*qp.add(h * hd + d));
+                        for v in 0..V {
+                            acc[h][v] = _mm256_fmadd_ps(qb, k[v], acc[h][v]);
+                        }
+                    }
+                };
+                let mut d = 0;
+                while d + 2 <= hd {
+                    step(&mut even, d);
+                    step(&mut odd, d + 1);
+                    d += 2;
+                }
+                if d < hd {
+                    step(&mut even, d);
+                }
+                let op = out.as_mut_ptr().add(h0 * lanes + j);
+                for h in 0..H {
+                    for v in 0..V {
+                        _mm256_storeu_ps(op.add(h * lanes + 8 * v), _mm256_add_ps(even[h][v], odd[h][v]));
+                    }
+                }
+            }
+        }
+
+        #[target_feature(enable = $feat)]
+        fn dot_cols_f32(q: &[f32], kt: &[f32], lanes: usize, out: &mut [f32]) {
+            // SAFETY: this function has the level's features.
+            unsafe { dot_cols(q, kt, lanes, out) }
+        }
+
+        #[target_feature(enable = $feat)]
+        fn dot_cols_f16(q: &[f32], kt: &[f16], lanes: usize, out: &mut [f32]) {
+            // SAFETY: this function has the level's features.
+            unsafe { dot_cols(q, kt, lanes, out) }
+        }
+
+        /// [`crate::vec_f32::axpy_rows`]: up to 4 heads × 16 outputs (or 2 heads × 32) stay in registers while the
+        /// run's rows stream past, each row loaded once for all of them. Per element the fmas come in row order, as
+        /// a sequence of `axpy` calls would do them.
+        ///
+        /// # Safety
+        /// The CPU must have this level's features.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn axpy_rows<W: WF>(a: AxpyRows<'_>, v: &[W], out: &mut [f32]) {
+            let heads = a.heads(v.len(), out.len());
+            if a.n == 0 {
+                return;
+            }
+            let width = a.width;
+            let mut h = 0;
+            while h < heads {
+                let hh = (heads - h).min(4);
+                let mut i = 0;
+                // SAFETY (all tiles): `heads` checked the lengths, so heads h..h + hh, rows 0..n and outputs
+                // i..i + 8V (≤ width) lie inside w, v and out; the caller has the features.
+                unsafe {
+                    if hh <= 2 {
+                        while i + 32 <= width {
+                            match hh {
+                                2 => rows_tile::<W, 2, 4>(&a, v, out, h, i),
+                                _ => rows_tile::<W, 1, 4>(&a, v, out, h, i),
+                            }
+                            i += 32;
+                        }
+                    } else {
+                        while i + 16 <= width {
+                            match hh {
+                                4 => rows_tile::<W, 4, 2>(&a, v, out, h, i),
+                                _ => rows_tile::<W, 3, 2>(&a, v, out, h, i),
+                            }
+                            i += 16;
+                        }
+                    }
+                    while i + 8 <= width {
+                        match hh {
+                            4 => rows_tile::<W, 4, 1>(&a, v, out, h, i),
+                            3 => rows_tile::<W, 3, 1>(&a, v, out, h, i),
+                            2 => rows_tile::<W, 2, 1>(&a, v, out, h, i),
+                            _ => rows_tile::<W, 1, 1>(&a, v, out, h, i),
+                        }
+                        i += 8;
+                    }
+                }
+                for hx in h..h + hh {
+                    for ii in i..width {
+                        let o = &mut out[hx * width + ii];
+                        for j in 0..a.n {
+                            // SAFETY: as above; `get` checks its bounds.
+                            *o = a.w[hx * a.w_stride + j].mul_add(unsafe { W::get(v, j * a.v_stride + ii) }, *o);
+                        }
+                    }
+                }
+                h += hh;
+            }
+        }
+
+        /// Heads `h0..h0 + H` × outputs `i..i + 8·V` of [`axpy_rows`].
+        ///
+        /// # Safety
+        /// Those heads and outputs, and the `n` rows, must exist in `a.w`, `v` and `out` (checked by
+        /// `AxpyRows::heads`); the CPU must have this level's features.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn rows_tile<W: WF, const H: usize, const V: usize>(
+            a: &AxpyRows<'_>,
+            v: &[W],
+            out: &mut [f32],
+            h0: usize,
+            i: usize,
+        ) {
+            // SAFETY: offsets stay below (h0 + H − 1)·width + i + 8V ≤ out.len(), (n − 1)·v_stride + i + 8V ≤
+            // v.len() and (h0 + H − 1)·w_stride + n ≤ w.len(), by the caller's contract.
+            unsafe {
+                let op = out.as_mut_ptr().add(h0 * a.width + i);
+                let wp = a.w.as_ptr().add(h0 * a.w_stride);
+                let vp = v.as_ptr().add(i);
+                let mut acc: [[__m256; V]; H] =
+                    std::array::from_fn(|h| std::array::from_fn(|x| _mm256_loadu_ps(op.add(h * a.width + 8 * x))));
+                for j in 0..a.n {
+                    let row: [__m256; V] = std::array::from_fn(|x| W::ldp(vp.add(j * a.v_stride + 8 * x)));
+                    for h in 0..H {
+                        let wb = _mm256_set1_ps(*wp.add(h * a.w_stride + j));
+                        for x in 0..V {
+                            acc[h][x] = _mm256_fmadd_ps(wb, row[x], acc[h][x]);
+                        }
+                    }
+                }
+                for h in 0..H {
+                    for x in 0..V {
+                        _mm256_storeu_ps(op.add(h * a.width + 8 * x), acc[h][x]);
+                    }
+                }
+            }
+        }
+
+        #[target_feature(enable = $feat)]
+        fn axpy_rows_f32(a: AxpyRows<'_>, v: &[f32], out: &mut [f32]) {
+            // SAFETY: this function has the level's features.
+            unsafe { axpy_rows::<f32>(a, v, out) }
+        }
+
+        #[target_feature(enable = $feat)]
+        fn axpy_rows_f16(a: AxpyRows<'_>, v: &[f16], out: &mut [f32]) {
+            // SAFETY: this function has the level's features.
+            unsafe { axpy_rows::<f16>(a, v, out) }
+        }
+
+        /// [`crate::vec_f32::softmax_block`], vectorised for this level.
+        #[target_feature(enable = $feat)]
+        fn softmax_block(x: &mut [f32], scale: f32, state: &mut crate::vec_f32::SoftmaxState) -> f32 {
+            crate::vec_f32::softmax_block_impl(x, scale, state)
+        }
+
+        /// [`crate::vec_f32::swiglu`], vectorised for this level.
+        #[target_feature(enable = $feat)]
+        fn swiglu(g: &mut [f32], u: &[f32]) {
+            crate::vec_f32::swiglu_impl(g, u)
+        }
+
+        /// [`crate::vec_f32::geglu`], vectorised for this level.
+        #[target_feature(enable = $feat)]
+        fn geglu(g: &mut [f32], u: &[f32]) {
+            crate::vec_f32::geglu_impl(g, u)
+        }
+    };
+}

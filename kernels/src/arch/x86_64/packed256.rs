@@ -1,0 +1,632 @@
+//! The AVX2 kernel for 16-row panels ([`crate::packed`]): the same panels the AVX-512 kernel reads. A panel's
+//! 64-byte chunk is two 256-bit registers here, rows 0..8 and rows 8..16 (the panel's two halves), each holding
+//! four unsigned weight bytes per row.
+//!
+//! AVX2 has no 8-bit dot product that accumulates into 32 bits (`vpmaddubsw` saturates its 16-bit pair sums,
+//! which Q8 weights and the residual of Q8x2 both overflow), so the weights are widened to 16 bits and multiplied
+//! with `vpmaddwd` against 16-bit activations. That fuses the two parts of a Q8x2 activation: the pair
+//! `(q1, q2)` with `d2 = d1/256` is the single 16-bit value `256·q1 + q2` (at most 256·127 + 127 = 32639), so
+//! one multiply serves both, and the integer sum is exactly the `256·i₁ + i₂` that [`crate::packed::panel_ref`]
+//! forms. With 8-bit activations (`group == 1`) the value is `q1` itself. Each thread widens the activation rows
+//! it is about to use once per call into a buffer of its own ([`Act16`]), a cost of one pass over the activations
+//! against one pass over the weights per row of them.
+//!
+//! A tile is `S` halves (of one or two panels) × `C` output rows. Per block and pair of weight groups it unpacks
+//! each half's quants once and widens each row's four bytes `w0 w1 w2 w3` to two registers of 16-bit pairs,
+//! `(w0, w2)` (a mask) and `(w1, w3)` (a shift), one 32-bit lane per row either way; the activation buffer holds
+//! each group of four as `a0 a2 a1 a3`, so one broadcast 32-bit pair meets each register and two `vpmaddwd` add a
+//! row's four products into its lane. The float epilogue follows `panel_ref`'s order of operations exactly, so the
+//! results equal it bit for bit.
+
+use std::arch::x86_64::*;
+use std::cell::Cell;
+use std::ops::Range;
+
+use crate::dispatch::{Act32, OutSink};
+use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, Sections, check_args, check_args_f};
+
+/// Rows per half panel: one i32 lane each in a 256-bit register.
+const HALF: usize = PANEL_ROWS / 2;
+
+/// Output rows converted to 16 bits at a time: their activations stay in L2 while the task's panels pass.
+const ACT_CHUNK: usize = 32;
+
+/// How far ahead of the quants being read decode prefetches, in bytes (as in the AVX-512 kernel).
+const PREFETCH: usize = 4096;
+
+/// One output row's activations widened to 16 bits, for a chunk of output rows: row `i`'s values are
+/// `q[i·cols..][..cols]`, each group of four in the order 0, 2, 1, 3 (see the module documentation); per block its scale `d` (the last part's, as `panel_ref` scales), its `s` (the first
+/// part's, which carries both parts' offset terms) and `isum`, the Σq of the combined value; for formats with a
+/// scale per half block, `hsum` holds the two halves' Σq (2 per block).
+#[derive(Default)]
+struct Act16 {
+    q: Vec<i16>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+    isum: Vec<i32>,
+    hsum: Vec<i32>,
+}
+
+thread_local! {
+    /// Each thread's [`Act16`], grown to the largest chunk seen and reused, so that calls do not allocate.
+    static ACT16: Cell<Act16> = Cell::new(Act16::default());
+}
+
+impl Act16 {
+    /// Fills the buffer with output rows `outs` of `act` (`G` activation rows each, `nb` blocks per row), and
+    /// with `halves` the half blocks' sums.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn fill<const G: usize>(&mut self, act: &Act32<'_>, nb: usize, outs: Range<usize>, halves: bool) {
+        let cols = nb * 32;
+        let n = outs.len();
+        self.q.resize(self.q.len().max(n * cols), 0);
+        for v in [&mut self.d, &mut self.s] {
+            v.resize(v.len().max(n * nb), 0.0);
+        }
+        self.isum.resize(self.isum.len().max(n * nb), 0);
+        if halves {
+            self.hsum.resize(self.hsum.len().max(2 * n * nb), 0);
+        }
+        for (i, o) in outs.enumerate() {
+            let a = o * G;
+            let q1 = &act.qs[a * cols..(a + 1) * cols];
+            let q2 = &act.qs[(a + G - 1) * cols..(a + G) * cols];
+            let dst = &mut self.q[i * cols..(i + 1) * cols];
+            for k in (0..cols).step_by(16) {
+                let (x1, x2) = (&q1[k..k + 16], &q2[k..k + 16]);
+                // SAFETY: the slices above hold 16 bytes each; no alignment requirement.
+                let (v1, v2) = unsafe {
+                    (
+                        _mm256_cvtepi8_epi16(_mm_loadu_si128(x1.as_ptr().cast())),
+                        _mm256_cvtepi8_epi16(_mm_loadu_si128(x2.as_ptr().cast())),
+                    )
+                };
+                let v = if G == 2 { _mm256_add_epi16(_mm256_slli_epi16(v1, 8), v2) } else { v1 };
+                // a0 a1 a2 a3 → a0 a2 a1 a3 in every group of four (bytes within 128-bit lanes).
+                let order = _mm256_setr_epi8(
+                    0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11,
+                    14, 15,
+                );
+                let v = _mm256_shuffle_epi8(v, order);
+                let out = &mut dst[k..k + 16];
+                // SAFETY: 16 i16 = 32 writable bytes; no alignment requirement.
+                unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), v) };
+            }
+            let blocks = |r: usize| r * nb..(r + 1) * nb;
+            self.d[blocks(i)].copy_from_slice(&act.d[blocks(a + G - 1)]);
+            self.s[blocks(i)].copy_from_slice(&act.s[blocks(a)]);
+            for (b, sum) in self.isum[blocks(i)].iter_mut().enumerate() {
+                let (i1, i2) = (act.isum[a * nb + b], act.isum[(a + G - 1) * nb + b]);
+                *sum = if G == 2 { (i1 << 8) + i2 } else { i1 };
+            }
+            if halves {
+                // The combined values' sums, per 16 (their order within a group of four does not matter).
+                let sums = dst.chunks_exact(16).map(|h| h.iter().map(|&v| v as i32).sum::<i32>());
+                for (hs, v) in self.hsum[2 * i * nb..2 * (i + 1) * nb].iter_mut().zip(sums) {
+                    *hs = v;
+                }
+            }
+        }
+    }
+}
+
+/// The format-specific part of a tile: how a half's quants become registers of unsigned bytes, a pair of weight
+/// groups at a time (groups `jj` and `jj + 4`: weights `4jj..4jj + 4` and `16 + 4jj..16 + 4jj + 4`, which share a
+/// nibble chunk in the 4-bit formats).
+trait Quants {
+    const FORMAT: PackedFormat;
+    /// Whatever the pairs need from the block besides their chunk (Q5's high bits), loaded once per block.
+    ///
+    /// # Safety
+    /// `qs` must point to one block's quants plus 32 bytes per half before it (the half's first chunk), 32-byte
+    /// aligned, with the block's `FORMAT.qs_bytes()` readable from the block's start; the CPU must have AVX2.
+    #[inline(always)]
+    unsafe fn extra(_qs: *const u8) -> __m256i {
+        // SAFETY: the caller has the features.
+        unsafe { _mm256_setzero_si256() }
+    }
+    /// Weight groups `jj` and `jj + 4` (`jj` < 4) of the half: for each of its 8 rows, four unsigned bytes.
+    ///
+    /// # Safety
+    /// As [`Quants::extra`]; `extra` is what it returned for this block.
+    unsafe fn unpack_pair(qs: *const u8, jj: usize, extra: __m256i) -> [__m256i; 2];
+    /// Block `b`'s scales for the 8 rows of half `half` of the panel at `panel`: the scale of weights 0..16 and of
+    /// weights 16..32 (the same unless the format splits halves), and the offset (0 without one), as
+    /// [`crate::packed::PackedView::scale`] and `m` state them.
+    ///
+    /// # Safety
+    /// `panel` must be a checked panel with sections `sec`, `b` one of its blocks; the CPU must have AVX2 and F16C.
+    #[inline(always)]
+    unsafe fn scales(panel: *const u8, sec: &Sections, b: usize, half: usize) -> ([__m256; 2], __m256) {
+        // SAFETY: 16 bytes of f16 scales (and offsets) per block and half, 16-byte aligned, by the caller's
+        // contract.
+        unsafe {
+            let d = _mm256_cvtph_ps(_mm_load_si128(panel.add(sec.d + 32 * b + 16 * half).cast()));
+            let m = if Self::FORMAT.has_min() {
+                _mm256_cvtph_ps(_mm_load_si128(panel.add(sec.m + 32 * b + 16 * half).cast()))
+            } else {
+                _mm256_setzero_ps()
+            };
+            ([d, d], m)
+        }
+    }
+}
+
+/// Eight integer scales (bytes, zero- or sign-extended) as f32.
+///
+/// # Safety
+/// Eight bytes must be readable at `p`; the CPU must have AVX2.
+#[inline(always)]
+unsafe fn scale8<const SIGNED: bool>(p: *const u8) -> __m256 {
+    // SAFETY: the caller's contract; no alignment requirement.
+    unsafe {
+        let v = _mm_loadl_epi64(p.cast());
+        _mm256_cvtepi32_ps(if SIGNED { _mm256_cvtepi8_epi32(v) } else { _mm256_cvtepu8_epi32(v) })
+    }
+}
+
+/// A K format's f16 super-block scale line for block `b`, half `half`, as f32.
+///
+/// # Safety
+/// As [`Quants::scales`]; `at` is the section's offset.
+#[inline(always)]
+unsafe fn super_scale(panel: *const u8, at: usize, b: usize, half: usize) -> __m256 {
+    // SAFETY: the caller's contract.
+    unsafe { _mm256_cvtph_ps(_mm_load_si128(panel.add(at + 32 * (b / 8) + 16 * half).cast())) }
+}
+
+struct Q4;
+struct Q5;
+struct Q8;
+struct K4;
+struct K6;
+
+impl Quants for Q4 {
+    const FORMAT: PackedFormat = PackedFormat::Q4;
+    #[inline(always)]
+    unsafe fn unpack_pair(qs: *const u8, jj: usize, _: __m256i) -> [__m256i; 2] {
+        // SAFETY: the caller guarantees the half's aligned bytes and the features.
+        unsafe {
+            let mask = _mm256_set1_epi8(0x0F);
+            let v = _mm256_load_si256(qs.add(64 * jj).cast());
+            [_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16(v, 4), mask)]
+        }
+    }
+}
+
+/// Per-byte test masks: bit `i` (or `4 + i`) in byte `i`.
+const BITS: [i32; 2] = [0x0804_0201, 0x8040_2010_u32 as i32];
+
+impl Quants for Q5 {
+    const FORMAT: PackedFormat = PackedFormat::Q5;
+    #[inline(always)]
+    unsafe fn extra(qs: *const u8) -> __m256i {
+        // SAFETY: the caller guarantees the block's bytes: the high bits' chunk follows the four nibble chunks.
+        unsafe { _mm256_load_si256(qs.add(256).cast()) }
+    }
+    #[inline(always)]
+    unsafe fn unpack_pair(qs: *const u8, jj: usize, qh: __m256i) -> [__m256i; 2] {
+        // SAFETY: as for Q4; the high bits come from `qh`.
+        unsafe {
+            let mut u = Q4::unpack_pair(qs, jj, qh);
+            // `vpshufb` indexes bytes within each 128-bit lane: dword w of a lane starts at byte 4w.
+            let (a, b, c) = (0x0404_0404, 0x0808_0808, 0x0C0C_0C0C);
+            let dword_base = _mm256_set_epi32(c, b, a, 0, c, b, a, 0);
+            for (half, uj) in u.iter_mut().enumerate() {
+                // The group's weights start at bit s of the row's qh: byte s/8 holds their four bits at s%8.. .
+                let s = 4 * jj + 16 * half;
+                // Copy that byte of each row's dword to all four of its bytes, keep one bit per byte, and where it
+                // is set add 16.
+                let spread = _mm256_shuffle_epi8(qh, _mm256_add_epi8(dword_base, _mm256_set1_epi8((s / 8) as i8)));
+                let bits = _mm256_set1_epi32(BITS[(s % 8) / 4]);
+                let hit = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits);
+                *uj = _mm256_or_si256(*uj, _mm256_and_si256(hit, _mm256_set1_epi8(16)));
+            }
+            u
+        }
+    }
+}
+
+impl Quants for Q8 {
+    const FORMAT: PackedFormat = PackedFormat::Q8;
+    #[inline(always)]
+    unsafe fn unpack_pair(qs: *const u8, jj: usize, _: __m256i) -> [__m256i; 2] {
+        // SAFETY: the caller guarantees the block's 512 aligned bytes and the features.
+        unsafe { [_mm256_load_si256(qs.add(64 * jj).cast()), _mm256_load_si256(qs.add(64 * (jj + 4)).cast())] }
+    }
+}
+
+impl Quants for K4 {
+    const FORMAT: PackedFormat = PackedFormat::K4;
+    #[inline(always)]
+    unsafe fn unpack_pair(qs: *const u8, jj: usize, extra: __m256i) -> [__m256i; 2] {
+        // SAFETY: the same nibble chunks as Q4.
+        unsafe { Q4::unpack_pair(qs, jj, extra) }
+    }
+    #[inline(always)]
+    unsafe fn scales(panel: *const u8, sec: &Sections, b: usize, half: usize) -> ([__m256; 2], __m256) {
+        // SAFETY: the super-block lines and the 16-byte lines of integer scales and mins of block b, by the
+        // caller's contract; this half's 8 bytes start at 8·half.
+        unsafe {
+            let d = _mm256_mul_ps(
+                super_scale(panel, sec.d, b, half),
+                scale8::<false>(panel.add(sec.sc + 16 * b + 8 * half)),
+            );
+            let m = _mm256_mul_ps(
+                super_scale(panel, sec.m, b, half),
+                scale8::<false>(panel.add(sec.mn + 16 * b + 8 * half)),
+            );
+            // −(dmin·mn), negated exactly (a sign flip, as the reference's unary minus).
+            ([d, d], _mm256_xor_ps(m, _mm256_set1_ps(-0.0)))
+        }
+    }
+}
+
+impl Quants for K6 {
+    const FORMAT: PackedFormat = PackedFormat::K6;
+    #[inline(always)]
+    unsafe fn unpack_pair(qs: *const u8, jj: usize, _: __m256i) -> [__m256i; 2] {
+        // SAFETY: the nibble chunk jj and the bit-pair chunk 4 + jj/2 of the block, by the caller's contract.
+        unsafe {
+            let low = _mm256_set1_epi8(0x0F);
+            let top = _mm256_set1_epi8(0x30);
+            let v = _mm256_load_si256(qs.add(64 * jj).cast());
+            let h = _mm256_load_si256(qs.add(64 * (4 + jj / 2)).cast());
+            // This chunk's bit pairs sit at bits 0..4 (even jj) or 4..8 (odd jj) of each byte, the low nibbles'
+            // first: move each pair to bits 4..6 (16-bit shifts; the mask drops what crosses a byte).
+            let (hl, hh) = if jj.is_multiple_of(2) {
+                (_mm256_slli_epi16(h, 4), _mm256_slli_epi16(h, 2))
+            } else {
+                (h, _mm256_srli_epi16(h, 2))
+            };
+            [
+                _mm256_or_si256(_mm256_and_si256(v, low), _mm256_and_si256(hl, top)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), _mm256_and_si256(hh, top)),
+            ]
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales(panel: *const u8, sec: &Sections, b: usize, half: usize) -> ([__m256; 2], __m256) {
+        // SAFETY: the super-block line and the two 16-byte lines of block b's half-block scales, by the
+        // caller's contract.
+        unsafe {
+            let d = super_scale(panel, sec.d, b, half);
+            let sc = |part: usize| scale8::<true>(panel.add(sec.sc + 16 * (2 * b + part) + 8 * half));
+            ([_mm256_mul_ps(d, sc(0)), _mm256_mul_ps(d, sc(1))], _mm256_setzero_ps())
+        }
+    }
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn panel(
+    w: PackedView<'_>,
+    panels: Range<usize>,
+    act: Act32<'_>,
+    n_act: usize,
+    group: usize,
+    out: &OutSink<'_>,
+) {
+    check_args(&w, &panels, &act, n_act, group);
+    // SAFETY (all six): the arguments were checked above and the caller has the features.
+    unsafe {
+        match (w.format, group) {
+            (PackedFormat::Q4, 1) => run::<Q4, 1>(&w, panels, &act, n_act, out),
+            (PackedFormat::Q4, _) => run::<Q4, 2>(&w, panels, &act, n_act / 2, out),
+            (PackedFormat::Q5, 1) => run::<Q5, 1>(&w, panels, &act, n_act, out),
+            (PackedFormat::Q5, _) => run::<Q5, 2>(&w, panels, &act, n_act / 2, out),
+            (PackedFormat::Q8, 1) => run::<Q8, 1>(&w, panels, &act, n_act, out),
+            (PackedFormat::Q8, _) => run::<Q8, 2>(&w, panels, &act, n_act / 2, out),
+            (PackedFormat::K4, 1) => run::<K4, 1>(&w, panels, &act, n_act, out),
+            (PackedFormat::K4, _) => run::<K4, 2>(&w, panels, &act, n_act / 2, out),
+            (PackedFormat::K6, 1) => run::<K6, 1>(&w, panels, &act, n_act, out),
+            (PackedFormat::K6, _) => run::<K6, 2>(&w, panels, &act, n_act / 2, out),
+            (PackedFormat::F32 | PackedFormat::F16, _) => unreachable!("check_args refuses float panels"),
+        }
+    }
+}
+
+/// # Safety
+/// As [`panel`], with its arguments checked by [`check_args`]; `n_out` output rows of `G` activation rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run<F: Quants, const G: usize>(
+    w: &PackedView<'_>,
+    panels: Range<usize>,
+    act: &Act32<'_>,
+    n_out: usize,
+    out: &OutSink<'_>,
+) {
+    let mut a16 = ACT16.take();
+    let mut o0 = 0;
+    while o0 < n_out {
+        let o1 = (o0 + ACT_CHUNK).min(n_out);
+        a16.fill::<G>(act, w.nb, o0..o1, F::FORMAT.split_halves());
+        if o1 - o0 == 1 {
+            // Decode: one panel (both halves) per tile, streaming the weights. (Two panels per tile keep more
+            // activation broadcasts live than there are registers; one half per tile reads each line twice.)
+            for p in panels.clone() {
+                // SAFETY: p is one of the checked panels; output row 0 of the chunk exists.
+                unsafe { tile::<F, 1, 2>(w, 2 * p, &a16, 0, o0, true, out) };
+            }
+        } else {
+            for p in panels.clone() {
+                // Every tile of the chunk reads this panel from L1 after the first.
+                let mut o = 0;
+                while o < o1 - o0 {
+                    let left = o1 - o0 - o;
+                    for sp in [2 * p, 2 * p + 1] {
+                        // SAFETY (all): o + C ≤ the chunk's rows; sp is a half of panel p.
+                        match left {
+                            1 => unsafe { tile::<F, 1, 1>(w, sp, &a16, o, o0, false, out) },
+                            2 => unsafe { tile::<F, 2, 1>(w, sp, &a16, o, o0, false, out) },
+                            3 => unsafe { tile::<F, 3, 1>(w, sp, &a16, o, o0, false, out) },
+                            _ => unsafe { tile::<F, 4, 1>(w, sp, &a16, o, o0, false, out) },
+                        }
+                    }
+                    o += left.min(4);
+                }
+            }
+        }
+        o0 = o1;
+    }
+    ACT16.set(a16);
+}
+
+/// Repeats `body` with `c` bound to each constant `0..C` (`C` ≤ 6) so that `[_; C]` accumulators indexed by `c`
+/// become registers.
+macro_rules! for_each_c {
+    ($C:ident, $c:ident, $body:block) => {
+        for_each_c!(@ $C, $c, $body, 0 1 2 3 4 5)
+    };
+    (@ $C:ident, $c:ident, $body:block, $($i:literal)*) => {
+        $( if $i < $C { let $c: usize = $i; $body } )*
+    };
+}
+
+/// Halves `sp..sp + S` (half `h` is rows `8·(h % 2)..` of panel `h / 2`) against output rows `o..o + C` of the
+/// chunk in `a16`, whose first row is output row `o_base`. `stream`: decode, which prefetches the quants ahead.
+///
+/// # Safety
+/// As [`run`], with the halves inside the checked panels and `o + C` rows filled in `a16`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<F: Quants, const C: usize, const S: usize>(
+    w: &PackedView<'_>,
+    sp: usize,
+    a16: &Act16,
+    o: usize,
+    o_base: usize,
+    stream: bool,
+    out: &OutSink<'_>,
+) {
+    const { assert!(C >= 1 && C <= 4 && (S == 1 || S == 2 || S == 4)) };
+    let nb = w.nb;
+    let cols = nb * 32;
+    let qsb = F::FORMAT.qs_bytes();
+    // SAFETY: all pointer arithmetic stays inside the halves' panels (nb blocks of quants, then nb·16 scales and,
+    // for Q4/Q5, nb·16 offsets: `panel_bytes` covers them, checked by `check_args`) and inside rows o..o + C of
+    // the activation buffer, which the caller filled.
+    unsafe {
+        // Half h of the matrix is rows 8·(h % 2).. of panel h / 2: its quants start 32·(h % 2) bytes into each
+        // chunk.
+        let panel: [*const u8; S] = std::array::from_fn(|s| w.bytes.as_ptr().add((sp + s) / 2 * w.panel_bytes));
+        let half: [usize; S] = std::array::from_fn(|s| (sp + s) % 2);
+        let base: [*const u8; S] = std::array::from_fn(|s| panel[s].add(32 * half[s]));
+        let sec = w.sections();
+        let aq: [*const i16; C] = std::array::from_fn(|c| a16.q.as_ptr().add((o + c) * cols));
+        let ad: [*const f32; C] = std::array::from_fn(|c| a16.d.as_ptr().add((o + c) * nb));
+        let asum: [*const f32; C] = std::array::from_fn(|c| a16.s.as_ptr().add((o + c) * nb));
+        let ai: [*const i32; C] = std::array::from_fn(|c| a16.isum.as_ptr().add((o + c) * nb));
+        let ah: [*const i32; C] = std::array::from_fn(|c| a16.hsum.as_ptr().wrapping_add(2 * (o + c) * nb));
+        let off = F::FORMAT.offset();
+        let split = F::FORMAT.split_halves();
+        let low = _mm256_set1_epi16(0x00FF);
+        let mut acc = [[_mm256_setzero_ps(); C]; S];
+        let mut qp = base;
+        for b in 0..nb {
+            if stream {
+                for q in qp.iter().step_by(2) {
+                    for line in 0..qsb / 64 {
+                        _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 64 * line).cast());
+                    }
+                }
+            }
+            let extra: [__m256i; S] = std::array::from_fn(|s| F::extra(qp[s]));
+            // One 32-bit lane per row: the exact integer sum of the block's products (of each half block's, for
+            // formats that scale them separately).
+            let mut iv = [[[_mm256_setzero_si256(); C]; S]; 2];
+            for jj in 0..4 {
+                for s in 0..S {
+                    let u = F::unpack_pair(qp[s], jj, extra[s]);
+                    for (part, up) in u.iter().enumerate() {
+                        // Each row's bytes w0 w1 w2 w3 as 16-bit (w0, w2) and (w1, w3).
+                        let (even, odd) = (_mm256_and_si256(*up, low), _mm256_srli_epi16(*up, 8));
+                        let k = (b << 5) + 4 * jj + 16 * part;
+                        let into = if split { part } else { 0 };
+                        for_each_c!(C, c, {
+                            let pair = aq[c].add(k).cast::<i32>();
+                            let (ae, ao) = (
+                                _mm256_set1_epi32(pair.read_unaligned()),
+                                _mm256_set1_epi32(pair.add(1).read_unaligned()),
+                            );
+                            let p = _mm256_add_epi32(_mm256_madd_epi16(even, ae), _mm256_madd_epi16(odd, ao));
+                            iv[into][s][c] = _mm256_add_epi32(iv[into][s][c], p);
+                        });
+                    }
+                }
+            }
+            for s in 0..S {
+                let (dw, mw) = F::scales(panel[s], &sec, b, half[s]);
+                for_each_c!(C, c, {
+                    let da = _mm256_set1_ps(*ad[c].add(b));
+                    for part in 0..1 + usize::from(split) {
+                        let mut v = iv[part][s][c];
+                        if off != 0 {
+                            let sum = if split { *ah[c].add(2 * b + part) } else { *ai[c].add(b) };
+                            v = _mm256_add_epi32(v, _mm256_set1_epi32((-off).wrapping_mul(sum)));
+                        }
+                        let scale = _mm256_mul_ps(dw[part], da);
+                        acc[s][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), scale, acc[s][c]);
+                    }
+                    if F::FORMAT.has_min() {
+                        acc[s][c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*asum[c].add(b)), acc[s][c]);
+                    }
+                });
+            }
+            for q in qp.iter_mut() {
+                *q = q.add(qsb);
+            }
+        }
+        for (s, half_acc) in acc.iter().enumerate() {
+            for (c, v) in half_acc.iter().enumerate() {
+                let mut lanes = [0f32; HALF];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), *v);
+                out.put_row(o_base + o + c, (sp + s) * HALF, &lanes);
+            }
+        }
+    }
+}
+
+// -------------------------------------------------------------------------------------------------------------
+// Float panels (F32, F16) against f32 activations. A block's column k holds the panel's 16 weights of input k, two
+// registers of 8 rows: a tile broadcasts each activation once and runs two fused multiply-adds per output row, with
+// one accumulator chain per output element as `panel_ref_f` states.
+
+/// Eight weights of one column half from a float panel, as f32.
+trait FloatW {
+    /// Bytes per weight.
+    const SIZE: usize;
+    /// # Safety
+    /// `8 · SIZE` bytes must be readable at `p`, `8 · SIZE`-aligned; the CPU must have AVX2 and F16C.
+    unsafe fn load8(p: *const u8) -> __m256;
+}
+
+impl FloatW for f32 {
+    const SIZE: usize = 4;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_load_ps(p.cast()) }
+    }
+}
+
+impl FloatW for half::f16 {
+    const SIZE: usize = 2;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_cvtph_ps(_mm_load_si128(p.cast())) }
+    }
+}
+
+/// Rows of activations a float tile multiplies at once: 12 accumulators, two weight registers and a broadcast.
+const TILE_F: usize = 6;
+/// Panels a decode tile streams at once: eight independent accumulator chains keep the fused multiply-adds busy.
+const DECODE_F: usize = 4;
+/// Activation rows whose values stay in L2 while all of a task's panels pass.
+const CHUNK_F: usize = 48;
+
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn panel_f(w: PackedView<'_>, panels: Range<usize>, x: &[f32], n_act: usize, out: &OutSink<'_>) {
+    check_args_f(&w, &panels, x, n_act);
+    // SAFETY (both): the arguments were checked above and the caller has the features.
+    unsafe {
+        match w.format {
+            PackedFormat::F32 => run_f::<f32>(&w, panels, x, n_act, out),
+            _ => run_f::<half::f16>(&w, panels, x, n_act, out),
+        }
+    }
+}
+
+/// # Safety
+/// As [`panel_f`], with its arguments checked by [`check_args_f`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_f<T: FloatW>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], n_act: usize, out: &OutSink<'_>) {
+    // SAFETY (all tiles): the panels lie in the checked range and the rows o..o + C exist.
+    unsafe {
+        if n_act == 1 {
+            let mut p = panels.start;
+            while p < panels.end {
+                match panels.end - p {
+                    1 => tile_f::<T, 1, 1>(w, p, x, 0, out),
+                    2 => tile_f::<T, 1, 2>(w, p, x, 0, out),
+                    3 => tile_f::<T, 1, 3>(w, p, x, 0, out),
+                    _ => tile_f::<T, 1, DECODE_F>(w, p, x, 0, out),
+                }
+                p += (panels.end - p).min(DECODE_F);
+            }
+            return;
+        }
+        let mut o0 = 0;
+        while o0 < n_act {
+            let o1 = (o0 + CHUNK_F).min(n_act);
+            for p in panels.clone() {
+                let mut o = o0;
+                while o < o1 {
+                    match o1 - o {
+                        1 => tile_f::<T, 1, 1>(w, p, x, o, out),
+                        2 => tile_f::<T, 2, 1>(w, p, x, o, out),
+                        3 => tile_f::<T, 3, 1>(w, p, x, o, out),
+                        4 => tile_f::<T, 4, 1>(w, p, x, o, out),
+                        5 => tile_f::<T, 5, 1>(w, p, x, o, out),
+                        _ => tile_f::<T, TILE_F, 1>(w, p, x, o, out),
+                    }
+                    o += (o1 - o).min(TILE_F);
+                }
+            }
+            o0 = o1;
+        }
+    }
+}
+
+/// Panels `p..p + P` against activation rows `o..o + C`.
+///
+/// # Safety
+/// As [`run_f`], with `p + P` ≤ `w.n_panels` and rows `o..o + C` in `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_f<T: FloatW, const C: usize, const P: usize>(
+    w: &PackedView<'_>,
+    p: usize,
+    x: &[f32],
+    o: usize,
+    out: &OutSink<'_>,
+) {
+    const { assert!(C >= 1 && C <= TILE_F && P >= 1 && P <= DECODE_F) };
+    let cols = w.nb * 32;
+    let column = PANEL_ROWS * T::SIZE;
+    // SAFETY: the pointers stay inside panels p..p + P (nb blocks of 32 columns, `panel_bytes` each, checked) and
+    // inside rows o..o + C of `x`, which the caller guarantees; every column starts on a multiple of its size.
+    unsafe {
+        let base: [*const u8; P] = std::array::from_fn(|i| w.bytes.as_ptr().add((p + i) * w.panel_bytes));
+        let xr: [*const f32; C] = std::array::from_fn(|c| x.as_ptr().add((o + c) * cols));
+        let mut acc = [[[_mm256_setzero_ps(); 2]; P]; C];
+        for k in 0..cols {
+            let wv: [[__m256; 2]; P] = std::array::from_fn(|i| {
+                let col = base[i].add(k * column);
+                [T::load8(col), T::load8(col.add(8 * T::SIZE))]
+            });
+            for_each_c!(C, c, {
+                let xb = _mm256_broadcast_ss(&*xr[c].add(k));
+                for i in 0..P {
+                    acc[c][i][0] = _mm256_fmadd_ps(wv[i][0], xb, acc[c][i][0]);
+                    acc[c][i][1] = _mm256_fmadd_ps(wv[i][1], xb, acc[c][i][1]);
+                }
+            });
+        }
+        for (c, row) in acc.iter().enumerate() {
+            for (i, halves) in row.iter().enumerate() {
+                let mut lanes = [0f32; PANEL_ROWS];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), halves[0]);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(HALF), halves[1]);
+                out.put_row(o + c, (p + i) * PANEL_ROWS, &lanes);
+            }
+        }
+    }
+}

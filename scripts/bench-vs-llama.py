@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""infer against llama.cpp, side by side in one run: `infer bench` and `llama-bench` (and, with --batch,
+`llama-batched-bench`) take turns on each model for several rounds, and each side's best rate per test is kept,
+so that a neighbour's burst of load on a shared machine hurts both sides alike and rarely both of their rounds.
+
+    scripts/bench-vs-llama.py --llama-bin /tmp/llama/build-avx2/bin --isa avx2 -p 512 -n 128 -t 2 \\
+        ~/.cache/infer/models/SmolLM2-135M-Instruct.Q4_1.gguf ...
+
+prints a markdown table: per model and test, the best t/s of each side and their ratio. `-d 0,4096` adds the
+depth tests (llama-bench's -d; llama.cpp's best over --fa settings), `--batch 1,16` the batched-decode curve
+(S_TG of `infer bench --batch` against llama-batched-bench), and `--bandwidth` infer's memory read probe, which
+turns each tg rate into a share of the bandwidth limit (model bytes per token over the read rate).
+
+Only the Python standard library is needed. Nothing here decides a result: the script runs the two programs and
+reports what they print.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def counts(text):
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def run_json(cmd, env=None, jsonl=False):
+    """Runs `cmd` and parses its stdout as JSON (or JSON lines); stderr passes through only on failure."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}")
+    if jsonl:
+        return [json.loads(line) for line in proc.stdout.splitlines() if line.strip().startswith("{")]
+    return json.loads(proc.stdout)
+
+
+def keep_best(best, key, rate, extra=None):
+    if rate > best.get(key, (0.0, None))[0]:
+        best[key] = (rate, extra)
+
+
+def progress(engine, rec, rate):
+    """One line per result on stderr as it comes, so that an interrupted run still leaves its figures."""
+    if "s_tg" in rec or "n_prompt" not in rec:
+        what = f"B={rec['batch']}"
+    else:
+        what = f"pp{rec['n_prompt']} tg{rec['n_gen']} d{rec.get('n_depth', 0)}"
+    probe = f" (memory read {rec['mem_read_gbs']:.1f} GB/s)" if rec.get("mem_read_gbs") else ""
+    print(f"  {engine}: {what}: {rate:.1f} t/s{probe}", file=sys.stderr, flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="+", help=".gguf files (infer and llama.cpp load the same file)")
+    ap.add_argument("--infer", default=str(REPO / "target" / "release" / "infer"), help="the infer binary")
+    ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_BIN", ""),
+                    help="directory holding llama-bench and llama-batched-bench (default: $LLAMA_BIN, else PATH)")
+    ap.add_argument("--isa", help="INFER_ISA for infer (scalar, avx2, avx512); default: the best the CPU has")
+    ap.add_argument("-p", default="512", help="prompt lengths (comma-separated; 0 = none)")
+    ap.add_argument("-n", default="128", help="generation lengths (comma-separated; 0 = none)")
+    ap.add_argument("-d", default="0", help="depths (comma-separated), as llama-bench's -d")
+    ap.add_argument("-t", type=int, default=2, help="threads for both")
+    ap.add_argument("-r", type=int, default=3, help="repetitions per round (both programs' -r)")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds; each side's best round counts")
+    ap.add_argument("--fa", default="0,1", help="llama-bench flash-attention settings to try (its -fa), best kept")
+    ap.add_argument("--batch", default="", help="batch sizes for the batched-decode curve (e.g. 1,16)")
+    ap.add_argument("--batch-prompt", type=int, default=16)
+    ap.add_argument("--batch-gen", type=int, default=24)
+    ap.add_argument("--bandwidth", action="store_true", help="run infer's memory read probe in each round")
+    ap.add_argument("--json", help="also write every raw record to this file")
+    args = ap.parse_args()
+
+    def tool(name):
+        path = Path(args.llama_bin) / name if args.llama_bin else shutil.which(name)
+        if not path or not Path(path).exists():
+            raise SystemExit(f"{name} not found (give --llama-bin DIR or set LLAMA_BIN)")
+        return str(path)
+
+    llama_bench = tool("llama-bench")
+    batched_bench = tool("llama-batched-bench") if args.batch else None
+    if not Path(args.infer).exists():
+        raise SystemExit(f"{args.infer} not found (cargo build --release, or give --infer)")
+    env = dict(os.environ)
+    if args.isa:
+        env["INFER_ISA"] = args.isa
+    fa = [v for v in args.fa.split(",") if v]
+    fa_flag = ",".join({"0": "off", "1": "on"}.get(v, v) for v in fa)
+
+    ours, theirs, raw = {}, {}, []
+    bandwidth = 0.0
+    for rnd in range(args.rounds):
+        for model in args.models:
+            name = Path(model).name
+            print(f"round {rnd + 1}/{args.rounds}: {name}", file=sys.stderr, flush=True)
+            common = ["-p", args.p, "-n", args.n, "-d", args.d, "-t", str(args.t), "-r", str(args.r), "-o", "json"]
+            extra = ["--bandwidth"] if args.bandwidth else []
+            for rec in run_json([args.infer, "bench", model, *common, *extra], env):
+                raw.append({"engine": "infer", **rec})
+                key = (name, rec["n_prompt"], rec["n_gen"], rec["n_depth"])
+                keep_best(ours, key, rec["avg_ts"], rec.get("mem_read_gbs"))
+                progress("infer", rec, rec["avg_ts"])
+                bandwidth = max(bandwidth, rec.get("mem_read_gbs") or 0.0)
+            for rec in run_json([llama_bench, "-m", model, *common, "-fa", fa_flag]):
+                raw.append({"engine": "llama.cpp", **rec})
+                key = (name, rec["n_prompt"], rec["n_gen"], rec["n_depth"])
+                keep_best(theirs, key, rec["avg_ts"], f"fa {rec.get('flash_attn')}")
+                progress(f"llama.cpp fa {rec.get('flash_attn')}", rec, rec["avg_ts"])
+            if args.batch:
+                b = ["--batch", args.batch, "--batch-prompt", str(args.batch_prompt)]
+                b += ["--batch-gen", str(args.batch_gen), "-t", str(args.t), "-r", str(args.r), "-o", "json"]
+                for rec in run_json([args.infer, "bench", model, *b], env):
+                    raw.append({"engine": "infer", **rec})
+                    keep_best(ours, (name, "batch", rec["batch"]), rec["s_tg"])
+                    progress("infer", rec, rec["s_tg"])
+                ctx = max(counts(args.batch)) * (args.batch_prompt + args.batch_gen) + 256
+                cmd = [batched_bench, "-m", model, "-c", str(ctx), "-npp", str(args.batch_prompt)]
+                cmd += ["-ntg", str(args.batch_gen), "-npl", args.batch, "-t", str(args.t), "--output-format", "jsonl"]
+                for _ in range(args.r):
+                    for rec in run_json(cmd, jsonl=True):
+                        raw.append({"engine": "llama.cpp", **rec})
+                        keep_best(theirs, (name, "batch", rec["pl"]), rec["speed_tg"])
+                        progress("llama-batched-bench", {"batch": rec["pl"]}, rec["speed_tg"])
+
+    if args.json:
+        Path(args.json).write_text(json.dumps(raw, indent=1))
+    sizes = {}
+    for rec in raw:
+        if rec["engine"] == "infer":
+            sizes[Path(rec["model_filename"]).name] = rec["model_size"]
+
+    isa = args.isa or "best"
+    print(f"infer (INFER_ISA={isa}) and llama.cpp, {args.t} threads, best of {args.rounds} interleaved rounds "
+          f"of -r {args.r}, t/s\n")
+    print("| model | test | infer | llama.cpp | infer ÷ llama.cpp |")
+    print("|---|---|---|---|---|")
+    def order(key):
+        # Per model: pp tests, then tg, each by depth and length; then the batching curve by batch size.
+        if key[1] == "batch":
+            return (key[0], 2, 0, key[2], 0)
+        return (key[0], 0 if key[1] else 1, key[3], key[1] or key[2], 0)
+
+    for key in sorted(set(ours) | set(theirs), key=order):
+        name = key[0]
+        if key[1] == "batch":
+            test = f"S_TG at B={key[2]} (pp{args.batch_prompt}+tg{args.batch_gen})"
+        else:
+            _, pp, tg, depth = key
+            test = (f"pp{pp}" if pp else f"tg{tg}") + (f" @ d{depth}" if depth else "")
+        a, b = ours.get(key, (0.0, None))[0], theirs.get(key, (0.0, None))[0]
+        ratio = f"{a / b:.2f}" if a and b else "-"
+        note = ""
+        if key[1] != "batch" and theirs.get(key, (0, None))[1] and key[3]:
+            note = f" ({theirs[key][1]})"
+        print(f"| {name} | {test} | {a:.1f} | {b:.1f}{note} | {ratio} |")
+    if args.batch:
+        for model in args.models:
+            name = Path(model).name
+            b1 = ours.get((name, "batch", 1), (0.0,))[0]
+            for bsz in counts(args.batch):
+                if bsz > 1 and b1:
+                    s = ours.get((name, "batch", bsz), (0.0,))[0]
+                    print(f"\n{name}: infer B={bsz} ÷ infer B=1 = {s / b1:.2f}")
+    if args.bandwidth and bandwidth:
+        print(f"\nmemory read probe (infer bench --bandwidth, {args.t} threads, best round): {bandwidth:.1f} GB/s")
+        for key, (rate, _) in sorted(ours.items(), key=lambda kv: order(kv[0])):
+            if key[1] != "batch" and key[2] and not key[3] and key[0] in sizes:
+                limit = bandwidth * 1e9 / sizes[key[0]]
+                print(f"{key[0]} tg{key[2]}: {rate:.1f} t/s = {100 * rate / limit:.0f}% of the limit "
+                      f"{limit:.0f} t/s ({sizes[key[0]] / 1e6:.1f} MB per token)")
+
+
+if __name__ == "__main__":
+    main()
