@@ -8,6 +8,7 @@ mod bench;
 mod catalogue;
 mod chat;
 mod common;
+mod faults;
 mod gguf;
 mod model;
 mod reference_dequant;
