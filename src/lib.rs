@@ -6,9 +6,11 @@
 
 pub mod chat;
 pub mod cli;
+pub mod eval;
 pub mod gguf;
 pub mod memory;
 pub mod model;
+pub mod quantize;
 pub mod registry;
 pub mod sampling;
 pub mod session;

@@ -11,6 +11,7 @@ mod common;
 mod faults;
 mod gguf;
 mod model;
+mod quantize;
 mod reference_dequant;
 mod reference_quantize;
 mod registry;

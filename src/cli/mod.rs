@@ -8,12 +8,15 @@ use clap::{Parser, Subcommand};
 pub mod args;
 pub mod bench;
 pub mod chat;
+pub mod compare;
 pub mod info;
 pub mod input;
 pub mod list;
 pub mod logits;
 pub mod output;
+pub mod perplexity;
 pub mod pull;
+pub mod quantize;
 pub mod run;
 pub mod tokenize;
 
@@ -43,6 +46,12 @@ pub enum Command {
     Logits(logits::LogitsArgs),
     /// Measure speed: prefill (pp), generation (tg) and the batched-decode curve (--batch), like llama-bench.
     Bench(bench::BenchArgs),
+    /// Convert a model's tensors to another type (f32, f16, bf16, q8_0, q6_k, q5_0, q4_1, q4_0, q4_k, q2_k).
+    Quantize(quantize::QuantizeArgs),
+    /// Compare two models with the same vocabulary: KL divergence, top-1 agreement, perplexities, greedy texts.
+    Compare(compare::CompareArgs),
+    /// Perplexity of a model on a text, by llama-perplexity's method.
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 /// Runs one parsed command line.
@@ -56,6 +65,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Quantize(args) => quantize::run(args),
+        Command::Compare(args) => compare::run(args),
+        Command::Perplexity(args) => perplexity::run(args),
     }
 }
 

@@ -14,4 +14,4 @@ mod write;
 pub use error::GgufError;
 pub use meta::{MetaArray, MetaType, MetaValue, Metadata};
 pub use read::{DEFAULT_ALIGNMENT, GgufFile, TensorInfo, tensor_extent};
-pub use write::GgufWriter;
+pub use write::{GgufStreamWriter, GgufWriter, TensorLayout};

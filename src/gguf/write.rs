@@ -1,11 +1,13 @@
-//! Writing GGUF v3 files that llama.cpp and gguf-py read: used by `infer quantize` and by the tests, which build
-//! tiny synthetic models with it.
+//! Writing GGUF v3 files that llama.cpp and gguf-py read: [`GgufWriter`] builds a file in memory (the tests' tiny
+//! synthetic models), [`GgufStreamWriter`] writes one tensor at a time (`infer quantize`, whose models need not fit
+//! in memory twice).
 //!
 //! Files are written atomically: to a temporary file beside the target, flushed and fsynced, then renamed, so a
 //! failed or interrupted write never leaves a half-written model under the real name.
 
-use std::io::{self, Write};
-use std::path::Path;
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
 
 use infer_kernels::GgmlType;
 
@@ -68,16 +70,7 @@ impl GgufWriter {
 
     /// Adds a tensor; `dims` in ggml order (row length first). `data` must be exactly the tensor's byte size.
     pub fn add_tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> Result<(), GgufError> {
-        if name.is_empty() || name.len() > 64 {
-            return Err(GgufError::Write { what: format!("tensor name '{name}' must be 1 to 64 bytes") });
-        }
-        if dims.is_empty() || dims.len() > 4 {
-            return Err(GgufError::Write { what: format!("tensor '{name}' must have 1 to 4 dimensions") });
-        }
-        if self.tensors.iter().any(|t| t.name == name) {
-            return Err(GgufError::Write { what: format!("duplicate tensor name '{name}'") });
-        }
-        let (_, n_bytes) = tensor_extent(name, dims, ty)?;
+        let n_bytes = check_tensor(self.tensors.iter().map(|t| t.name.as_str()), name, dims, ty)?;
         if n_bytes != data.len() as u64 {
             return Err(GgufError::Write {
                 what: format!(
@@ -96,44 +89,18 @@ impl GgufWriter {
         self.add_tensor(name, dims, GgmlType::F32, data)
     }
 
-    fn alignment(&self) -> Result<u64, GgufError> {
-        match self.metadata.get("general.alignment") {
-            None => Ok(DEFAULT_ALIGNMENT),
-            Some(MetaValue::U32(a)) if a.is_power_of_two() && (*a as u64) <= MAX_ALIGNMENT => Ok(*a as u64),
-            Some(v) => {
-                Err(GgufError::Write { what: format!("general.alignment must be a u32 power of two, got {v:?}") })
-            }
-        }
-    }
-
     /// Serialises the file.
     pub fn write_to(&self, out: &mut impl Write) -> Result<(), GgufError> {
-        let alignment = self.alignment()?;
+        let alignment = alignment(&self.metadata)?;
         let io = |e: io::Error| GgufError::Write { what: e.to_string() };
         let mut w = CountingWriter { inner: out, written: 0 };
-        w.put(&GGUF_MAGIC).map_err(io)?;
-        w.put(&3u32.to_le_bytes()).map_err(io)?;
-        w.put(&(self.tensors.len() as u64).to_le_bytes()).map_err(io)?;
-        w.put(&(self.metadata.len() as u64).to_le_bytes()).map_err(io)?;
-        for (key, value) in self.metadata.iter() {
-            put_str(&mut w, key).map_err(io)?;
-            w.put(&(value.meta_type() as u32).to_le_bytes()).map_err(io)?;
-            put_value(&mut w, value).map_err(io)?;
-        }
-        let mut offset = 0u64;
-        let mut offsets = Vec::with_capacity(self.tensors.len());
-        for t in &self.tensors {
-            put_str(&mut w, &t.name).map_err(io)?;
-            w.put(&(t.dims.len() as u32).to_le_bytes()).map_err(io)?;
-            for d in &t.dims {
-                w.put(&d.to_le_bytes()).map_err(io)?;
-            }
-            w.put(&t.ty.id().to_le_bytes()).map_err(io)?;
-            w.put(&offset.to_le_bytes()).map_err(io)?;
-            offsets.push(offset);
-            offset = (offset + t.data.len() as u64).next_multiple_of(alignment);
-        }
-        w.pad_to(alignment).map_err(io)?;
+        let layout: Vec<TensorLayout> = self
+            .tensors
+            .iter()
+            .map(|t| TensorLayout { name: t.name.clone(), dims: t.dims.clone(), ty: t.ty })
+            .collect();
+        let sizes: Vec<u64> = self.tensors.iter().map(|t| t.data.len() as u64).collect();
+        let offsets = write_header(&mut w, &self.metadata, &layout, &sizes, alignment).map_err(io)?;
         let data_start = w.written;
         for (t, off) in self.tensors.iter().zip(offsets) {
             w.pad_to_absolute(data_start + off).map_err(io)?;
@@ -154,30 +121,207 @@ impl GgufWriter {
 
     /// Writes the file atomically (temporary file, fsync, rename).
     pub fn write_file(&self, path: impl AsRef<Path>) -> Result<(), GgufError> {
-        let path = path.as_ref();
-        let io = |source| GgufError::Io { path: path.to_path_buf(), source };
-        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-        let result = (|| {
-            let file = std::fs::File::create(&tmp).map_err(io)?;
-            let mut buffered = io::BufWriter::new(file);
-            self.write_to(&mut buffered)?;
-            let file = buffered.into_inner().map_err(|e| io(e.into_error()))?;
-            file.sync_all().map_err(io)?;
-            std::fs::rename(&tmp, path).map_err(io)
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        result
+        let mut tmp = TempFile::create(path.as_ref())?;
+        let io = |source| GgufError::Io { path: path.as_ref().to_path_buf(), source };
+        let mut buffered = BufWriter::new(tmp.file.try_clone().map_err(io)?);
+        self.write_to(&mut buffered)?;
+        buffered.into_inner().map_err(|e| io(e.into_error()))?;
+        tmp.commit()
     }
 }
 
-struct CountingWriter<'a, W: Write> {
-    inner: &'a mut W,
+/// A tensor's entry in a file written by [`GgufStreamWriter`]: name, dimensions in ggml order (row length first)
+/// and type. Its data follows later.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorLayout {
+    pub name: String,
+    pub dims: Vec<u64>,
+    pub ty: GgmlType,
+}
+
+/// Writes a GGUF file one tensor at a time, so that a model being converted is never held in memory whole: the
+/// header (metadata and every tensor's type, shape and offset) goes first, then each tensor's bytes in the order
+/// of the layout. The file appears under its name only when [`finish`](Self::finish) succeeds; dropping the writer
+/// before that (an error, Ctrl-C) removes the temporary file.
+pub struct GgufStreamWriter {
+    tmp: TempFile,
+    out: CountingWriter<BufWriter<File>>,
+    layout: Vec<TensorLayout>,
+    sizes: Vec<u64>,
+    offsets: Vec<u64>,
+    data_start: u64,
+    alignment: u64,
+    next: usize,
+}
+
+impl GgufStreamWriter {
+    /// Creates the temporary file beside `path` and writes the header for `tensors`.
+    pub fn create(path: impl AsRef<Path>, metadata: &Metadata, tensors: Vec<TensorLayout>) -> Result<Self, GgufError> {
+        let path = path.as_ref();
+        let alignment = alignment(metadata)?;
+        let mut sizes = Vec::with_capacity(tensors.len());
+        for (i, t) in tensors.iter().enumerate() {
+            sizes.push(check_tensor(tensors[..i].iter().map(|t| t.name.as_str()), &t.name, &t.dims, t.ty)?);
+        }
+        let tmp = TempFile::create(path)?;
+        let io = |source| GgufError::Io { path: path.to_path_buf(), source };
+        let file = tmp.file.try_clone().map_err(io)?;
+        let mut out = CountingWriter { inner: BufWriter::with_capacity(1 << 20, file), written: 0 };
+        let offsets = write_header(&mut out, metadata, &tensors, &sizes, alignment).map_err(io)?;
+        let data_start = out.written;
+        Ok(GgufStreamWriter { tmp, out, layout: tensors, sizes, offsets, data_start, alignment, next: 0 })
+    }
+
+    /// The tensor whose data [`write_tensor`](Self::write_tensor) expects next, if any is left.
+    pub fn next_tensor(&self) -> Option<&TensorLayout> {
+        self.layout.get(self.next)
+    }
+
+    /// Writes the next tensor's data, which must be exactly its size.
+    pub fn write_tensor(&mut self, data: &[u8]) -> Result<(), GgufError> {
+        let Some(t) = self.layout.get(self.next) else {
+            return Err(GgufError::Write { what: format!("all {} tensors are already written", self.layout.len()) });
+        };
+        if self.sizes[self.next] != data.len() as u64 {
+            return Err(GgufError::Write {
+                what: format!(
+                    "tensor '{}' of type {} and shape {:?} needs {} bytes, got {}",
+                    t.name,
+                    t.ty,
+                    t.dims,
+                    self.sizes[self.next],
+                    data.len()
+                ),
+            });
+        }
+        let target = self.data_start + self.offsets[self.next];
+        let result = self.out.pad_to_absolute(target).and_then(|()| self.out.put(data));
+        result.map_err(|source| GgufError::Io { path: self.tmp.target.clone(), source })?;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Checks that every tensor was written, then flushes, fsyncs and renames the file into place.
+    pub fn finish(mut self) -> Result<(), GgufError> {
+        if self.next != self.layout.len() {
+            return Err(GgufError::Write {
+                what: format!("only {} of {} tensors were written", self.next, self.layout.len()),
+            });
+        }
+        let io = |source| GgufError::Io { path: self.tmp.target.clone(), source };
+        if !self.layout.is_empty() {
+            self.out.pad_to(self.alignment).map_err(io)?;
+        }
+        self.out.inner.flush().map_err(io)?;
+        self.tmp.commit()
+    }
+}
+
+/// A temporary file beside `target` (same folder, so the final rename is atomic), removed on drop unless
+/// [`commit`](Self::commit)ted.
+struct TempFile {
+    target: PathBuf,
+    path: PathBuf,
+    file: File,
+    committed: bool,
+}
+
+impl TempFile {
+    fn create(target: &Path) -> Result<TempFile, GgufError> {
+        let mut name = target.file_name().unwrap_or_default().to_os_string();
+        name.push(format!(".tmp.{}", std::process::id()));
+        let path = target.with_file_name(name);
+        let file = File::create(&path).map_err(|source| GgufError::Io { path: target.to_path_buf(), source })?;
+        Ok(TempFile { target: target.to_path_buf(), path, file, committed: false })
+    }
+
+    /// Fsyncs the file and renames it to the target.
+    fn commit(&mut self) -> Result<(), GgufError> {
+        let io = |source| GgufError::Io { path: self.target.clone(), source };
+        self.file.sync_all().map_err(io)?;
+        std::fs::rename(&self.path, &self.target).map_err(io)?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// The file's data alignment from `general.alignment` (default 32).
+fn alignment(metadata: &Metadata) -> Result<u64, GgufError> {
+    match metadata.get("general.alignment") {
+        None => Ok(DEFAULT_ALIGNMENT),
+        Some(MetaValue::U32(a)) if a.is_power_of_two() && (*a as u64) <= MAX_ALIGNMENT => Ok(*a as u64),
+        Some(v) => Err(GgufError::Write { what: format!("general.alignment must be a u32 power of two, got {v:?}") }),
+    }
+}
+
+/// Checks a tensor entry (name length, dimensions, a name not among `earlier`) and returns its data size.
+fn check_tensor<'a>(
+    mut earlier: impl Iterator<Item = &'a str>,
+    name: &str,
+    dims: &[u64],
+    ty: GgmlType,
+) -> Result<u64, GgufError> {
+    if name.is_empty() || name.len() > 64 {
+        return Err(GgufError::Write { what: format!("tensor name '{name}' must be 1 to 64 bytes") });
+    }
+    if dims.is_empty() || dims.len() > 4 {
+        return Err(GgufError::Write { what: format!("tensor '{name}' must have 1 to 4 dimensions") });
+    }
+    if earlier.any(|n| n == name) {
+        return Err(GgufError::Write { what: format!("duplicate tensor name '{name}'") });
+    }
+    Ok(tensor_extent(name, dims, ty)?.1)
+}
+
+/// Writes everything before the tensor data (header, metadata, tensor records, padding) and returns each tensor's
+/// offset from the start of the data section.
+fn write_header<W: Write>(
+    w: &mut CountingWriter<W>,
+    metadata: &Metadata,
+    tensors: &[TensorLayout],
+    sizes: &[u64],
+    alignment: u64,
+) -> io::Result<Vec<u64>> {
+    w.put(&GGUF_MAGIC)?;
+    w.put(&3u32.to_le_bytes())?;
+    w.put(&(tensors.len() as u64).to_le_bytes())?;
+    w.put(&(metadata.len() as u64).to_le_bytes())?;
+    for (key, value) in metadata.iter() {
+        put_str(w, key)?;
+        w.put(&(value.meta_type() as u32).to_le_bytes())?;
+        put_value(w, value)?;
+    }
+    let mut offset = 0u64;
+    let mut offsets = Vec::with_capacity(tensors.len());
+    for (t, &size) in tensors.iter().zip(sizes) {
+        put_str(w, &t.name)?;
+        w.put(&(t.dims.len() as u32).to_le_bytes())?;
+        for d in &t.dims {
+            w.put(&d.to_le_bytes())?;
+        }
+        w.put(&t.ty.id().to_le_bytes())?;
+        w.put(&offset.to_le_bytes())?;
+        offsets.push(offset);
+        offset = (offset + size).next_multiple_of(alignment);
+    }
+    w.pad_to(alignment)?;
+    Ok(offsets)
+}
+
+struct CountingWriter<W: Write> {
+    inner: W,
     written: u64,
 }
 
-impl<W: Write> CountingWriter<'_, W> {
+impl<W: Write> CountingWriter<W> {
     fn put(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.inner.write_all(bytes)?;
         self.written += bytes.len() as u64;

@@ -17,6 +17,7 @@ use crate::gguf::{GgufError, GgufFile};
 use super::config::{Activation, ModelConfig};
 use super::kv_cache::{KvElem, KvError, KvPool, KvRow, SeqKv, TilesMut};
 use super::ops;
+use super::stats::{ActivationStats, Site};
 use super::weights::{LayerWeights, ModelWeights};
 
 /// A loaded model: configuration, weights (zero-copy in the file's memory map) and the file itself.
@@ -83,6 +84,8 @@ pub struct ForwardScratch {
     out_x: Vec<f32>,                // (n_out, n_embd)
     logits: Vec<f32>,               // (n_out, n_vocab)
     matmul: MatmulScratch,
+    /// Matrix-input statistics, gathered while `Some` (see [`ForwardScratch::collect_stats`]).
+    stats: Option<Box<ActivationStats>>,
 }
 
 fn grow(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -114,7 +117,19 @@ impl ForwardScratch {
             out_x: Vec::new(),
             logits: Vec::new(),
             matmul: MatmulScratch::new(model.precision),
+            stats: None,
         }
+    }
+
+    /// Starts gathering the statistics of every matrix's input (llama-imatrix's: the sum of each column's square)
+    /// over the tokens of the following forward passes, for calibrated quantization.
+    pub fn collect_stats(&mut self, model: &Model) {
+        self.stats = Some(Box::new(ActivationStats::new(&model.config)));
+    }
+
+    /// Stops gathering and returns what was gathered.
+    pub fn take_stats(&mut self) -> Option<ActivationStats> {
+        self.stats.take().map(|s| *s)
     }
 
     /// The logits of batch item `item` from the last forward pass: `rows × n_vocab` values, one row per position
@@ -362,6 +377,9 @@ impl Model {
                 let mut outs: [&mut [f32]; 3] =
                     [&mut s.q[..t_count * q_dim], &mut s.k[..t_count * k_dim], &mut s.v[..t_count * v_dim]];
                 let qkv = self.qkv(lw);
+                if let Some(st) = &mut s.stats {
+                    st.add(il, Site::AttnIn, &s.xb[..t_count * n_embd]);
+                }
                 matmul_multi(&qkv.each_ref(), &s.xb[..t_count * n_embd], t_count, &mut outs, &mut s.matmul);
             }
 
@@ -425,6 +443,9 @@ impl Model {
             self.attention(il, items, pool, &s.plan, &s.q[..t_count * q_dim], att, &wo, &mut s.matmul);
 
             // Output projection, optional post-norm, residual.
+            if let Some(st) = &mut s.stats {
+                st.add(il, Site::AttnOut, &s.att[..t_count * att_dim]);
+            }
             matmul(&wo, &s.att[..t_count * att_dim], t_count, &mut s.xb2[..t_count * n_embd], &mut s.matmul);
             // Residual, then the feed-forward's input norm (quantized for its first matmul), in one pass.
             let (wg, wu) = (self.mat(&lw.ffn_gate), self.mat(&lw.ffn_up));
@@ -440,6 +461,9 @@ impl Model {
             // Feed-forward.
             {
                 let mut outs: [&mut [f32]; 2] = [&mut s.gate[..t_count * n_ff], &mut s.up[..t_count * n_ff]];
+                if let Some(st) = &mut s.stats {
+                    st.add(il, Site::FfnIn, &s.xb[..t_count * n_embd]);
+                }
                 matmul_multi(&[&wg, &wu], &s.xb[..t_count * n_embd], t_count, &mut outs, &mut s.matmul);
             }
             let wd = self.mat(&lw.ffn_down);
@@ -454,6 +478,9 @@ impl Model {
                         Activation::GeluTanh => ops::geglu(g, u),
                     }
                 });
+            }
+            if let Some(st) = &mut s.stats {
+                st.add(il, Site::FfnDownIn, &s.gate[..t_count * n_ff]);
             }
             matmul(&wd, &s.gate[..t_count * n_ff], t_count, &mut s.xb2[..t_count * n_embd], &mut s.matmul);
             // Residual, then the next layer's input norm (quantized for its first matmul).
@@ -491,6 +518,9 @@ impl Model {
                     &self.weights.output_norm,
                     c.rms_eps,
                 );
+            }
+            if let Some(st) = &mut s.stats {
+                st.output.add(&s.out_x[..n_out * n_embd], n_embd);
             }
             let logits = grow(&mut s.logits, n_out * c.n_vocab);
             matmul(&self.mat(&self.weights.output), &s.out_x[..n_out * n_embd], n_out, logits, &mut s.matmul);

@@ -6,8 +6,10 @@ pub mod config;
 pub mod forward;
 pub mod kv_cache;
 pub mod ops;
+pub mod stats;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};
 pub use forward::{ForwardError, ForwardScratch, Logits, Model, SeqStep};
 pub use kv_cache::{KvDtype, KvPool, SeqKv};
+pub use stats::ActivationStats;

@@ -27,6 +27,9 @@ pub struct Linear {
     bytes: Range<usize>,
     /// The same weights in panels, when the kernels have a panel form for them.
     packed: Option<Arc<PackedMatrix>>,
+    /// BF16 weights widened to f32 at load (exactly: BF16 is the top half of an f32), as the kernels have no BF16
+    /// matrix product.
+    widened: Option<Arc<Vec<f32>>>,
 }
 
 impl Linear {
@@ -35,6 +38,10 @@ impl Linear {
     pub fn matrix<'a>(&'a self, file: &'a GgufFile) -> WeightMatrix<'a> {
         if let Some(p) = &self.packed {
             return WeightMatrix::packed(p);
+        }
+        if let Some(w) = &self.widened {
+            let bytes = infer_kernels::quant::blocks_as_bytes(w.as_slice());
+            return WeightMatrix::new(GgmlType::F32, bytes, self.rows, self.cols).expect("shape checked at load");
         }
         let data = &file_bytes(file)[self.bytes.clone()];
         WeightMatrix::new(self.ty, data, self.rows, self.cols).expect("shape checked at load")
@@ -191,9 +198,18 @@ impl<'a> Consumed<'a> {
 fn linear(t: &Consumed<'_>, name: &str, rows: usize, cols: usize) -> Result<Linear, GgufError> {
     let info = t.required(name)?;
     check_shape(info, &[cols as u64, rows as u64])?;
-    if !info.ty.is_supported() || matches!(info.ty, GgmlType::Q8_K | GgmlType::BF16) {
+    if !info.ty.is_supported() || info.ty == GgmlType::Q8_K {
         return Err(GgufError::UnsupportedType { name: name.to_string(), ty: info.ty });
     }
+    // BF16 matrices are widened to f32 once at load (exact), since the kernels have no BF16 path.
+    let widened = if info.ty == GgmlType::BF16 {
+        let mut w = vec![0f32; rows * cols];
+        infer_kernels::dequant::dequantize(info.ty, t.file.tensor_data(info), &mut w)
+            .map_err(|_| GgufError::UnsupportedType { name: name.to_string(), ty: info.ty })?;
+        Some(Arc::new(w))
+    } else {
+        None
+    };
     let start = (t.file.data_offset() + info.offset) as usize;
     Ok(Linear {
         name: name.to_string(),
@@ -202,6 +218,7 @@ fn linear(t: &Consumed<'_>, name: &str, rows: usize, cols: usize) -> Result<Line
         cols,
         bytes: start..start + info.n_bytes as usize,
         packed: None,
+        widened,
     })
 }
 

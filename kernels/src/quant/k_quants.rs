@@ -123,14 +123,14 @@ pub fn make_qkx2_quants(
 }
 
 /// Chooses a signed scale for one sub-block and its quants `l[i]` in `0..2*nmax` (stored offset by `nmax`), so
-/// that `x[i] ≈ scale * (l[i] - nmax)`: ggml's `make_qx_quants` with `rmse_type = 1` (weights `x²`, no importance
-/// matrix), used by the Q6_K reference quantizer. As with Q4_0, the value of largest magnitude (sign kept) maps to
+/// that `x[i] ≈ scale * (l[i] - nmax)`: ggml's `make_qx_quants` with `rmse_type = 1`, used by the Q6_K reference
+/// quantizer with weights `w = x²` (the weighted quantizer multiplies them by the values' importance). As with Q4_0, the value of largest magnitude (sign kept) maps to
 /// `-nmax`, which gains a level on its side. Then 18 nearby inverse scales `-(nmax + 0.1 * is) / max` are tried;
 /// for each, the least-squares scale given the levels is `Σ w x l / Σ w l²`, and the candidate maximising
 /// `(Σ w x l)² / Σ w l²` (equivalently, minimising the weighted squared error) wins. Float operations in ggml's
 /// order, for bit-identical results.
-pub fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [i8]) -> f32 {
-    debug_assert_eq!(x.len(), l.len());
+pub fn make_qx_quants(nmax: i32, x: &[f32], weights: &[f32], l: &mut [i8]) -> f32 {
+    debug_assert!(x.len() == l.len() && weights.len() == x.len());
     let (mut amax, mut max) = (0.0f32, 0.0f32);
     for &v in x {
         if v.abs() > amax {
@@ -145,10 +145,9 @@ pub fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [i8]) -> f32 {
     let level = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
     let mut iscale = -nmax as f32 / max;
     let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
-    for (li, &v) in l.iter_mut().zip(x) {
+    for ((li, &v), &w) in l.iter_mut().zip(x).zip(weights) {
         let q = level(iscale, v);
         *li = (q + nmax) as i8;
-        let w = v * v;
         sumlx += w * v * q as f32;
         suml2 += w * q as f32 * q as f32;
     }
@@ -160,9 +159,8 @@ pub fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [i8]) -> f32 {
         }
         iscale = -(nmax as f32 + 0.1 * is as f32) / max;
         let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
-        for &v in x {
+        for (&v, &w) in x.iter().zip(weights) {
             let q = level(iscale, v) as f32;
-            let w = v * v;
             sumlx += w * v * q;
             suml2 += w * q * q;
         }

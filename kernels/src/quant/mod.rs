@@ -18,8 +18,9 @@ pub mod q5_0;
 pub mod q6_k;
 pub mod q8_0;
 pub mod q8_k;
+pub mod search;
 
-pub use convert::{QuantizeError, can_quantize, quantize};
+pub use convert::{Method, QuantizeError, can_quantize, quantize, quantize_rows};
 pub use k_quants::QK_K;
 pub use q2_k::BlockQ2K;
 pub use q4_0::BlockQ4_0;

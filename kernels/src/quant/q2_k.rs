@@ -91,14 +91,30 @@ pub fn vec_dot_q2_k_q8_k_ref(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
 /// # Panics
 /// If `x.len() != y.len() * 256`.
 pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ2K]) {
+    quantize_row_impl(x, None, y)
+}
+
+/// [`quantize_row_ref`] with each value's weight `|x|` multiplied by its `importance` (one per value).
+///
+/// # Panics
+/// If `x.len() != y.len() * 256` or `importance.len() != x.len()`.
+pub fn quantize_row_weighted(x: &[f32], importance: &[f32], y: &mut [BlockQ2K]) {
+    assert_eq!(importance.len(), x.len(), "Q2_K quantize: one importance per value");
+    quantize_row_impl(x, Some(importance), y)
+}
+
+fn quantize_row_impl(x: &[f32], importance: Option<&[f32]>, y: &mut [BlockQ2K]) {
     assert_eq!(x.len(), y.len() * QK_K, "Q2_K quantize: {} values for {} blocks", x.len(), y.len());
     const Q4SCALE: f32 = 15.0;
-    for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
+    for (n, (xb, yb)) in x.chunks_exact(QK_K).zip(y.iter_mut()).enumerate() {
         let mut l = [0u8; QK_K];
         let (mut scales, mut mins) = ([0.0f32; QK_K / 16], [0.0f32; QK_K / 16]);
         let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
         for (j, (xs, ls)) in xb.chunks_exact(16).zip(l.chunks_exact_mut(16)).enumerate() {
-            let weights: [f32; 16] = std::array::from_fn(|i| xs[i].abs());
+            let weights: [f32; 16] = std::array::from_fn(|i| match importance {
+                None => xs[i].abs(),
+                Some(imp) => xs[i].abs() * imp[n * QK_K + 16 * j + i],
+            });
             (scales[j], mins[j]) = make_qkx2_quants(3, xs, &weights, ls, -0.5, 0.1, 15, true);
             max_scale = max_scale.max(scales[j]);
             max_min = max_min.max(mins[j]);

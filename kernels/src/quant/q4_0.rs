@@ -48,6 +48,25 @@ pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ4_0]) {
     }
 }
 
+/// Quantizes `x` (`y.len() * 32` values) into `y`, choosing each block's scale by search rather than from its
+/// largest value (see [`super::search`]): the scale that minimises the squared error weighted by `importance` (one
+/// per value, 1 if `None`). Same format, so readable by anything
+/// that reads Q4_0; not llama.cpp's bytes (that is [`quantize_row_ref`]).
+///
+/// # Panics
+/// If `x.len() != y.len() * 32`, or `importance` is not as long as `x`.
+pub fn quantize_row_search(x: &[f32], importance: Option<&[f32]>, y: &mut [BlockQ4_0]) {
+    assert_eq!(x.len(), y.len() * QK4_0, "Q4_0 quantize: {} values for {} blocks", x.len(), y.len());
+    super::search::for_blocks(x, importance, |b, xb, w| {
+        let s = super::search::symmetric(xb, w, -8, 7);
+        y[b].d = s.d;
+        let q = |j: usize| (s.q[j] + 8) as u8;
+        for j in 0..QK4_0 / 2 {
+            y[b].qs[j] = q(j) | (q(j + QK4_0 / 2) << 4);
+        }
+    });
+}
+
 /// Dequantizes `x` into `y` (`x.len() * 32` values): `y = d * (q - 8)`.
 ///
 /// # Panics

@@ -54,6 +54,25 @@ pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ4_1]) {
     }
 }
 
+/// Quantizes `x` (`y.len() * 32` values) into `y`, choosing each block's scale and minimum by search (see
+/// [`super::search`]): candidate levels from a range of scales around the min/max fit, each with its
+/// weighted-least-squares `(d, m)`, the least weighted error kept. Data that already lies on a Q4_1 grid (a
+/// dequantized Q4_1 model) gets that grid back.
+///
+/// # Panics
+/// If `x.len() != y.len() * 32`, or `importance` is not as long as `x`.
+pub fn quantize_row_search(x: &[f32], importance: Option<&[f32]>, y: &mut [BlockQ4_1]) {
+    assert_eq!(x.len(), y.len() * QK4_1, "Q4_1 quantize: {} values for {} blocks", x.len(), y.len());
+    super::search::for_blocks(x, importance, |b, xb, w| {
+        let a = super::search::affine(xb, w, 15);
+        y[b].d = a.d;
+        y[b].m = a.m;
+        for j in 0..QK4_1 / 2 {
+            y[b].qs[j] = a.q[j] | (a.q[j + QK4_1 / 2] << 4);
+        }
+    });
+}
+
 /// Dequantizes `x` into `y` (`x.len() * 32` values): `y = d * q + m`.
 ///
 /// # Panics

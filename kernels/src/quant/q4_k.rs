@@ -92,15 +92,31 @@ pub fn vec_dot_q4_k_q8_k_ref(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
 /// # Panics
 /// If `x.len() != y.len() * 256`.
 pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ4K]) {
+    quantize_row_impl(x, None, y)
+}
+
+/// [`quantize_row_ref`] with each value's weight `rms + |x|` multiplied by its `importance` (one per value).
+///
+/// # Panics
+/// If `x.len() != y.len() * 256` or `importance.len() != x.len()`.
+pub fn quantize_row_weighted(x: &[f32], importance: &[f32], y: &mut [BlockQ4K]) {
+    assert_eq!(importance.len(), x.len(), "Q4_K quantize: one importance per value");
+    quantize_row_impl(x, Some(importance), y)
+}
+
+fn quantize_row_impl(x: &[f32], importance: Option<&[f32]>, y: &mut [BlockQ4K]) {
     assert_eq!(x.len(), y.len() * QK_K, "Q4_K quantize: {} values for {} blocks", x.len(), y.len());
-    for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
+    for (n, (xb, yb)) in x.chunks_exact(QK_K).zip(y.iter_mut()).enumerate() {
         let mut l = [0u8; QK_K];
         let (mut scales, mut mins) = ([0.0f32; QK_K / 32], [0.0f32; QK_K / 32]);
         let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
         for (j, (xs, ls)) in xb.chunks_exact(32).zip(l.chunks_exact_mut(32)).enumerate() {
             let sum_x2 = xs.iter().fold(0.0f32, |s, &v| s + v * v);
             let av_x = (sum_x2 / 32.0).sqrt();
-            let weights: [f32; 32] = std::array::from_fn(|i| av_x + xs[i].abs());
+            let weights: [f32; 32] = std::array::from_fn(|i| match importance {
+                None => av_x + xs[i].abs(),
+                Some(imp) => (av_x + xs[i].abs()) * imp[n * QK_K + 32 * j + i],
+            });
             (scales[j], mins[j]) = make_qkx2_quants(15, xs, &weights, ls, -1.0, 0.1, 20, false);
             max_scale = max_scale.max(scales[j]);
             max_min = max_min.max(mins[j]);

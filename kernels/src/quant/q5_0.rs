@@ -55,6 +55,27 @@ pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ5_0]) {
     }
 }
 
+/// Quantizes `x` (`y.len() * 32` values) into `y`, choosing each block's scale by search (see
+/// [`super::search`] and `q4_0::quantize_row_search`): the weighted-least-squares scale over levels -16..=15.
+///
+/// # Panics
+/// If `x.len() != y.len() * 32`, or `importance` is not as long as `x`.
+pub fn quantize_row_search(x: &[f32], importance: Option<&[f32]>, y: &mut [BlockQ5_0]) {
+    assert_eq!(x.len(), y.len() * QK5_0, "Q5_0 quantize: {} values for {} blocks", x.len(), y.len());
+    super::search::for_blocks(x, importance, |b, xb, w| {
+        let s = super::search::symmetric(xb, w, -16, 15);
+        y[b].d = s.d;
+        let mut qh = 0u32;
+        for j in 0..QK5_0 / 2 {
+            let (q0, q1) = ((s.q[j] + 16) as u8, (s.q[j + QK5_0 / 2] + 16) as u8);
+            y[b].qs[j] = (q0 & 0xF) | ((q1 & 0xF) << 4);
+            qh |= ((q0 >> 4) as u32) << j;
+            qh |= ((q1 >> 4) as u32) << (j + QK5_0 / 2);
+        }
+        y[b].qh = qh.to_le_bytes();
+    });
+}
+
 /// The 32 quants of a block, each in 0..=31 (before subtracting 16).
 fn unpack(b: &BlockQ5_0) -> [u8; QK5_0] {
     let qh = u32::from_le_bytes(b.qh);

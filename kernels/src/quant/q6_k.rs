@@ -92,13 +92,32 @@ pub fn vec_dot_q6_k_q8_k_ref(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
 /// # Panics
 /// If `x.len() != y.len() * 256`.
 pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ6K]) {
+    quantize_row_impl(x, None, y)
+}
+
+/// [`quantize_row_ref`] with each value's weight `x²` multiplied by its `importance` (one per value), so the
+/// sub-block scales favour the values that matter most to the model's outputs.
+///
+/// # Panics
+/// If `x.len() != y.len() * 256` or `importance.len() != x.len()`.
+pub fn quantize_row_weighted(x: &[f32], importance: &[f32], y: &mut [BlockQ6K]) {
+    assert_eq!(importance.len(), x.len(), "Q6_K quantize: one importance per value");
+    quantize_row_impl(x, Some(importance), y)
+}
+
+fn quantize_row_impl(x: &[f32], importance: Option<&[f32]>, y: &mut [BlockQ6K]) {
     assert_eq!(x.len(), y.len() * QK_K, "Q6_K quantize: {} values for {} blocks", x.len(), y.len());
-    for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
+    for (n, (xb, yb)) in x.chunks_exact(QK_K).zip(y.iter_mut()).enumerate() {
         let mut l = [0i8; QK_K];
         let mut scales = [0.0f32; QK_K / 16];
         let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
         for (j, (xs, ls)) in xb.chunks_exact(16).zip(l.chunks_exact_mut(16)).enumerate() {
-            scales[j] = make_qx_quants(32, xs, ls);
+            let base = n * QK_K + 16 * j;
+            let weights: [f32; 16] = std::array::from_fn(|i| match importance {
+                None => xs[i] * xs[i],
+                Some(imp) => xs[i] * xs[i] * imp[base + i],
+            });
+            scales[j] = make_qx_quants(32, xs, &weights, ls);
             if scales[j].abs() > max_abs_scale {
                 max_abs_scale = scales[j].abs();
                 max_scale = scales[j];

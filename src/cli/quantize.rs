@@ -1,0 +1,233 @@
+//! `infer quantize IN OUT TYPE`: converts a model's tensors to another type (see [`crate::quantize`]).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use infer_kernels::GgmlType;
+
+use super::args::ThreadArgs;
+use crate::quantize::{Importance, Mode, Policy, Quantizer, TARGETS, calibrate, parse_target, self_calibrate};
+use crate::registry::human_size;
+
+/// Type names as the command line spells them, for clap's list of possible values.
+fn target_names() -> Vec<&'static str> {
+    TARGETS.iter().map(|&(n, _)| n).collect()
+}
+
+fn parse_type(s: &str) -> Result<GgmlType, String> {
+    parse_target(s).ok_or_else(|| format!("unknown type '{s}' (expected one of: {})", target_names().join(", ")))
+}
+
+#[derive(Args, Debug)]
+pub struct QuantizeArgs {
+    /// The model to convert: a GGUF file (F32, F16 or BF16; a quantized one with --allow-requantize) or a registry
+    /// name.
+    #[arg(value_name = "IN")]
+    pub input: String,
+    /// Where to write the result (written to a temporary file beside it, then renamed).
+    #[arg(value_name = "OUT")]
+    pub output: PathBuf,
+    /// Tensor type: f32, f16, bf16, q8_0, q6_k, q5_0, q4_1, q4_0, q4_k or q2_k.
+    #[arg(value_name = "TYPE", value_parser = parse_type)]
+    pub target: GgmlType,
+    /// Give every 2-D tensor TYPE, as llama-quantize --pure (by default the output projection keeps Q8_0).
+    #[arg(long)]
+    pub pure: bool,
+    /// Round each block to the nearest level of a scale taken from its extremes: llama-quantize's exact bytes.
+    /// The default searches each block's scale (and minimum) for the least squared error, weighted by each column's
+    /// importance: from --calibrate's text, or else from a run of the model over 128 pseudo-random tokens.
+    #[arg(long, conflicts_with = "calibrate")]
+    pub rtn: bool,
+    /// Run the model over this text first and weight each column's error by the mean square of its inputs
+    /// (what llama-imatrix measures).
+    #[arg(long, value_name = "TEXT_FILE")]
+    pub calibrate: Option<PathBuf>,
+    /// Context size of the calibration chunks.
+    #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u32).range(8..=65536))]
+    pub calibrate_ctx: u32,
+    /// Calibrate on at most this many chunks.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub calibrate_chunks: Option<u32>,
+    /// Accept quantized input: its tensors are dequantized to f32 first.
+    #[arg(long)]
+    pub allow_requantize: bool,
+    /// Type of the token embedding (token_embd.weight), whatever the policy says.
+    #[arg(long, value_name = "TYPE", value_parser = parse_type)]
+    pub token_embedding_type: Option<GgmlType>,
+    /// Type of the output projection (output.weight, or the token embedding when the model ties them).
+    #[arg(long, value_name = "TYPE", value_parser = parse_type)]
+    pub output_tensor_type: Option<GgmlType>,
+    /// Print a line per tensor.
+    #[arg(short, long)]
+    pub verbose: bool,
+    #[command(flatten)]
+    pub threads: ThreadArgs,
+}
+
+pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
+    let input = super::resolve_model_arg(Some(&args.input))?;
+    let policy = Policy {
+        target: args.target,
+        pure: args.pure,
+        token_embedding: args.token_embedding_type,
+        output: args.output_tensor_type,
+    };
+    let mode = if args.rtn { Mode::Rtn } else { Mode::Search };
+    let quantizer = Quantizer::open(&input, &args.output, &policy, mode, args.allow_requantize)?;
+    let cancel = Arc::new(AtomicBool::new(false));
+    {
+        let cancel = cancel.clone();
+        // Ctrl-C stops at the next row range; the temporary file is removed on the way out. (Installed before the
+        // file is created, so that no signal finds it there without this handler.)
+        let _ = ctrlc::set_handler(move || cancel.store(true, Ordering::SeqCst));
+    }
+    let output = quantizer.create_output(&args.output)?;
+
+    let file = quantizer.input();
+    let in_type = file.metadata().get("general.file_type").and_then(crate::gguf::MetaValue::as_u64);
+    eprintln!(
+        "quantizing {} ({}, {}) to {} as {}{}",
+        input.display(),
+        in_type.and_then(super::info::file_type_name).unwrap_or("?"),
+        human_size(file.file_len()),
+        args.output.display(),
+        args.target,
+        match (mode, &args.calibrate) {
+            (Mode::Rtn, _) => ", rounding to nearest",
+            (Mode::Search, None) => ", searching block scales weighted by a self-calibration",
+            (Mode::Search, Some(_)) => ", searching block scales weighted by calibration",
+        }
+    );
+    let requant = quantizer.requantized_types();
+    if !requant.is_empty() {
+        let names: Vec<_> = requant.iter().map(|t| t.name()).collect();
+        eprintln!("note: dequantizing the {} tensors to f32 first (--allow-requantize)", names.join(", "));
+    }
+    let fallbacks = quantizer.fallbacks();
+    if !fallbacks.is_empty() {
+        let n: usize = fallbacks.iter().map(|f| f.2).sum();
+        let groups: Vec<String> = fallbacks.iter().map(|(w, t, c)| format!("{c} {w} -> {t}")).collect();
+        eprintln!(
+            "warning: {n} of {} tensors have rows that are not a whole number of their type's blocks and fall back: {}",
+            quantizer.plan().len(),
+            groups.join(", ")
+        );
+    }
+
+    args.threads
+        .install(|| -> anyhow::Result<()> {
+            let importance = match (&args.calibrate, mode) {
+                (Some(path), _) => Some(run_calibration(&input, path, &args, &cancel)?),
+                (None, Mode::Search) if quantizer.searches() => self_calibration(&input, &cancel),
+                _ => None,
+            };
+            let total = quantizer.plan().len() as u64;
+            let bar = progress_bar(total);
+            bar.set_message("tensors");
+            let verbose = args.verbose;
+            let mut on_tensor = |t: &crate::quantize::TensorDone| {
+                if verbose {
+                    let dims: Vec<String> = t.plan.dims.iter().map(u64::to_string).collect();
+                    bar.suspend(|| {
+                        eprintln!(
+                            "[{:>4}/{}] {:<28} {:>12} {:>5} -> {:<5} {:>9} -> {:>9} {:>6.0} ms{}",
+                            t.index + 1,
+                            t.total,
+                            t.plan.name,
+                            dims.join("x"),
+                            t.plan.from.name(),
+                            t.plan.to.name(),
+                            human_size(t.bytes_in),
+                            human_size(t.bytes_out),
+                            t.elapsed.as_secs_f64() * 1e3,
+                            if t.plan.fell_back() {
+                                format!(" (fallback from {})", t.plan.wanted)
+                            } else {
+                                String::new()
+                            }
+                        )
+                    });
+                }
+                bar.inc(1);
+            };
+            let result = quantizer.run(output, importance.as_ref(), &cancel, &mut on_tensor);
+            bar.finish_and_clear();
+            let s = result?;
+            eprintln!(
+                "done: {} ({:.2} bits per weight) -> {} ({:.2} bits per weight) in {:.2} s",
+                human_size(s.file_bytes_in),
+                s.bpw_in(),
+                human_size(s.file_bytes_out),
+                s.bpw_out(),
+                s.elapsed.as_secs_f64()
+            );
+            Ok(())
+        })
+        .context("starting worker threads")?
+}
+
+/// Runs IN over pseudo-random tokens of its vocabulary for the columns' importance; if IN cannot run here, says so
+/// and goes on without (the search then weighs columns by the preceding norms).
+fn self_calibration(input: &std::path::Path, cancel: &AtomicBool) -> Option<Importance> {
+    let result = super::load(Some(&input.to_string_lossy()), &super::EngineArgs::default())
+        .and_then(|m| Ok(self_calibrate(&m.model, &m.tokenizer, cancel)?));
+    match result {
+        Ok(importance) => Some(importance),
+        Err(e) => {
+            eprintln!("note: no self-calibration ({e:#}); weighting columns by the norms before them");
+            None
+        }
+    }
+}
+
+/// Loads IN as a model and gathers its columns' importance over the text in `path`.
+fn run_calibration(
+    input: &std::path::Path,
+    path: &std::path::Path,
+    args: &QuantizeArgs,
+    cancel: &AtomicBool,
+) -> anyhow::Result<Importance> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let loaded = super::load(Some(&input.to_string_lossy()), &super::EngineArgs::default())
+        .context("--calibrate runs the input model, which must load")?;
+    let bar = progress_bar(0);
+    bar.set_message("calibration chunks");
+    let mut on_chunk = |done: usize, total: usize| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    };
+    let importance = calibrate(
+        &loaded.model,
+        &loaded.tokenizer,
+        &text,
+        args.calibrate_ctx as usize,
+        args.calibrate_chunks.map(|c| c as usize),
+        cancel,
+        &mut on_chunk,
+    )
+    .with_context(|| format!("calibrating on {}", path.display()))?;
+    bar.finish_and_clear();
+    eprintln!(
+        "calibrated on {} ({} tokens): importance for {} tensors",
+        path.display(),
+        importance.tokens,
+        importance.len()
+    );
+    Ok(importance)
+}
+
+fn progress_bar(len: u64) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len}, eta {eta}") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}

@@ -1,0 +1,362 @@
+//! Converting a GGUF model to other tensor types: the engine of `infer quantize`.
+//!
+//! [`Quantizer::open`] checks the paths and the input and decides every tensor's type ([`policy`]); then
+//! [`Quantizer::run`] streams the output tensor by tensor: each tensor is dequantized (or read in place, if it is
+//! F32), quantized in parallel row ranges, and written before the next is read, so memory holds one tensor in two
+//! forms at most, never the model twice. The output appears under its name only when complete
+//! ([`GgufStreamWriter`]).
+//!
+//! The quantizer either rounds to the nearest level ([`Mode::Rtn`]: llama-quantize's bytes) or searches each
+//! block's scale ([`Mode::Search`], the default), optionally weighting each column by the [`Importance`] that
+//! [`calibrate`] gathers by running the model over a text.
+
+pub mod calibrate;
+pub mod policy;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use infer_kernels::GgmlType;
+use infer_kernels::quant::{Method, cast_blocks, quantize_rows};
+use rayon::prelude::*;
+
+use crate::gguf::{GgufError, GgufFile, GgufStreamWriter, MetaValue, TensorLayout};
+
+pub use calibrate::{Importance, calibrate, self_calibrate};
+pub use policy::{Policy, Reason, TARGETS, TensorPlan, parse_target};
+
+/// GGML's quantization version (`GGML_QNT_VERSION`), stored as `general.quantization_version`.
+pub const QUANTIZATION_VERSION: u32 = 2;
+
+/// How the block formats choose their scales.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Round to nearest: llama-quantize's exact bytes (without an importance matrix).
+    Rtn,
+    /// Search each block's scale (and minimum) for the least weighted squared error.
+    Search,
+}
+
+/// What went wrong, naming the file, tensor or type.
+#[derive(Debug, thiserror::Error)]
+pub enum QuantizeError {
+    #[error("{}: is the input file; write the output to another path", .0.display())]
+    SameFile(PathBuf),
+    #[error(
+        "{}: holds quantized tensors ({types}); pass --allow-requantize to dequantize them first (the output then carries both quantizations' error)",
+        path.display()
+    )]
+    NeedsRequantize { path: PathBuf, types: String },
+    #[error("tensor '{name}': cannot convert from type {ty}: not supported")]
+    Unsupported { name: String, ty: GgmlType },
+    #[error("tensor '{name}': {cause}")]
+    Quantize { name: String, cause: infer_kernels::quant::QuantizeError },
+    #[error("interrupted; no output was written")]
+    Cancelled,
+    // Displayed, not chained: `GgufError::Io` already prints its cause.
+    #[error("{0}")]
+    Gguf(GgufError),
+}
+
+impl From<GgufError> for QuantizeError {
+    fn from(e: GgufError) -> Self {
+        QuantizeError::Gguf(e)
+    }
+}
+
+/// The output file while it is being written: created by [`Quantizer::create_output`] (so that an unwritable
+/// path fails before any work), filled by [`Quantizer::run`].
+pub struct Output {
+    path: PathBuf,
+    writer: GgufStreamWriter,
+}
+
+/// A planned conversion of one file.
+pub struct Quantizer {
+    input: GgufFile,
+    plan: Vec<TensorPlan>,
+    mode: Mode,
+}
+
+/// One tensor written, for progress reports.
+#[derive(Debug, Clone)]
+pub struct TensorDone<'a> {
+    /// 0-based position in the file.
+    pub index: usize,
+    pub total: usize,
+    pub plan: &'a TensorPlan,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub elapsed: Duration,
+}
+
+/// Sizes before and after.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Summary {
+    pub tensors: usize,
+    pub elements: u64,
+    pub file_bytes_in: u64,
+    pub file_bytes_out: u64,
+    pub tensor_bytes_in: u64,
+    pub tensor_bytes_out: u64,
+    pub elapsed: Duration,
+}
+
+impl Summary {
+    /// Bits per weight of the input's tensor data.
+    pub fn bpw_in(&self) -> f64 {
+        bits(self.tensor_bytes_in, self.elements)
+    }
+
+    /// Bits per weight of the output's tensor data.
+    pub fn bpw_out(&self) -> f64 {
+        bits(self.tensor_bytes_out, self.elements)
+    }
+}
+
+fn bits(bytes: u64, elements: u64) -> f64 {
+    if elements == 0 { 0.0 } else { bytes as f64 * 8.0 / elements as f64 }
+}
+
+/// Whether `a` and `b` name the same file (`b` need not exist: then its folder is compared).
+fn same_file(a: &Path, b: &Path) -> bool {
+    let canon = |p: &Path| -> Option<PathBuf> {
+        p.canonicalize().ok().or_else(|| {
+            let parent = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            Some(parent.canonicalize().ok()?.join(p.file_name()?))
+        })
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if let (Ok(ma), Ok(mb)) = (std::fs::metadata(a), std::fs::metadata(b))
+            && (ma.dev(), ma.ino()) == (mb.dev(), mb.ino())
+        {
+            return true;
+        }
+    }
+    matches!((canon(a), canon(b)), (Some(x), Some(y)) if x == y)
+}
+
+impl Quantizer {
+    /// Opens `input`, checks that `output` is another file and that quantized input is allowed, and plans every
+    /// tensor's type.
+    pub fn open(
+        input: &Path,
+        output: &Path,
+        policy: &Policy,
+        mode: Mode,
+        allow_requantize: bool,
+    ) -> Result<Quantizer, QuantizeError> {
+        if same_file(input, output) {
+            return Err(QuantizeError::SameFile(output.to_path_buf()));
+        }
+        let file = GgufFile::open(input)?;
+        let plan = policy.plan(file.tensors());
+        for p in &plan {
+            if p.reason != Reason::Copied && !p.from.is_supported() {
+                return Err(QuantizeError::Unsupported { name: p.name.clone(), ty: p.from });
+            }
+        }
+        let q = Quantizer { input: file, plan, mode };
+        let requant = q.requantized_types();
+        if !requant.is_empty() && !allow_requantize {
+            let types = requant.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ");
+            return Err(QuantizeError::NeedsRequantize { path: input.to_path_buf(), types });
+        }
+        Ok(q)
+    }
+
+    pub fn input(&self) -> &GgufFile {
+        &self.input
+    }
+
+    pub fn plan(&self) -> &[TensorPlan] {
+        &self.plan
+    }
+
+    /// Whether any tensor will be searched (in [`Mode::Search`]), so that importance would matter.
+    pub fn searches(&self) -> bool {
+        use GgmlType::*;
+        self.plan.iter().any(|p| p.from != p.to && matches!(p.to, Q4_0 | Q4_1 | Q5_0 | Q2_K | Q4_K | Q6_K))
+    }
+
+    /// The quantized types among the input's tensors (which must be dequantized first).
+    pub fn requantized_types(&self) -> Vec<GgmlType> {
+        let set: BTreeSet<u32> = self
+            .plan
+            .iter()
+            .filter(|p| p.reason != Reason::Copied && !matches!(p.from, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16))
+            .map(|p| p.from.id())
+            .collect();
+        set.into_iter().filter_map(|id| GgmlType::from_id(id).ok()).collect()
+    }
+
+    /// The tensors whose rows did not fit their type, grouped as (wanted, written, count).
+    pub fn fallbacks(&self) -> Vec<(GgmlType, GgmlType, usize)> {
+        let mut groups: Vec<(GgmlType, GgmlType, usize)> = Vec::new();
+        for p in self.plan.iter().filter(|p| p.fell_back()) {
+            match groups.iter_mut().find(|g| (g.0, g.1) == (p.wanted, p.to)) {
+                Some(g) => g.2 += 1,
+                None => groups.push((p.wanted, p.to, 1)),
+            }
+        }
+        groups
+    }
+
+    /// Creates the output's temporary file and writes its header (metadata with `general.file_type` and
+    /// `general.quantization_version` set, and the planned tensor types). Dropping the result removes the file.
+    pub fn create_output(&self, output: &Path) -> Result<Output, QuantizeError> {
+        let mut metadata = self.input.metadata().clone();
+        let target = self.plan.iter().filter(|p| p.reason == Reason::Target).map(|p| p.to).next();
+        let main_type = target.or_else(|| self.plan.iter().find(|p| p.dims.len() > 1).map(|p| p.to));
+        metadata.set("general.file_type", MetaValue::U32(policy::file_type(main_type.unwrap_or(GgmlType::F32))));
+        metadata.set("general.quantization_version", MetaValue::U32(QUANTIZATION_VERSION));
+        let layout =
+            self.plan.iter().map(|p| TensorLayout { name: p.name.clone(), dims: p.dims.clone(), ty: p.to }).collect();
+        Ok(Output { path: output.to_path_buf(), writer: GgufStreamWriter::create(output, &metadata, layout)? })
+    }
+
+    /// Writes every tensor into `output` and renames it into place. `importance` (from [`calibrate`]) weights the
+    /// search where it has the tensor; `cancel` is polled between row ranges, and setting it leaves no output;
+    /// `on_tensor` hears of each tensor written.
+    pub fn run(
+        &self,
+        output: Output,
+        importance: Option<&Importance>,
+        cancel: &AtomicBool,
+        on_tensor: &mut dyn FnMut(&TensorDone),
+    ) -> Result<Summary, QuantizeError> {
+        let start = Instant::now();
+        let Output { path, mut writer } = output;
+        let (mut x, mut out) = (Vec::<f32>::new(), Vec::<u8>::new());
+        let mut summary = Summary {
+            tensors: self.plan.len(),
+            elements: 0,
+            file_bytes_in: self.input.file_len(),
+            file_bytes_out: 0,
+            tensor_bytes_in: 0,
+            tensor_bytes_out: 0,
+            elapsed: Duration::ZERO,
+        };
+        for p in &self.plan {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(QuantizeError::Cancelled);
+            }
+            let t0 = Instant::now();
+            let info = &self.input.tensors()[p.index];
+            let data = self.input.tensor_data(info);
+            let fallback_imp = if self.mode == Mode::Search { self.norm_importance(&p.name) } else { None };
+            let imp = importance
+                .and_then(|m| m.get(&p.name))
+                .or(fallback_imp.as_ref())
+                .filter(|v| v.len() as u64 == info.ne0());
+            let bytes: &[u8] = if p.from == p.to {
+                // Already of its type (as llama-quantize, which also copies these): requantizing values that lie
+                // on the type's grid could only lose.
+                data
+            } else {
+                let values = match (p.from, cast_blocks::<f32>(data)) {
+                    (GgmlType::F32, Some(v)) => v,
+                    _ => {
+                        let n = info.n_elements as usize;
+                        resize(&mut x, n);
+                        dequantize_par(p, data, info.ne0() as usize, &mut x[..n])?;
+                        &x[..n]
+                    }
+                };
+                let n_out = p.to.row_bytes(info.n_elements).expect("planned types fit the rows") as usize;
+                resize(&mut out, n_out);
+                self.quantize_par(p, values, info.ne0() as usize, imp.map(Vec::as_slice), &mut out[..n_out], cancel)?;
+                &out[..n_out]
+            };
+            writer.write_tensor(bytes)?;
+            summary.elements += info.n_elements;
+            summary.tensor_bytes_in += data.len() as u64;
+            summary.tensor_bytes_out += bytes.len() as u64;
+            on_tensor(&TensorDone {
+                index: p.index,
+                total: self.plan.len(),
+                plan: p,
+                bytes_in: data.len() as u64,
+                bytes_out: bytes.len() as u64,
+                elapsed: t0.elapsed(),
+            });
+        }
+        if cancel.load(Ordering::Relaxed) {
+            return Err(QuantizeError::Cancelled);
+        }
+        writer.finish()?;
+        summary.file_bytes_out = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        summary.elapsed = start.elapsed();
+        Ok(summary)
+    }
+
+    /// A data-free importance for a matrix whose input is a normalised hidden state: the square of the norm's
+    /// weights, which scale each input column (an RMS-normalised vector has columns of similar size before them).
+    fn norm_importance(&self, name: &str) -> Option<Vec<f32>> {
+        let tied = self.input.tensor_info("output.weight").is_none();
+        let norm = if name == "output.weight" || (tied && name == "token_embd.weight") {
+            "output_norm.weight".to_string()
+        } else {
+            let (layer, matrix) = name.strip_prefix("blk.")?.split_once('.')?;
+            match matrix {
+                "attn_q.weight" | "attn_k.weight" | "attn_v.weight" => format!("blk.{layer}.attn_norm.weight"),
+                "ffn_gate.weight" | "ffn_up.weight" => format!("blk.{layer}.ffn_norm.weight"),
+                _ => return None,
+            }
+        };
+        let info = self.input.tensor_info(&norm)?;
+        let mut g = vec![0f32; info.n_elements as usize];
+        infer_kernels::dequantize(info.ty, self.input.tensor_data(info), &mut g).ok()?;
+        Some(g.iter().map(|v| v * v + 1e-6).collect())
+    }
+
+    /// Quantizes `x` (rows of `row_len`) into `out` in parallel row ranges.
+    fn quantize_par(
+        &self,
+        p: &TensorPlan,
+        x: &[f32],
+        row_len: usize,
+        importance: Option<&[f32]>,
+        out: &mut [u8],
+        cancel: &AtomicBool,
+    ) -> Result<(), QuantizeError> {
+        let method = match self.mode {
+            Mode::Rtn => Method::Rtn,
+            Mode::Search => Method::Search { importance },
+        };
+        let rows = ROWS_PER_TASK.div_ceil(row_len).max(1);
+        let out_row = out.len() / (x.len() / row_len.max(1)).max(1);
+        x.par_chunks(rows * row_len).zip(out.par_chunks_mut(rows * out_row)).try_for_each(|(xc, oc)| {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(QuantizeError::Cancelled);
+            }
+            quantize_rows(p.to, xc, row_len, oc, method)
+                .map_err(|cause| QuantizeError::Quantize { name: p.name.clone(), cause })
+        })
+    }
+}
+
+/// Values per parallel task: small enough to spread a 576×576 matrix over two threads, large enough that a task
+/// outweighs its scheduling.
+const ROWS_PER_TASK: usize = 1 << 15;
+
+fn resize<T: Default + Clone>(v: &mut Vec<T>, n: usize) {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+}
+
+/// Dequantizes a tensor's bytes into `x` (exactly its values) in parallel row ranges.
+fn dequantize_par(p: &TensorPlan, data: &[u8], row_len: usize, x: &mut [f32]) -> Result<(), QuantizeError> {
+    let n = x.len();
+    let row_bytes = data.len() / (n / row_len.max(1)).max(1);
+    let rows = ROWS_PER_TASK.div_ceil(row_len).max(1);
+    x.par_chunks_mut(rows * row_len).zip(data.par_chunks(rows * row_bytes)).try_for_each(|(xc, dc)| {
+        infer_kernels::dequantize(p.from, dc, xc)
+            .map_err(|_| QuantizeError::Unsupported { name: p.name.clone(), ty: p.from })
+    })
+}
