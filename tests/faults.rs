@@ -229,6 +229,7 @@ fn r07_broken_pipe_on_every_command_that_prints() {
     let m = m.to_str().unwrap();
     let ids = format!("{}\n", serde_json::to_string(&(0..200).collect::<Vec<u32>>()).unwrap()).repeat(20);
     let words = "hello world ".repeat(5000);
+    let text_file = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/jargon-intro.txt");
     let commands: Vec<(Vec<&str>, Vec<u8>)> = vec![
         (vec!["info", m, "--full"], vec![]),
         (vec!["list"], vec![]),
@@ -238,6 +239,8 @@ fn r07_broken_pipe_on_every_command_that_prints() {
         (vec!["chat", m, "-n", "300"], "hi\n".repeat(200).into_bytes()),
         (vec!["logits", m, "--top-k", "200"], ids.into_bytes()),
         (vec!["bench", m, "-p", "8", "-n", "4", "-r", "1", "-t", "1,2", "-o", "csv"], vec![]),
+        (vec!["perplexity", m, "-f", text_file, "-c", "32", "--chunks", "40"], vec![]),
+        (vec!["compare", m, m, "-f", text_file, "-c", "32", "--chunks", "40"], vec![]),
     ];
     for (args, input) in commands {
         let mut child = spawn(&args, if input.is_empty() { Stdio::null() } else { Stdio::piped() });
