@@ -23,6 +23,10 @@ fn main() -> ExitCode {
             if infer::cli::is_broken_pipe(&err) {
                 return ExitCode::SUCCESS;
             }
+            if err.downcast_ref::<infer::cli::Interrupted>().is_some() {
+                eprintln!("note: interrupted");
+                return ExitCode::from(130);
+            }
             let mut stderr = std::io::stderr().lock();
             let _ = writeln!(stderr, "error: {err:#}");
             ExitCode::from(1)

@@ -85,10 +85,7 @@ fn gguf_py_reads_our_files() {
     sample_writer().write_file(&path).unwrap();
     let script = r#"
 import sys
-try:
-    from gguf import GGUFReader
-except ImportError:
-    print("SKIP"); sys.exit(0)
+from gguf import GGUFReader
 r = GGUFReader(sys.argv[1])
 names = sorted(t.name for t in r.tensors)
 assert names == ["a.weight", "b.weight", "c.bias"], names
@@ -101,17 +98,8 @@ assert list(a.shape) == [16, 4], a.shape
 assert abs(float(a.data.flatten()[5]) - (5 * 0.5 - 3.0)) < 1e-6
 print("OK")
 "#;
-    let out = match std::process::Command::new("python3").arg("-c").arg(script).arg(&path).output() {
-        Ok(out) => out,
-        Err(_) => return eprintln!("note: python3 absent, skipping gguf-py check"),
-    };
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "gguf-py failed: {}", String::from_utf8_lossy(&out.stderr));
-    if stdout.contains("SKIP") {
-        eprintln!("note: gguf-py not installed, skipping");
-    } else {
-        assert!(stdout.contains("OK"));
-    }
+    let Some(stdout) = crate::common::gguf_py(script, &[path.as_os_str()]) else { return };
+    assert!(stdout.contains("OK"), "{stdout}");
 }
 
 fn parse_err(bytes: Vec<u8>) -> GgufError {

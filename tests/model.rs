@@ -6,7 +6,7 @@ use infer::gguf::GgufFile;
 use infer::kernels::GgmlType;
 use infer::model::{ForwardScratch, KvDtype, KvPool, Logits, Model, SeqKv, SeqStep};
 
-use crate::common::{real_model, reference};
+use crate::common::real_model;
 use crate::synthetic::{Rng, Spec, build};
 
 fn load_synthetic(spec: Spec) -> Model {
@@ -188,7 +188,7 @@ fn simd_levels() -> Vec<String> {
 /// `score_logits.py` does: top-1 agreement with f32, and mean |Δlogit| over the reference's top-10 ids.
 fn score_against_f32(model: &str, fixture: &str, isa: &str) -> Option<(f64, f64)> {
     let path = real_model(model)?;
-    let fixture = std::fs::read_to_string(reference(fixture)).ok()?;
+    let fixture = crate::common::reference_text(fixture)?;
     let lines: Vec<serde_json::Value> = fixture.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let mut input = String::new();
     for l in &lines {

@@ -6,15 +6,11 @@
 use infer::gguf::GgufFile;
 use infer::kernels::dequantize;
 
-use crate::common::{real_model, reference, sha256_hex};
+use crate::common::{gguf_py, real_model, reference_text, sha256_hex};
 
 #[test]
 fn real_tensors_dequantize_like_gguf_py() {
-    let golden_path = reference("tensor-golden.json");
-    let Ok(golden) = std::fs::read_to_string(&golden_path) else {
-        eprintln!("note: skipping, {} not found", golden_path.display());
-        return;
-    };
+    let Some(golden) = reference_text("tensor-golden.json") else { return };
     let golden: serde_json::Value = serde_json::from_str(&golden).expect("tensor-golden.json parses");
     for (model, file_name) in [("smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"), ("gemma3", "gemma-3-270m-q4_k_m.gguf")] {
         let Some(path) = real_model(model) else { continue };
@@ -63,24 +59,14 @@ fn q4_k_dequantizes_like_gguf_py() {
     let name = "blk.0.attn_output.weight";
     let script = r#"
 import sys, json
-try:
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-except ImportError:
-    print("SKIP"); sys.exit(0)
+from gguf import GGUFReader
+from gguf.quants import dequantize
 r = GGUFReader(sys.argv[1])
 t = [t for t in r.tensors if t.name == sys.argv[2]][0]
 x = dequantize(t.data, t.tensor_type).astype("float64").ravel()
 print(json.dumps({"type": t.tensor_type.name, "head": x[:64].tolist(), "sum": float(x.sum()), "sumsq": float((x * x).sum())}))
 "#;
-    let Ok(out) = std::process::Command::new("python3").arg("-c").arg(script).arg(&path).arg(name).output() else {
-        return eprintln!("note: python3 absent, skipping");
-    };
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "gguf-py failed: {}", String::from_utf8_lossy(&out.stderr));
-    if text.trim() == "SKIP" {
-        return eprintln!("note: gguf-py not installed, skipping");
-    }
+    let Some(text) = gguf_py(script, &[path.as_os_str(), name.as_ref()]) else { return };
     let want: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
     assert_eq!(want["type"], "Q4_K");
     let file = GgufFile::open(&path).unwrap();

@@ -13,7 +13,7 @@ use infer::kernels::quant::{blocks_as_bytes, quantize};
 use infer::kernels::{GgmlType, dequantize};
 use rayon::prelude::*;
 
-use crate::common::{real_model, reference, sha256_hex};
+use crate::common::{real_model, reference_text, sha256_hex};
 
 /// `x` quantized to `ty` with our byte-level entry point (the `quantize_row_ref`s underneath).
 fn quantize_bytes(ty: GgmlType, x: &[f32]) -> Vec<u8> {
@@ -24,11 +24,7 @@ fn quantize_bytes(ty: GgmlType, x: &[f32]) -> Vec<u8> {
 
 #[test]
 fn smollm2_requantization_is_byte_exact_with_llamacpp() {
-    let golden_path = reference("tensor-golden.json");
-    let Ok(golden) = std::fs::read_to_string(&golden_path) else {
-        eprintln!("note: skipping, {} not found", golden_path.display());
-        return;
-    };
+    let Some(golden) = reference_text("tensor-golden.json") else { return };
     let Some(path) = real_model("smollm2") else { return };
     let golden: serde_json::Value = serde_json::from_str(&golden).expect("tensor-golden.json parses");
     let files = &golden["files"];

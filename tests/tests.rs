@@ -10,6 +10,7 @@ mod chat;
 mod common;
 mod engine;
 mod families;
+mod faults;
 mod gguf;
 mod kv_pool;
 mod model;

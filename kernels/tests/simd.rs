@@ -8,8 +8,25 @@ use infer_kernels::vec_f32::{self, AxpyRows, SoftmaxState};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+/// The levels this CPU has; each test that loops over them runs every one. `levels_report` says which ran.
 fn levels() -> Vec<&'static Kernels> {
     Isa::available().into_iter().map(|i| i.kernels().unwrap()).collect()
+}
+
+/// Says which SIMD levels the kernel tests here exercise and which they cannot (the CPU lacks them), so that a
+/// machine without AVX-512 reports its AVX-512 tests as not run rather than as passed. .ci/run prints it
+/// (`cargo test -p infer-kernels --test simd levels_report -- --nocapture`).
+#[test]
+fn levels_report() {
+    let (ran, missing): (Vec<Isa>, Vec<Isa>) = Isa::ALL.into_iter().partition(|i| i.is_supported());
+    let names = |v: &[Isa]| v.iter().map(|i| i.name()).collect::<Vec<_>>().join(", ");
+    println!("SIMD kernel tests exercise: {}", names(&ran));
+    if missing.is_empty() {
+        println!("SIMD kernel tests not run: none");
+    } else {
+        println!("SIMD kernel tests NOT RUN (this CPU lacks the level): {}", names(&missing));
+    }
+    assert_eq!(levels().len(), ran.len());
 }
 
 fn randv(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {

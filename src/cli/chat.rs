@@ -304,9 +304,16 @@ impl Repl<'_> {
                 }
             }
         }
-        let (chat, cancel, json) = (&mut self.chat, &*self.cancel, self.json);
+        // Piped, a Ctrl-C ends the chat, also one that came between replies; on a terminal it only stops a reply.
+        if !self.interactive && self.cancel.load(Ordering::SeqCst) {
+            self.warn("note: interrupted");
+            return Ok(Flow::Exit);
+        }
+        let (chat, cancel, json, interactive) = (&mut self.chat, &*self.cancel, self.json, self.interactive);
         let mut last = None;
-        cancel.store(false, Ordering::SeqCst);
+        if interactive {
+            cancel.store(false, Ordering::SeqCst);
+        }
         let result = self.pool.install(|| {
             let mut on_text = |text: &str| {
                 if !json && !text.is_empty() {
@@ -320,7 +327,9 @@ impl Repl<'_> {
                 Turn::Regen => chat.regenerate(cancel, &mut on_text),
             }
         });
-        cancel.store(false, Ordering::SeqCst);
+        if interactive {
+            cancel.store(false, Ordering::SeqCst);
+        }
         let reply = match result {
             Ok(reply) => reply,
             // stdout is gone: nothing more can be shown.

@@ -113,16 +113,9 @@ pub fn human_count(n: u64) -> String {
     }
 }
 
-/// "97.9 MiB": byte sizes.
+/// "97.9 MiB": byte sizes (the library's own spelling, which its memory errors use too).
 pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+    crate::memory::bytes(n)
 }
 
 fn print_report(file: &GgufFile, s: &ModelSummary, full: bool) -> anyhow::Result<()> {

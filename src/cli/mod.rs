@@ -76,6 +76,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// A command stopped early by Ctrl-C after printing what it had: the process exits with status 130 (as a shell
+/// reports an interrupted program) and a note rather than an error line.
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted")]
+pub struct Interrupted;
+
 /// Whether an error chain bottoms out in a closed pipe (the reader went away: not our failure).
 pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain().any(|cause| {

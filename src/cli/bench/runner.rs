@@ -461,7 +461,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 
     let mut records: Vec<Record> = Vec::new();
     let build = format!("infer {}", env!("CARGO_PKG_VERSION"));
-    for (model, tokenizer, info) in &models {
+    // Ctrl-C ends the run after the repetition in progress; the tests already finished are still reported.
+    let cancel = crate::cli::cancel_on_ctrl_c();
+    let cancelled = || cancel.load(std::sync::atomic::Ordering::Relaxed);
+    'models: for (model, tokenizer, info) in &models {
         let mut runner = Runner {
             model,
             tokenizer,
@@ -477,6 +480,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                     let mut target = runner.target(test)?;
                     let mut samples = Vec::with_capacity(args.repetitions);
                     for i in 0..runs_per_test {
+                        if cancelled() {
+                            break;
+                        }
                         let sample = runner.run_once(test, &mut target)?;
                         if i + 1 > runs_per_test - args.repetitions {
                             samples.push(sample);
@@ -486,6 +492,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                     Ok(samples)
                 });
                 let samples = samples.with_context(|| format!("{}: {}", info.filename, test.name()))?;
+                if cancelled() {
+                    break 'models;
+                }
                 let mut record = make_record(&build, info, &isa, *n_threads, &args, test, &samples);
                 record.mem_read_gbs = *gbs;
                 records.push(record);
@@ -505,6 +514,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         _ => to_markdown(&records, &build),
     };
     print_line(&text)?;
+    if cancelled() {
+        return Err(crate::cli::Interrupted.into());
+    }
     if let Some((path, kind)) = plot {
         draw_plot(&path, kind, &records).with_context(|| format!("drawing {}", path.display()))?;
     }

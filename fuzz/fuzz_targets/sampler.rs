@@ -1,0 +1,45 @@
+//! The sampler on arbitrary logits (NaN, ±inf, all equal, empty) with arbitrary parameters and history: it returns
+//! a token of the vocabulary or an error, and never panics.
+#![no_main]
+
+use arbitrary::Arbitrary;
+use infer::sampling::{Sampler, SamplingParams};
+use libfuzzer_sys::fuzz_target;
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    temperature: f32,
+    top_k: u32,
+    top_p: f32,
+    min_p: f32,
+    repeat_penalty: f32,
+    repeat_last_n: u16,
+    seed: u64,
+    logits: Vec<f32>,
+    repeat: u16,
+    history: Vec<u32>,
+    draws: u8,
+}
+
+fuzz_target!(|input: Input| {
+    let params = SamplingParams {
+        temperature: input.temperature,
+        top_k: input.top_k as usize,
+        top_p: input.top_p,
+        min_p: input.min_p,
+        repeat_penalty: input.repeat_penalty,
+        repeat_last_n: input.repeat_last_n as usize,
+        seed: input.seed,
+    };
+    let Ok(mut sampler) = Sampler::new(params) else { return };
+    // Logits repeated up to a vocabulary's size, so the large-vocabulary paths run too.
+    let mut logits = input.logits.clone();
+    for _ in 0..(input.repeat % 64) {
+        logits.extend_from_slice(&input.logits);
+    }
+    for _ in 0..=(input.draws % 4) {
+        if let Ok(t) = sampler.sample(&logits, &input.history) {
+            assert!((t as usize) < logits.len(), "token {t} of {}", logits.len());
+        }
+    }
+});
