@@ -380,6 +380,9 @@ impl<'m> Scheduler<'m> {
         if std::mem::take(&mut seq.queued) {
             self.shared.queued.fetch_sub(1, Relaxed);
         }
+        // The gauges first: a client told its request is done may read /metrics at once, and must not still see it
+        // running (the step's own update comes only after every ending of the step).
+        self.update_gauges();
         seq.finish(ending, &self.shared.stats);
     }
 
