@@ -12,6 +12,7 @@ use crate::cli::info::file_type_name;
 use crate::cli::output::{print_line, stderr_is_terminal};
 use crate::engine::{EngineConfig, KvBudget, Request, Scheduler};
 use crate::gguf::MetaValue;
+use crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
 use crate::model::{ForwardScratch, KvDtype, KvPool, Logits, Model, SeqKv, SeqStep};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::Tokenizer;
@@ -110,11 +111,17 @@ impl Test {
         }
     }
 
-    /// Sequences the test decodes at once.
-    fn sequences(self) -> usize {
+    /// KV blocks of [`DEFAULT_BLOCK_SIZE`] the test runs on (`None`: more than a `usize` counts), the one sizing
+    /// that both [`check_pool_fits`] and [`Runner::target`] use: for pp/tg its positions rounded up to whole
+    /// blocks; for the curve, each sequence's prompt, generation and one more token, plus the spare block per
+    /// sequence that the scheduler keeps free for a running request.
+    fn kv_blocks(self) -> Option<usize> {
         match self {
-            Test::Curve { batch, .. } => batch,
-            _ => 1,
+            Test::Curve { batch, prompt, gen_len } => {
+                let positions = prompt.max(1).checked_add(gen_len)?.checked_add(1)?;
+                batch.checked_mul(positions.div_ceil(DEFAULT_BLOCK_SIZE) + 1)
+            }
+            _ => Some(self.positions().max(1).div_ceil(DEFAULT_BLOCK_SIZE)),
         }
     }
 }
@@ -122,14 +129,7 @@ impl Test {
 /// Refuses, before anything is measured, a test whose KV cache would not fit in memory (the size is computed with
 /// checked arithmetic, so an absurd `-p`/`-d`/`--batch` is refused rather than overflowing).
 fn check_pool_fits(model: &Model, kv_dtype: KvDtype, test: Test) -> anyhow::Result<()> {
-    let bs = crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
-    // One spare block per sequence, as the engine keeps for the curve.
-    let cap = test
-        .positions()
-        .max(1)
-        .checked_next_multiple_of(bs)
-        .and_then(|p| p.checked_add(bs))
-        .and_then(|p| p.checked_mul(test.sequences()));
+    let cap = test.kv_blocks().and_then(|b| b.checked_mul(DEFAULT_BLOCK_SIZE));
     let bytes = cap.and_then(|c| KvPool::bytes_for(&model.config, kv_dtype, c, c, 0));
     crate::memory::check_fits(&format!("the KV cache of {}", test.name()), bytes, "use fewer positions or sequences")?;
     Ok(())
@@ -211,17 +211,16 @@ impl<'m> Runner<'m> {
     /// What `test` runs on: for pp/tg a pool with room for its positions (rounded up to whole blocks); for the
     /// curve an engine whose first step takes every prompt whole and whose pool holds every sequence.
     fn target(&self, test: Test) -> anyhow::Result<Target<'m>> {
-        let bs = crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
+        // Sized by `check_pool_fits` already, which refused a test whose count overflows.
+        let blocks = test.kv_blocks().context("KV cache size overflows")?;
         match test {
             Test::Curve { batch, prompt, gen_len } => {
-                let positions = prompt.max(1) + gen_len + 1;
                 let config = EngineConfig {
-                    n_ctx: positions,
+                    n_ctx: prompt.max(1) + gen_len + 1,
                     max_seqs: batch,
                     max_batch_tokens: (batch * prompt).max(batch),
                     max_queue: batch,
-                    // A spare block per sequence: the scheduler keeps one free per running request.
-                    kv: KvBudget::Blocks(batch * (positions.div_ceil(bs) + 1)),
+                    kv: KvBudget::Blocks(blocks),
                     kv_dtype: self.kv_dtype,
                     prefix_cache: false,
                     threads: 1,
@@ -229,7 +228,7 @@ impl<'m> Runner<'m> {
                 Ok(Target::Engine(Box::new(Scheduler::new(self.model, self.tokenizer, config)?)))
             }
             _ => {
-                let cap = test.positions().max(1).next_multiple_of(bs);
+                let cap = blocks * DEFAULT_BLOCK_SIZE;
                 Ok(Target::Pool(KvPool::new(&self.model.config, self.kv_dtype, cap, cap)))
             }
         }
