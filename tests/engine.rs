@@ -1,4 +1,4 @@
-//! The serving engine on tiny synthetic models: batch invariance (alone, with fifteen others, sharing a cached
+//! The serving engine on tiny synthetic models (and once on SmolLM2): batch invariance (alone, with fifteen others, sharing a cached
 //! prefix, through preemption), a block allocator that leaks nothing, chunked prefill that keeps everyone's tokens
 //! coming, stop strings and cancellation.
 
@@ -356,4 +356,52 @@ fn a_full_queue_refuses() {
     sched.step();
     assert_eq!(sched.running(), 2);
     let _c = sched.submit(greedy(vec![5, 6], 3)).unwrap();
+}
+
+/// The same property on the real SmolLM2 (Q4_1, the shipped file): its panels, its 49,152-token head and real text
+/// prompts that share a system prompt. Sixteen requests give the same greedy tokens, bit-identical
+/// log-probabilities and text alone, together, sharing the cached prefix, and through a pool small enough to
+/// preempt.
+#[test]
+fn smollm2_greedy_tokens_are_the_same_alone_batched_shared_and_preempted() {
+    let Some(path) = crate::common::real_model("smollm2") else { return };
+    let model = Model::from_file(Arc::new(GgufFile::open(&path).unwrap())).unwrap();
+    let tok = Tokenizer::from_gguf(model.file()).unwrap();
+    // About 50 tokens: three full 16-token blocks to share.
+    let system = "You are a careful assistant for a school quiz. Answer every question in one short sentence, \
+                  in plain English, without lists or headings, and never make anything up: when you do not know, \
+                  say so. ";
+    let questions = [
+        "What is the capital of France?",
+        "Name a primary colour.",
+        "How many legs does a spider have?",
+        "What is 2+2?",
+        "Which planet is known as the red planet?",
+        "What do bees make?",
+        "What is the opposite of hot?",
+        "Translate 'merci' into English.",
+    ];
+    let reqs: Vec<Request> = (0..16)
+        .map(|i| {
+            let q = questions[i % questions.len()];
+            // Every fourth prompt has no system prompt, so shared and unshared prefixes mix in one batch.
+            let text = if i % 4 == 3 { q.to_string() } else { format!("{system}{q}") };
+            greedy(tok.encode(&text, true, false), 12 + i % 9)
+        })
+        .collect();
+    let want = alone(&model, &tok, &reqs);
+    let (got, _) = run_all(&model, &tok, EngineConfig { prefix_cache: false, ..config() }, &reqs);
+    assert_same("SmolLM2, 16 at once", &want, &got);
+    let (got, _) = run_all(&model, &tok, config(), &reqs);
+    assert_same("SmolLM2, 16 at once sharing a prefix", &want, &got);
+    let cached: usize = got.iter().map(|c| c.done.as_ref().unwrap().usage.cached_tokens).sum();
+    assert!(cached >= 8 * 32, "only {cached} prompt tokens came from the cache");
+    // A pool one block larger than the longest request holds it alone but not two at once: requests are preempted
+    // and recomputed.
+    let longest = reqs.iter().map(|r| r.prompt.len() + r.max_tokens).max().unwrap();
+    let blocks = longest.div_ceil(16) + 1;
+    let cfg = EngineConfig { kv: KvBudget::Blocks(blocks), ..config() };
+    let (got, preemptions) = run_all(&model, &tok, cfg, &reqs);
+    assert!(preemptions > 0, "a {blocks}-block pool should preempt");
+    assert_same(&format!("SmolLM2, {blocks}-block pool"), &want, &got);
 }
