@@ -1,6 +1,6 @@
-//! The serving engine on tiny synthetic models (and once on SmolLM2): batch invariance (alone, with fifteen others, sharing a cached
-//! prefix, through preemption), a block allocator that leaks nothing, chunked prefill that keeps everyone's tokens
-//! coming, stop strings and cancellation.
+//! The serving engine on tiny synthetic models (and once on SmolLM2): batch invariance (alone, with fifteen others,
+//! sharing a cached prefix, through preemption), a block allocator that leaks nothing, chunked prefill that keeps
+//! everyone's tokens coming, stop strings and cancellation.
 
 use std::sync::Arc;
 
