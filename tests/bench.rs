@@ -185,6 +185,7 @@ fn batching_curve_records_and_plot() {
     assert!((records[0]["speedup"].as_f64().unwrap() - 1.0).abs() < 1e-9);
     let svg = std::fs::read_to_string(&plot).expect("the plot was written");
     assert!(svg.contains("<svg") && svg.len() > 1000, "an SVG chart");
+    assert!(svg.contains("\nlinear\n") && svg.contains(" t1 "), "the legends name the reference line and the series");
 
     // Curve and pp/tg together, markdown, PNG chart.
     let png = dir.path().join("all.png");

@@ -170,21 +170,14 @@ where
                 .draw_series(LineSeries::new(pts.iter().map(|p| (p.0, p.1)), color.stroke_width(2)))
                 .map_err(err)?
                 .label(label.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+                .legend(legend_mark(color.stroke_width(2)));
             chart.draw_series(pts.iter().map(|p| Circle::new((p.0, p.1), 4, color.filled()))).map_err(err)?;
             let cpu: Vec<(f64, f64)> = pts.iter().filter(|p| p.3.is_finite()).map(|p| (p.0, p.3)).collect();
             if cpu.len() > 1 {
                 chart.draw_series(DashedLineSeries::new(cpu, 6, 4, color.stroke_width(1))).map_err(err)?;
             }
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 13))
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart).map_err(err)?;
         next += 1;
 
         let mut chart = ChartBuilder::on(&areas[next])
@@ -213,7 +206,7 @@ where
             ))
             .map_err(err)?
             .label("linear")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.4)));
+            .legend(legend_mark(BLACK.mix(0.4).into()));
         for (i, (label, pts)) in series.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             let pts: Vec<(f64, f64)> = pts.iter().filter(|p| p.2.is_finite()).map(|p| (p.0, p.2)).collect();
@@ -224,17 +217,10 @@ where
                 .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
                 .map_err(err)?
                 .label(label.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+                .legend(legend_mark(color.stroke_width(2)));
             chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled()))).map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 13))
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart).map_err(err)?;
         next += 1;
     }
     if has_plain {
@@ -286,4 +272,25 @@ where
         }
     }
     Ok(())
+}
+
+/// The legend box both curve charts share: upper left, over a pale background.
+fn draw_legend<'a, DB: plotters::prelude::DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut plotters::prelude::ChartContext<'a, DB, CT>,
+) -> Result<(), plotters::prelude::DrawingAreaErrorKind<DB::ErrorType>> {
+    use plotters::prelude::*;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 13))
+        .draw()
+}
+
+/// A legend entry's mark: a short line in the series' style.
+fn legend_mark(
+    style: plotters::style::ShapeStyle,
+) -> impl Fn((i32, i32)) -> plotters::element::PathElement<(i32, i32)> {
+    move |(x, y)| plotters::element::PathElement::new(vec![(x, y), (x + 18, y)], style)
 }
