@@ -80,8 +80,11 @@ impl KvRow<'_> {
 impl KvStore {
     fn new(dtype: KvDtype, len: usize) -> KvStore {
         match dtype {
+            // Both come from zeroed pages that the OS maps on first touch: `vec![f16::ZERO; len]` would write
+            // every element (f16 is not a type the standard library knows to be zero-bit), so a pool sized for a
+            // server touched all of its memory before the first request.
             KvDtype::F32 => KvStore::F32(vec![0.0; len]),
-            KvDtype::F16 => KvStore::F16(vec![f16::ZERO; len]),
+            KvDtype::F16 => KvStore::F16(bytemuck::zeroed_vec(len)),
         }
     }
 
