@@ -317,11 +317,15 @@ impl Quantizer {
                 // on the type's grid could only lose.
                 Chunk::Borrowed(data)
             } else {
-                let fallback_imp = if self.mode == Mode::Search { self.norm_importance(&p.name) } else { None };
-                let imp = importance
-                    .and_then(|m| m.get(&p.name))
-                    .or(fallback_imp.as_ref())
-                    .filter(|v| v.len() as u64 == info.ne0());
+                let fallback_imp;
+                let imp = match importance.and_then(|m| m.get(&p.name)) {
+                    Some(v) => Some(v),
+                    None => {
+                        fallback_imp = if self.mode == Mode::Search { self.norm_importance(&p.name) } else { None };
+                        fallback_imp.as_ref()
+                    }
+                }
+                .filter(|v| v.len() as u64 == info.ne0());
                 let values = match (p.from, cast_blocks::<f32>(data)) {
                     (GgmlType::F32, Some(v)) => v,
                     _ => {
