@@ -207,11 +207,13 @@ fn group<V: Wide>(
     let (lo_f, hi_f) = (lo as f32, hi as f32);
     let (lov, hiv) = (V::splat(lo_f), V::splat(hi_f));
     // The candidates' inverse scales: `SPREAD` tenths of a level either side of `max` at each end of the range.
-    let ids: [V; CANDIDATES] = std::array::from_fn(|c| {
+    // (A loop, not `array::from_fn`: a closure would be compiled without the caller's target features.)
+    let mut ids = [z; CANDIDATES];
+    for (c, id) in ids.iter_mut().enumerate() {
         let end = if c < CANDIDATES / 2 { lo_f } else { hi_f };
         let s = (c % (CANDIDATES / 2)) as i32 - SPREAD;
-        V::splat(end + end.signum() * 0.1 * s as f32).div(max)
-    });
+        *id = V::splat(end + end.signum() * 0.1 * s as f32).div(max);
+    }
     // Every candidate in one pass over the values, each with its own sums (in index order, as alone): independent
     // chains that keep the vector units busy, and each value loaded once. Since |x| <= |max|, `x · id` lies within
     // ±(|end| + 0.1·SPREAD) (times 1 + 2⁻²³ at most): at the `lo` end it can round up past `hi` but not below
