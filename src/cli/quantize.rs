@@ -11,8 +11,10 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use infer_kernels::GgmlType;
 
 use super::args::ThreadArgs;
+use crate::model::Model;
 use crate::quantize::{Importance, Mode, Policy, Quantizer, TARGETS, calibrate, parse_target, self_calibrate};
 use crate::registry::human_size;
+use crate::tokenizer::Tokenizer;
 
 /// Type names as the command line spells them, for clap's list of possible values.
 fn target_names() -> Vec<&'static str> {
@@ -127,8 +129,8 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     args.threads
         .install(|| -> anyhow::Result<()> {
             let importance = match (&args.calibrate, mode) {
-                (Some(path), _) => Some(run_calibration(&input, path, &args, &quantizer, &cancel)?),
-                (None, Mode::Search) if quantizer.searches() => self_calibration(&input, &cancel),
+                (Some(path), _) => Some(run_calibration(path, &args, &quantizer, &cancel)?),
+                (None, Mode::Search) if quantizer.searches() => self_calibration(&quantizer, &cancel),
                 _ => None,
             };
             let total = quantizer.plan().len() as u64;
@@ -176,11 +178,21 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         .context("starting worker threads")?
 }
 
+/// The input as a model (on the quantizer's mapping of it) and its tokenizer, built side by side.
+fn load_input(quantizer: &Quantizer) -> anyhow::Result<(Model, Tokenizer)> {
+    infer_kernels::dispatch::try_isa().context("INFER_ISA")?;
+    let file = quantizer.shared_input();
+    let path = file.path().display().to_string();
+    let (model, tokenizer) = rayon::join(|| Model::from_file(quantizer.shared_input()), || Tokenizer::from_gguf(&file));
+    let mut model = model.with_context(|| format!("loading {path}"))?;
+    model.set_precision(super::EngineArgs::default().precision());
+    Ok((model, tokenizer.with_context(|| format!("loading the tokenizer of {path}"))?))
+}
+
 /// Runs IN over pseudo-random tokens of its vocabulary for the columns' importance; if IN cannot run here, says so
 /// and goes on without (the search then weighs columns by the preceding norms).
-fn self_calibration(input: &std::path::Path, cancel: &AtomicBool) -> Option<Importance> {
-    let result = super::load(Some(&input.to_string_lossy()), &super::EngineArgs::default())
-        .and_then(|m| Ok(self_calibrate(&m.model, &m.tokenizer, cancel)?));
+fn self_calibration(quantizer: &Quantizer, cancel: &AtomicBool) -> Option<Importance> {
+    let result = load_input(quantizer).and_then(|(model, tokenizer)| Ok(self_calibrate(&model, &tokenizer, cancel)?));
     match result {
         Ok(importance) => Some(importance),
         Err(e) => {
@@ -192,15 +204,13 @@ fn self_calibration(input: &std::path::Path, cancel: &AtomicBool) -> Option<Impo
 
 /// Loads IN as a model and gathers its columns' importance over the text in `path`.
 fn run_calibration(
-    input: &std::path::Path,
     path: &std::path::Path,
     args: &QuantizeArgs,
     quantizer: &Quantizer,
     cancel: &AtomicBool,
 ) -> anyhow::Result<Importance> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let loaded = super::load(Some(&input.to_string_lossy()), &super::EngineArgs::default())
-        .context("--calibrate runs the input model, which must load")?;
+    let (model, tokenizer) = load_input(quantizer).context("--calibrate runs the input model, which must load")?;
     let bar = progress_bar(0);
     bar.set_message("calibration chunks");
     let mut on_chunk = |done: usize, total: usize| {
@@ -210,8 +220,8 @@ fn run_calibration(
     // The Gram matrices cost time and memory (width² per input): only for the error feedback of Q4_0.
     let gram = !args.no_error_feedback && quantizer.plan().iter().any(|p| p.to == GgmlType::Q4_0 && p.from != p.to);
     let importance = calibrate(
-        &loaded.model,
-        &loaded.tokenizer,
+        &model,
+        &tokenizer,
         &text,
         args.calibrate_ctx as usize,
         args.calibrate_chunks.map(|c| c as usize),

@@ -58,7 +58,7 @@ pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ4_0]) {
 pub fn quantize_row_search(x: &[f32], importance: Option<&[f32]>, y: &mut [BlockQ4_0]) {
     assert_eq!(x.len(), y.len() * QK4_0, "Q4_0 quantize: {} values for {} blocks", x.len(), y.len());
     let mut blocks = vec![super::search::Symmetric::default(); y.len()];
-    super::search_sym::symmetric_blocks(x, importance, -8, 7, super::search::SPREAD, &mut blocks);
+    super::search_sym::symmetric_blocks(x, importance, -8, 7, &mut blocks);
     for (b, s) in blocks.iter().enumerate() {
         y[b].d = s.d;
         let q = |j: usize| (s.q[j] + 8) as u8;

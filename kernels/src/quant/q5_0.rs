@@ -63,7 +63,7 @@ pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ5_0]) {
 pub fn quantize_row_search(x: &[f32], importance: Option<&[f32]>, y: &mut [BlockQ5_0]) {
     assert_eq!(x.len(), y.len() * QK5_0, "Q5_0 quantize: {} values for {} blocks", x.len(), y.len());
     let mut blocks = vec![super::search::Symmetric::default(); y.len()];
-    super::search_sym::symmetric_blocks(x, importance, -16, 15, super::search::SPREAD, &mut blocks);
+    super::search_sym::symmetric_blocks(x, importance, -16, 15, &mut blocks);
     for (b, s) in blocks.iter().enumerate() {
         y[b].d = s.d;
         let mut qh = 0u32;

@@ -375,7 +375,7 @@ mod tests {
             let x: [f32; QK] = std::array::from_fn(|_| lcg(&mut seed) * (1.0 + 4.0 * lcg(&mut seed).abs()));
             let w = [1f32; QK];
             let mut s = [Symmetric::default()];
-            crate::quant::search_sym::symmetric_blocks_at(Isa::Scalar, &x, None, -8, 7, SPREAD, &mut s);
+            crate::quant::search_sym::symmetric_blocks_at(Isa::Scalar, &x, None, -8, 7, &mut s);
             let s = s[0];
             let q: [f32; QK] = std::array::from_fn(|j| s.q[j] as f32);
             e_search += Scalar.error(&x, &w, s.d.to_f32(), 0.0, &q);
