@@ -221,6 +221,72 @@ fn r06_ctrl_c_in_run_chat_and_bench() {
     assert!(!lines.is_empty() && lines.len() < tests, "the finished tests only: {} of {tests}", lines.len());
 }
 
+/// Sends Ctrl-C once `child`'s stderr has shown `needle` (the command is under way), and returns its output, stderr
+/// from the start. Nothing may take more than 10 s to stop.
+fn interrupt_when(mut child: Child, needle: &str) -> Output {
+    let mut stderr = child.stderr.take().unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !text(&seen).contains(needle) {
+        let n = stderr.read(&mut buf).unwrap();
+        assert!(n > 0, "the command ended before printing {needle:?}: {}", text(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    interrupt(&child);
+    let rest = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = stderr.read_to_end(&mut bytes);
+        bytes
+    });
+    let mut out = wait_at_most(child, Duration::from_secs(10));
+    seen.extend(rest.join().unwrap());
+    out.stderr = seen;
+    out
+}
+
+/// A text of about a million tokens for the tiny model's byte vocabulary: tens of thousands of chunks, far more
+/// than a run can score before the Ctrl-C that follows its first chunk.
+fn long_text(dir: &Path) -> PathBuf {
+    let path = dir.join("long.txt");
+    std::fs::write(&path, "the quick brown fox jumps over the lazy dog. ".repeat(22_000)).unwrap();
+    path
+}
+
+/// R6 for `perplexity` and `compare`: Ctrl-C stops after the chunk in progress, the chunks finished are reported
+/// (stdout: the estimate, or the table with the statistics so far), and the status is 130.
+#[test]
+fn r06_ctrl_c_in_perplexity_and_compare() {
+    let dir = tempdir();
+    let m = tiny(dir.path());
+    let m = m.to_str().unwrap();
+    let t = long_text(dir.path());
+    let t = t.to_str().unwrap();
+    // perplexity: its running estimate goes to stderr after each chunk ("[1]...,").
+    let out = interrupt_when(spawn(&["perplexity", m, "-f", t, "-c", "16"], Stdio::null()), "[1]");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(!err.contains("panicked") && err.trim_end().ends_with("note: interrupted"), "{err}");
+    let summary = err.lines().find(|l| l.contains("chunks of 16 tokens (interrupted)")).expect(&err);
+    let (done, planned): (usize, usize) = {
+        let w: Vec<&str> = summary.split_whitespace().collect();
+        (w[0].parse().unwrap(), w[2].parse().unwrap())
+    };
+    assert!(done >= 1 && done < planned, "{summary}");
+    assert_eq!(err.matches(']').count(), done, "one running estimate per chunk finished: {err}");
+    let stdout = text(&out.stdout);
+    assert!(stdout.starts_with("Final estimate: PPL = "), "the estimate of the chunks finished: {stdout:?}");
+    // compare: progress "chunk i/n" on stderr; the table says how many chunks it covers.
+    let out = interrupt_when(spawn(&["compare", m, m, "-f", t, "-c", "16"], Stdio::null()), "chunk 1/");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(!err.contains("panicked") && err.trim_end().ends_with("note: interrupted"), "{err}");
+    let stdout = text(&out.stdout);
+    let line = stdout.lines().find(|l| l.starts_with("scored positions")).expect(&stdout);
+    assert!(line.contains(" chunks: interrupted)"), "{line}");
+    // The same model on both sides: every scored position agrees.
+    assert!(stdout.lines().any(|l| l.starts_with("top1_agreement") && l.ends_with("1.0000")), "{stdout}");
+}
+
 /// R7: `| head` on every command that prints: a closed stdout ends the command quietly with status 0.
 #[test]
 fn r07_broken_pipe_on_every_command_that_prints() {
