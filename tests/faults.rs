@@ -14,6 +14,7 @@ use infer::tokenizer::Tokenizer;
 
 use crate::common::{assert_clean_failure, infer, infer_bin, interrupt, tempdir};
 use crate::registry::{fake_model, listing, local_source, toml_entry};
+use crate::serve;
 use crate::synthetic::{Spec, build};
 
 /// A synthetic llama model written into `dir`.
@@ -285,6 +286,145 @@ fn r06_ctrl_c_in_perplexity_and_compare() {
     assert!(line.contains(" chunks: interrupted)"), "{line}");
     // The same model on both sides: every scored position agrees.
     assert!(stdout.lines().any(|l| l.starts_with("top1_agreement") && l.ends_with("1.0000")), "{stdout}");
+}
+
+/// Opens a streamed completion that generates until its context (100,000 tokens) is full, and returns its reader
+/// after the first event: the request is running.
+fn endless_stream(base: &str) -> BufReader<impl Read + Send + 'static> {
+    let body = serde_json::json!({"prompt": "x", "max_tokens": 100000, "ignore_eos": true, "stream": true});
+    let r = serve::agent().post(&format!("{base}/v1/completions")).send(body.to_string().as_bytes()).unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let mut reader = BufReader::new(r.into_body().into_reader());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert!(line.starts_with("data: "), "{line}");
+    reader
+}
+
+/// Reads a stream to its end (the server closing it) and returns what came.
+fn read_rest(mut reader: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = reader.read_to_end(&mut bytes);
+        text(&bytes)
+    })
+}
+
+/// R6 for `serve`: Ctrl-C (SIGINT, like SIGTERM) is its normal way to stop, so it exits 0, not 130: it stops
+/// accepting connections, lets running requests finish for --shutdown-timeout seconds, then cuts off the rest; a
+/// second Ctrl-C stops the wait at once. Either way it is gone within 10 s here.
+#[cfg(unix)]
+#[test]
+fn r06_ctrl_c_in_serve_with_requests_in_flight() {
+    let dir = tempdir();
+    let m = serve::tiny_model(dir.path());
+    // A short request finishes during the drain; an endless one is cut off at the deadline.
+    let server = serve::Server::start(&m, &["-c", "100000", "--shutdown-timeout", "3"]);
+    let endless = endless_stream(&server.base);
+    let short = serve::agent()
+        .post(&format!("{}/v1/completions", server.base))
+        .send(
+            serde_json::json!({"prompt": "y", "max_tokens": 40, "ignore_eos": true, "stream": true})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap();
+    let short = read_rest(short.into_body().into_reader());
+    let endless = read_rest(endless);
+    server.signal("INT");
+    let (code, log) = server.wait_exit(Duration::from_secs(10));
+    assert_eq!(code, Some(0), "{log:#?}");
+    let short = short.join().unwrap();
+    assert!(short.trim_end().ends_with("data: [DONE]"), "the short request was cut off: {short}");
+    let endless = endless.join().unwrap();
+    assert!(!endless.contains("[DONE]"), "the endless request cannot have ended");
+    assert!(log.iter().any(|l| l.starts_with("shutting down")), "{log:#?}");
+    assert!(log.iter().any(|l| l.starts_with("shutdown deadline passed")), "{log:#?}");
+    assert!(!log.iter().any(|l| l.contains("panicked")), "{log:#?}");
+
+    // Twice: the second Ctrl-C ends the (default, 30 s) wait.
+    let server = serve::Server::start(&m, &["-c", "100000"]);
+    let endless = read_rest(endless_stream(&server.base));
+    server.signal("INT");
+    let start = Instant::now();
+    while !server.log().iter().any(|l| l.starts_with("shutting down")) {
+        assert!(start.elapsed() < Duration::from_secs(10), "no shutdown after SIGINT: {:#?}", server.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server.signal("INT");
+    let (code, log) = server.wait_exit(Duration::from_secs(10));
+    assert_eq!(code, Some(0), "{log:#?}");
+    assert!(!endless.join().unwrap().contains("[DONE]"));
+}
+
+/// A client that goes away mid-request (streamed or not): the engine cancels its request and frees its place, and
+/// the server goes on answering.
+#[test]
+fn serve_a_client_that_goes_away_cancels_its_request() {
+    let dir = tempdir();
+    let m = serve::tiny_model(dir.path());
+    let server = serve::Server::start(&m, &["-c", "100000"]);
+    let metrics = || serve::get(&format!("{}/metrics", server.base)).1;
+    let wait_for = |what: &str, ok: &dyn Fn(&str) -> bool| {
+        let start = Instant::now();
+        while !ok(&metrics()) {
+            assert!(start.elapsed() < Duration::from_secs(10), "{what}: {}", metrics());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    drop(endless_stream(&server.base));
+    wait_for("the dropped stream was not cancelled", &|t| {
+        serve::metric(t, "infer_requests_cancelled_total") == 1.0 && serve::metric(t, "infer_requests_running") == 0.0
+    });
+    // Not streamed: the client gives up after 300 ms.
+    let impatient = ureq::Agent::new_with_config(
+        ureq::Agent::config_builder().timeout_global(Some(Duration::from_millis(300))).build(),
+    );
+    let body = serde_json::json!({"prompt": "x", "max_tokens": 100000, "ignore_eos": true});
+    let r = impatient.post(&format!("{}/v1/completions", server.base)).send(body.to_string().as_bytes());
+    assert!(r.is_err(), "a 100,000-token reply in 300 ms?");
+    wait_for("the abandoned request was not cancelled", &|t| {
+        serve::metric(t, "infer_requests_cancelled_total") == 2.0 && serve::metric(t, "infer_requests_running") == 0.0
+    });
+    assert_eq!(serve::get(&format!("{}/health", server.base)), (200, r#"{"status":"ok"}"#.to_string()));
+    let (status, _, reply) =
+        serve::post(&format!("{}/v1/completions", server.base), br#"{"prompt": "hi", "max_tokens": 3}"#);
+    assert_eq!(status, 200, "{reply}");
+    let log = server.log();
+    assert!(log.iter().any(|l| l.contains(" 200 ") && l.contains("finish=cancelled stream")), "{log:#?}");
+    assert!(log.iter().any(|l| l.contains(" 499 ") && l.contains("finish=cancelled")), "{log:#?}");
+}
+
+/// R7 for `serve`: it prints nothing on stdout, and its log goes to stderr; a log whose reader went away (a closed
+/// pipe) loses its lines, not the requests, and the server still stops cleanly.
+#[cfg(unix)]
+#[test]
+fn r07_serve_with_its_log_on_a_closed_pipe() {
+    let dir = tempdir();
+    let m = serve::tiny_model(dir.path());
+    let mut child = spawn(&["serve", m.to_str().unwrap(), "--port", "0", "-t", "2"], Stdio::null());
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "the server did not start");
+        if let Some(rest) = line.strip_prefix("listening on http://") {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    drop(stderr);
+    let base = format!("http://{addr}");
+    for _ in 0..3 {
+        let (status, _, reply) =
+            serve::post(&format!("{base}/v1/completions"), br#"{"prompt": "hi", "max_tokens": 3}"#);
+        assert_eq!(status, 200, "{reply}");
+        let (status, _, reply) = serve::post(&format!("{base}/v1/completions"), br#"{"prompt": 5}"#);
+        assert_eq!(status, 400, "{reply}");
+    }
+    interrupt(&child);
+    let out = wait_at_most(child, Duration::from_secs(10));
+    assert_eq!(out.status.code(), Some(0), "{:?}", out.status);
+    assert!(out.stdout.is_empty());
 }
 
 /// R7: `| head` on every command that prints: a closed stdout ends the command quietly with status 0.
