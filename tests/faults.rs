@@ -427,7 +427,105 @@ fn r07_serve_with_its_log_on_a_closed_pipe() {
     assert!(out.stdout.is_empty());
 }
 
-/// R7: `| head` on every command that prints: a closed stdout ends the command quietly with status 0.
+/// R6 for the commands that answer stdin line by line (`logits`, `tokenize --jsonl`): they install no Ctrl-C handler
+/// on purpose. They wait in a read of stdin between lines, where a handler's flag would go unseen until the next
+/// line came (a Ctrl-C that does nothing); with nothing to finish or save, the default action, ending at once (the
+/// shell reports 130), is the right one. Every line answered before it is whole. (`info`, `list` and `tokenize -p`
+/// are done in milliseconds, on the same default.)
+#[cfg(unix)]
+#[test]
+fn r06_ctrl_c_in_logits_and_tokenize() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempdir();
+    let m = tiny(dir.path());
+    let m = m.to_str().unwrap();
+    for (args, line) in
+        [(vec!["logits", m, "--top-k", "3"], "[1, 2, 3]\n"), (vec!["tokenize", m, "--jsonl"], "\"hi\"\n")]
+    {
+        let mut child = spawn(&args, Stdio::piped());
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(line.as_bytes()).unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut answer = String::new();
+        stdout.read_line(&mut answer).unwrap();
+        serde_json::from_str::<serde_json::Value>(&answer).unwrap_or_else(|e| panic!("{args:?}: {e}: {answer}"));
+        // Waiting for the next line (stdin still open).
+        interrupt(&child);
+        let out = wait_at_most(child, Duration::from_secs(10));
+        assert_eq!(out.status.signal(), Some(2), "{args:?}: {:?} {}", out.status, text(&out.stderr));
+        assert!(!text(&out.stderr).contains("panicked"), "{}", text(&out.stderr));
+        drop(stdin);
+    }
+}
+
+/// R6 and R7 for `pull`: Ctrl-C mid-download ends it at once (default action: the download is a temporary file,
+/// which the next pull removes before it starts again), and a closed stdout (where it prints the path) does not
+/// fail a pull that worked.
+#[cfg(unix)]
+#[test]
+fn r06_r07_ctrl_c_and_broken_pipe_in_pull() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempdir();
+    let home = dir.path().join("home");
+    let models = home.join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    let bytes = fake_model(1_000_000, 3);
+    // A server that sends half the file and stalls, then (the next connection) all of it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let body = bytes.clone();
+    std::thread::spawn(move || {
+        for half in [true, false] {
+            let Ok((mut stream, _)) = listener.accept() else { return };
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+            let _ = stream.write_all(head.as_bytes());
+            let _ = stream.write_all(if half { &body[..body.len() / 2] } else { &body });
+            if half {
+                std::thread::sleep(Duration::from_secs(30));
+            }
+        }
+    });
+    let mut entry = local_source(dir.path(), "slow", &bytes);
+    entry.source = infer::registry::Source::Url { url: format!("http://{addr}/slow.gguf") };
+    std::fs::write(home.join("models.toml"), toml_entry(&entry)).unwrap();
+    let pull = || {
+        Command::new(env!("CARGO_BIN_EXE_infer"))
+            .args(["pull", "slow"])
+            .env("INFER_HOME", &home)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let child = pull();
+    let partial = || listing(&models).into_iter().find(|n| n.ends_with(".partial"));
+    let start = Instant::now();
+    while !partial().is_some_and(|p| std::fs::metadata(models.join(p)).is_ok_and(|m| m.len() > 0)) {
+        assert!(start.elapsed() < Duration::from_secs(20), "no download started: {:?}", listing(&models));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    interrupt(&child);
+    let out = wait_at_most(child, Duration::from_secs(10));
+    assert_eq!(out.status.signal(), Some(2), "{:?} {}", out.status, text(&out.stderr));
+    // The next pull, its stdout closed before it prints: the file is fetched whole, the leftover removed, status 0.
+    let mut child = pull();
+    drop(child.stdout.take());
+    let out = wait_at_most(child, Duration::from_secs(30));
+    assert!(out.status.success(), "{:?} {}", out.status, text(&out.stderr));
+    assert_eq!(listing(&models), [".locks", "slow.gguf", "slow.gguf.sha256"]);
+    assert_eq!(std::fs::read(models.join("slow.gguf")).unwrap(), bytes);
+}
+
+/// R7: `| head` on every command that prints: a closed stdout (or stderr) ends the command quietly with status 0.
+/// (`serve` and `pull`: the tests after this one.)
 #[test]
 fn r07_broken_pipe_on_every_command_that_prints() {
     let dir = tempdir();
@@ -436,6 +534,7 @@ fn r07_broken_pipe_on_every_command_that_prints() {
     let ids = format!("{}\n", serde_json::to_string(&(0..200).collect::<Vec<u32>>()).unwrap()).repeat(20);
     let words = "hello world ".repeat(5000);
     let text_file = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/jargon-intro.txt");
+    let quantized = dir.path().join("q4_0.gguf").to_str().unwrap().to_string();
     let commands: Vec<(Vec<&str>, Vec<u8>)> = vec![
         (vec!["info", m, "--full"], vec![]),
         (vec!["list"], vec![]),
@@ -447,14 +546,12 @@ fn r07_broken_pipe_on_every_command_that_prints() {
         (vec!["bench", m, "-p", "8", "-n", "4", "-r", "1", "-t", "1,2", "-o", "csv"], vec![]),
         (vec!["perplexity", m, "-f", text_file, "-c", "32", "--chunks", "40"], vec![]),
         (vec!["compare", m, m, "-f", text_file, "-c", "32", "--chunks", "40"], vec![]),
+        // Prints nothing on stdout: its per-tensor lines (-v) go to stderr, which the second round closes.
+        (vec!["quantize", m, &quantized, "q4_0", "--allow-requantize", "-v"], vec![]),
     ];
-    for (args, input) in commands {
-        let mut child = spawn(&args, if input.is_empty() { Stdio::null() } else { Stdio::piped() });
-        if let Some(mut stdin) = child.stdin.take() {
-            std::thread::spawn(move || {
-                let _ = stdin.write_all(&input);
-            });
-        }
+    for (args, input) in &commands {
+        let mut child = spawn(args, if input.is_empty() { Stdio::null() } else { Stdio::piped() });
+        feed(&mut child, input);
         // Read one line and hang up, as `| head -1` does.
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
@@ -465,6 +562,35 @@ fn r07_broken_pipe_on_every_command_that_prints() {
             "{args:?}: {}",
             text(&out.stderr)
         );
+    }
+    // `2>&1 | head -c 1`: stdout and stderr on one pipe, closed after the first byte. The notes, progress and
+    // timings on stderr used to panic there (`eprintln!`, status 101).
+    for (args, input) in &commands {
+        let (mut reader, writer) = std::io::pipe().unwrap();
+        let mut child = infer_bin()
+            .args(args)
+            .stdin(if input.is_empty() { Stdio::null() } else { Stdio::piped() })
+            .stdout(writer.try_clone().unwrap())
+            .stderr(writer)
+            .spawn()
+            .unwrap();
+        feed(&mut child, input);
+        let mut byte = [0u8; 1];
+        let _ = reader.read(&mut byte);
+        drop(reader);
+        let out = wait_at_most(child, Duration::from_secs(60));
+        assert!(out.status.success(), "{args:?} 2>&1 | head -c 1: {:?}", out.status);
+    }
+    assert!(GgufFile::open(&quantized).is_ok(), "quantize wrote its whole file though nobody read its log");
+}
+
+/// Writes `input` to the child's stdin from a thread (a command that stops reading must not block the test).
+fn feed(child: &mut Child, input: &[u8]) {
+    if let Some(mut stdin) = child.stdin.take() {
+        let input = input.to_vec();
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
     }
 }
 

@@ -12,6 +12,7 @@ use super::EngineArgs;
 use super::args::ThreadArgs;
 use super::output::print_line;
 use super::perplexity::{ChunkArgs, read_text};
+use crate::cli::output::{eprint_lossy, eprintln_lossy};
 use crate::eval::{
     DivergenceReport, EvalError, Greedy, common_prefix, compare_continuation, compare_text, greedy, tokenize_text,
 };
@@ -129,9 +130,9 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
                 let mut on_chunk = |i: usize, n: usize| {
                     report.chunks = Some((i + 1, n));
                     if !json {
-                        eprint!("\rchunk {}/{n}", i + 1);
+                        eprint_lossy!("\rchunk {}/{n}", i + 1);
                         if i + 1 == n {
-                            eprintln!();
+                            eprintln_lossy!();
                         }
                     }
                 };
@@ -159,7 +160,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
         .context("starting worker threads")??;
     report.interrupted = cancelled();
     if report.interrupted && !json && report.chunks.is_some_and(|(done, n)| done < n) {
-        eprintln!();
+        eprintln_lossy!();
     }
     if json {
         print_line(&serde_json::to_string(&report)?)?;

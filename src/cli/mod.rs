@@ -3,6 +3,7 @@
 //! Commands write model text and machine-readable output to stdout, everything else (progress, timings, warnings)
 //! to stderr. Errors come back as `anyhow::Error` with context naming the file, key or flag involved.
 
+use crate::cli::output::eprintln_lossy;
 use clap::{Parser, Subcommand};
 
 pub mod args;
@@ -167,7 +168,7 @@ pub fn load(spec: Option<&str>, engine: &EngineArgs) -> anyhow::Result<Loaded> {
 pub fn check_context(model: &crate::model::Model, n_ctx: usize, kv: crate::model::KvDtype) -> anyhow::Result<()> {
     let trained = model.config.n_ctx_train;
     if n_ctx > trained {
-        eprintln!(
+        eprintln_lossy!(
             "warning: a context of {n_ctx} tokens is more than this model was trained for ({trained}); text past \
              {trained} tokens may degrade"
         );

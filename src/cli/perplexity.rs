@@ -8,6 +8,7 @@ use clap::Args;
 use super::EngineArgs;
 use super::args::ThreadArgs;
 use super::output::print_line;
+use crate::cli::output::{eprint_lossy, eprintln_lossy};
 use crate::eval::{EvalError, perplexity, tokenize_text};
 
 #[derive(Args, Debug)]
@@ -62,9 +63,9 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
             let mut on_chunk = |i: usize, n: usize, ppl: f64| {
                 planned = n;
                 if !json {
-                    eprint!("[{}]{ppl:.4},", i + 1);
+                    eprint_lossy!("[{}]{ppl:.4},", i + 1);
                     if i + 1 == n {
-                        eprintln!();
+                        eprintln_lossy!();
                     }
                 }
             };
@@ -85,12 +86,15 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
         print_line(&v.to_string())?;
     } else {
         if interrupted {
-            eprintln!();
+            eprintln_lossy!();
         }
         let (of, why) = if interrupted { (format!(" of {planned}"), " (interrupted)") } else { (String::new(), "") };
-        eprintln!(
+        eprintln_lossy!(
             "{}{of} chunks of {} tokens{why}, {} tokens scored, {:.1} s",
-            result.chunks, result.n_ctx, result.tokens_scored, result.seconds
+            result.chunks,
+            result.n_ctx,
+            result.tokens_scored,
+            result.seconds
         );
         print_line(&format!("Final estimate: PPL = {:.4} +/- {:.5}", result.ppl, result.ppl_err))?;
     }

@@ -11,6 +11,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use infer_kernels::GgmlType;
 
 use super::args::ThreadArgs;
+use crate::cli::output::eprintln_lossy;
 use crate::quantize::{Importance, Mode, Policy, Quantizer, TARGETS, calibrate, parse_target, self_calibrate};
 use crate::registry::human_size;
 
@@ -95,7 +96,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
 
     let file = quantizer.input();
     let in_type = file.metadata().get("general.file_type").and_then(crate::gguf::MetaValue::as_u64);
-    eprintln!(
+    eprintln_lossy!(
         "quantizing {} ({}, {}) to {} as {}{}",
         input.display(),
         in_type.and_then(super::info::file_type_name).unwrap_or("?"),
@@ -111,20 +112,21 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     let requant = quantizer.requantized_types();
     if !requant.is_empty() {
         let names: Vec<_> = requant.iter().map(|t| t.name()).collect();
-        eprintln!("note: dequantizing the {} tensors to f32 first (--allow-requantize)", names.join(", "));
+        eprintln_lossy!("note: dequantizing the {} tensors to f32 first (--allow-requantize)", names.join(", "));
     }
     let fallbacks = quantizer.fallbacks();
     if !fallbacks.is_empty() {
         let n: usize = fallbacks.iter().map(|f| f.2).sum();
         let groups: Vec<String> = fallbacks.iter().map(|(w, t, c)| format!("{c} {w} -> {t}")).collect();
-        eprintln!(
+        eprintln_lossy!(
             "warning: {n} of {} tensors have rows that are not a whole number of their type's blocks and fall back: {}",
             quantizer.plan().len(),
             groups.join(", ")
         );
     }
 
-    args.threads
+    let result = args
+        .threads
         .install(|| -> anyhow::Result<()> {
             let importance = match (&args.calibrate, mode) {
                 (Some(path), _) => Some(run_calibration(&input, path, &args, &quantizer, &cancel)?),
@@ -139,7 +141,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
                 if verbose {
                     let dims: Vec<String> = t.plan.dims.iter().map(u64::to_string).collect();
                     bar.suspend(|| {
-                        eprintln!(
+                        eprintln_lossy!(
                             "[{:>4}/{}] {:<28} {:>12} {:>5} -> {:<5} {:>9} -> {:>9} {:>6.0} ms{}",
                             t.index + 1,
                             t.total,
@@ -163,7 +165,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
             let result = quantizer.run(output, importance.as_ref(), &cancel, &mut on_tensor);
             bar.finish_and_clear();
             let s = result?;
-            eprintln!(
+            eprintln_lossy!(
                 "done: {} ({:.2} bits per weight) -> {} ({:.2} bits per weight) in {:.2} s",
                 human_size(s.file_bytes_in),
                 s.bpw_in(),
@@ -173,7 +175,15 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
             );
             Ok(())
         })
-        .context("starting worker threads")?
+        .context("starting worker threads")?;
+    match result {
+        // Whatever step noticed the Ctrl-C, the temporary output is gone: status 130, as the other commands.
+        Err(_) if cancel.load(Ordering::SeqCst) => {
+            eprintln_lossy!("note: no output was written");
+            Err(super::Interrupted.into())
+        }
+        r => r,
+    }
 }
 
 /// Runs IN over pseudo-random tokens of its vocabulary for the columns' importance; if IN cannot run here, says so
@@ -184,7 +194,7 @@ fn self_calibration(input: &std::path::Path, cancel: &AtomicBool) -> Option<Impo
     match result {
         Ok(importance) => Some(importance),
         Err(e) => {
-            eprintln!("note: no self-calibration ({e:#}); weighting columns by the norms before them");
+            eprintln_lossy!("note: no self-calibration ({e:#}); weighting columns by the norms before them");
             None
         }
     }
@@ -221,7 +231,7 @@ fn run_calibration(
     )
     .with_context(|| format!("calibrating on {}", path.display()))?;
     bar.finish_and_clear();
-    eprintln!(
+    eprintln_lossy!(
         "calibrated on {} ({} tokens): importance for {} tensors{}",
         path.display(),
         importance.tokens,

@@ -36,6 +36,7 @@ use crate::cli::args::parse_count;
 use crate::cli::output::print_line;
 
 use super::report::md_table;
+use crate::cli::output::eprintln_lossy;
 
 // Options of `bench --serve`. (A plain comment: a doc comment on a flattened `Args` struct would replace the
 // `about` text of the command.)
@@ -590,7 +591,7 @@ pub fn run(args: &LoadArgs, output: &str) -> anyhow::Result<()> {
                 bail!("the warmup request to {url} failed: {e}");
             }
         }
-        eprintln!(
+        eprintln_lossy!(
             "{}: {n} requests, {} ...",
             args.label.as_deref().unwrap_or(base),
             match (concurrency, args.rate) {
