@@ -20,11 +20,10 @@ use clap::{Args, ValueEnum};
 use crate::chat::{Chat, ChatError, ChatSettings, OnFull, Reply};
 use crate::cli::EngineArgs;
 use crate::cli::args::{LengthArgs, SamplingArgs, StopArgs, ThreadArgs};
-use crate::cli::output::{print_flush, print_line};
+use crate::cli::output::{eprintln_lossy, print_flush, print_line};
 use crate::cli::run::{generation_json, timing_line};
 use crate::session::{FinishReason, GenerateError, Session};
 
-use crate::cli::output::eprintln_lossy;
 use commands::Command;
 use input::{Input, LineReader};
 use terminal::Style;

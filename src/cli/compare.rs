@@ -10,9 +10,8 @@ use serde::Serialize;
 
 use super::EngineArgs;
 use super::args::ThreadArgs;
-use super::output::print_line;
+use super::output::{eprint_lossy, eprintln_lossy, print_line};
 use super::perplexity::{ChunkArgs, read_text};
-use crate::cli::output::{eprint_lossy, eprintln_lossy};
 use crate::eval::{
     DivergenceReport, EvalError, Greedy, common_prefix, compare_continuation, compare_text, greedy, tokenize_text,
 };

@@ -3,8 +3,9 @@
 //! Commands write model text and machine-readable output to stdout, everything else (progress, timings, warnings)
 //! to stderr. Errors come back as `anyhow::Error` with context naming the file, key or flag involved.
 
-use crate::cli::output::eprintln_lossy;
 use clap::{Parser, Subcommand};
+
+use crate::cli::output::eprintln_lossy;
 
 pub mod args;
 pub mod bench;

@@ -7,8 +7,7 @@ use clap::Args;
 
 use super::EngineArgs;
 use super::args::ThreadArgs;
-use super::output::print_line;
-use crate::cli::output::{eprint_lossy, eprintln_lossy};
+use super::output::{eprint_lossy, eprintln_lossy, print_line};
 use crate::eval::{EvalError, perplexity, tokenize_text};
 
 #[derive(Args, Debug)]

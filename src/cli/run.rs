@@ -13,8 +13,7 @@ use serde_json::{Value, json};
 use crate::cli::EngineArgs;
 use crate::cli::args::{LengthArgs, SamplingArgs, StopArgs, ThreadArgs};
 use crate::cli::input::{MAX_INPUT_BYTES, read_text, read_text_file};
-use crate::cli::output::eprintln_lossy;
-use crate::cli::output::print_flush;
+use crate::cli::output::{eprintln_lossy, print_flush};
 use crate::session::{FinishReason, GenerateRequest, Generation, Session, Timings};
 use crate::tokenizer::chat::ChatMessage;
 

@@ -33,10 +33,9 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::cli::args::parse_count;
-use crate::cli::output::print_line;
+use crate::cli::output::{eprintln_lossy, print_line};
 
 use super::report::md_table;
-use crate::cli::output::eprintln_lossy;
 
 // Options of `bench --serve`. (A plain comment: a doc comment on a flattened `Args` struct would replace the
 // `about` text of the command.)
