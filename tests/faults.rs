@@ -13,7 +13,7 @@ use infer::kernels::GgmlType;
 use infer::tokenizer::Tokenizer;
 
 use crate::common::{assert_clean_failure, infer, infer_bin, interrupt, tempdir};
-use crate::registry::{fake_model, listing, local_source, toml_entry};
+use crate::registry::{fake_model, listing, local_source, read_request, toml_entry};
 use crate::serve;
 use crate::synthetic::{Spec, build};
 
@@ -475,22 +475,15 @@ fn r06_r07_ctrl_c_and_broken_pipe_in_pull() {
     let addr = listener.local_addr().unwrap();
     let body = bytes.clone();
     std::thread::spawn(move || {
+        // The stalled connection stays open (held here) while the next one is served.
+        let mut held = Vec::new();
         for half in [true, false] {
             let Ok((mut stream, _)) = listener.accept() else { return };
-            let mut request = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                match stream.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => request.extend_from_slice(&buf[..n]),
-                }
-            }
+            read_request(&mut stream);
             let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
             let _ = stream.write_all(head.as_bytes());
             let _ = stream.write_all(if half { &body[..body.len() / 2] } else { &body });
-            if half {
-                std::thread::sleep(Duration::from_secs(30));
-            }
+            held.push(stream);
         }
     });
     let mut entry = local_source(dir.path(), "slow", &bytes);
