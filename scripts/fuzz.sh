@@ -82,7 +82,11 @@ run_one() {
     [ -d "$gen/$t" ] && dirs+=("$gen/$t")
     # Raw-byte targets get room for the real headers and templates; the structured ones keep libFuzzer's default.
     local len=()
-    case $t in gguf | tokenizer | chat_template | models_toml) len=(-max_len=65536) ;; esac
+    case $t in
+    gguf | tokenizer | chat_template | models_toml) len=(-max_len=65536) ;;
+    # Past the target's 4 KiB body limit, so that reading a body too large is tried too.
+    openai) len=(-max_len=8192) ;;
+    esac
     if cargo +nightly fuzz run "$t" "${dirs[@]}" -- -max_total_time="$secs" -timeout=1 -rss_limit_mb=2048 \
         "${len[@]}" -print_final_stats=1 >"$log" 2>&1; then
         local stats

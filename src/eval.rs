@@ -202,7 +202,9 @@ pub struct Perplexity {
     pub seconds: f64,
 }
 
-/// Perplexity of `model` on `tokens` (see the module notes). `on_chunk(i, running_ppl)` hears of each chunk.
+/// Perplexity of `model` on `tokens` (see the module notes). `on_chunk(i, n, running_ppl)` hears of each chunk.
+/// Setting `cancel` stops after the chunk in progress: the result then covers the chunks finished (`chunks`), or is
+/// [`EvalError::Cancelled`] if none was.
 pub fn perplexity(
     model: &Model,
     tokens: &[u32],
@@ -220,7 +222,7 @@ pub fn perplexity(
     let (mut nll, mut running) = (Nll::default(), Vec::new());
     for (i, chunk) in chunks.iter().enumerate() {
         if cancel.load(Ordering::Relaxed) {
-            return Err(EvalError::Cancelled);
+            break;
         }
         runner.run_chunk(chunk, first, |pos, logits| {
             let values: Vec<f64> = logits
@@ -234,11 +236,14 @@ pub fn perplexity(
         running.push(nll.ppl());
         on_chunk(i, chunks.len(), nll.ppl());
     }
+    if running.is_empty() {
+        return Err(EvalError::Cancelled);
+    }
     Ok(Perplexity {
         ppl: nll.ppl(),
         ppl_err: nll.ppl_err(),
         n_ctx,
-        chunks: chunks.len(),
+        chunks: running.len(),
         tokens_scored: nll.count,
         tokens_text: tokens.len(),
         running,
@@ -357,7 +362,9 @@ fn check_vocab(base: &Model, other: &Model) -> Result<usize, EvalError> {
 }
 
 /// Text statistics of OTHER against BASE over the chunks of `tokens` (see the module notes), both models run side
-/// by side a piece at a time. Also returns each model's prompt-processing rate in tokens/s.
+/// by side a piece at a time. Also returns each model's prompt-processing rate in tokens/s. Setting `cancel` stops
+/// after the chunk in progress: the statistics then cover the chunks finished, or the result is
+/// [`EvalError::Cancelled`] if none was.
 #[allow(clippy::too_many_arguments)]
 pub fn compare_text(
     base: &Model,
@@ -376,7 +383,10 @@ pub fn compare_text(
     let mut div = Divergence::default();
     for (i, chunk) in chunks.iter().enumerate() {
         if cancel.load(Ordering::Relaxed) {
-            return Err(EvalError::Cancelled);
+            if i == 0 {
+                return Err(EvalError::Cancelled);
+            }
+            break;
         }
         rb.reset();
         ro.reset();

@@ -24,7 +24,7 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             if err.downcast_ref::<infer::cli::Interrupted>().is_some() {
-                eprintln!("note: interrupted");
+                let _ = writeln!(std::io::stderr(), "note: interrupted");
                 return ExitCode::from(130);
             }
             let mut stderr = std::io::stderr().lock();

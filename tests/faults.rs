@@ -13,7 +13,8 @@ use infer::kernels::GgmlType;
 use infer::tokenizer::Tokenizer;
 
 use crate::common::{assert_clean_failure, infer, infer_bin, interrupt, tempdir};
-use crate::registry::{fake_model, listing, local_source, toml_entry};
+use crate::registry::{fake_model, listing, local_source, read_request, toml_entry};
+use crate::serve;
 use crate::synthetic::{Spec, build};
 
 /// A synthetic llama model written into `dir`.
@@ -221,7 +222,303 @@ fn r06_ctrl_c_in_run_chat_and_bench() {
     assert!(!lines.is_empty() && lines.len() < tests, "the finished tests only: {} of {tests}", lines.len());
 }
 
-/// R7: `| head` on every command that prints: a closed stdout ends the command quietly with status 0.
+/// Sends Ctrl-C once `child`'s stderr has shown `needle` (the command is under way), and returns its output, stderr
+/// from the start. Nothing may take more than 10 s to stop.
+fn interrupt_when(mut child: Child, needle: &str) -> Output {
+    let mut stderr = child.stderr.take().unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !text(&seen).contains(needle) {
+        let n = stderr.read(&mut buf).unwrap();
+        assert!(n > 0, "the command ended before printing {needle:?}: {}", text(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    interrupt(&child);
+    let rest = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = stderr.read_to_end(&mut bytes);
+        bytes
+    });
+    let mut out = wait_at_most(child, Duration::from_secs(10));
+    seen.extend(rest.join().unwrap());
+    out.stderr = seen;
+    out
+}
+
+/// A text of about a million tokens for the tiny model's byte vocabulary: tens of thousands of chunks, far more
+/// than a run can score before the Ctrl-C that follows its first chunk.
+fn long_text(dir: &Path) -> PathBuf {
+    let path = dir.join("long.txt");
+    std::fs::write(&path, "the quick brown fox jumps over the lazy dog. ".repeat(22_000)).unwrap();
+    path
+}
+
+/// R6 for `perplexity` and `compare`: Ctrl-C stops after the chunk in progress, the chunks finished are reported
+/// (stdout: the estimate, or the table with the statistics so far), and the status is 130.
+#[test]
+fn r06_ctrl_c_in_perplexity_and_compare() {
+    let dir = tempdir();
+    let m = tiny(dir.path());
+    let m = m.to_str().unwrap();
+    let t = long_text(dir.path());
+    let t = t.to_str().unwrap();
+    // perplexity: its running estimate goes to stderr after each chunk ("[1]...,").
+    let out = interrupt_when(spawn(&["perplexity", m, "-f", t, "-c", "16"], Stdio::null()), "[1]");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(!err.contains("panicked") && err.trim_end().ends_with("note: interrupted"), "{err}");
+    let summary = err.lines().find(|l| l.contains("chunks of 16 tokens (interrupted)")).expect(&err);
+    let (done, planned): (usize, usize) = {
+        let w: Vec<&str> = summary.split_whitespace().collect();
+        (w[0].parse().unwrap(), w[2].parse().unwrap())
+    };
+    assert!(done >= 1 && done < planned, "{summary}");
+    assert_eq!(err.matches(']').count(), done, "one running estimate per chunk finished: {err}");
+    let stdout = text(&out.stdout);
+    assert!(stdout.starts_with("Final estimate: PPL = "), "the estimate of the chunks finished: {stdout:?}");
+    // compare: progress "chunk i/n" on stderr; the table says how many chunks it covers.
+    let out = interrupt_when(spawn(&["compare", m, m, "-f", t, "-c", "16"], Stdio::null()), "chunk 1/");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(!err.contains("panicked") && err.trim_end().ends_with("note: interrupted"), "{err}");
+    let stdout = text(&out.stdout);
+    let line = stdout.lines().find(|l| l.starts_with("scored positions")).expect(&stdout);
+    assert!(line.contains(" chunks: interrupted)"), "{line}");
+    // The same model on both sides: every scored position agrees.
+    assert!(stdout.lines().any(|l| l.starts_with("top1_agreement") && l.ends_with("1.0000")), "{stdout}");
+}
+
+/// Opens a streamed completion that generates until its context (100,000 tokens) is full, and returns its reader
+/// after the first event: the request is running.
+fn endless_stream(base: &str) -> BufReader<impl Read + Send + 'static> {
+    let body = serde_json::json!({"prompt": "x", "max_tokens": 100000, "ignore_eos": true, "stream": true});
+    let r = serve::agent().post(&format!("{base}/v1/completions")).send(body.to_string().as_bytes()).unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let mut reader = BufReader::new(r.into_body().into_reader());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert!(line.starts_with("data: "), "{line}");
+    reader
+}
+
+/// Reads a stream to its end (the server closing it) and returns what came.
+fn read_rest(mut reader: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = reader.read_to_end(&mut bytes);
+        text(&bytes)
+    })
+}
+
+/// R6 for `serve`: Ctrl-C (SIGINT, like SIGTERM) is its normal way to stop, so it exits 0, not 130: it stops
+/// accepting connections, lets running requests finish for --shutdown-timeout seconds, then cuts off the rest; a
+/// second Ctrl-C stops the wait at once. Either way it is gone within 10 s here.
+#[cfg(unix)]
+#[test]
+fn r06_ctrl_c_in_serve_with_requests_in_flight() {
+    let dir = tempdir();
+    let m = serve::tiny_model(dir.path());
+    // A short request finishes during the drain; an endless one is cut off at the deadline.
+    let server = serve::Server::start(&m, &["-c", "100000", "--shutdown-timeout", "3"]);
+    let endless = endless_stream(&server.base);
+    let short = serve::agent()
+        .post(&format!("{}/v1/completions", server.base))
+        .send(
+            serde_json::json!({"prompt": "y", "max_tokens": 40, "ignore_eos": true, "stream": true})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap();
+    let short = read_rest(short.into_body().into_reader());
+    let endless = read_rest(endless);
+    server.signal("INT");
+    let (code, log) = server.wait_exit(Duration::from_secs(10));
+    assert_eq!(code, Some(0), "{log:#?}");
+    let short = short.join().unwrap();
+    assert!(short.trim_end().ends_with("data: [DONE]"), "the short request was cut off: {short}");
+    let endless = endless.join().unwrap();
+    assert!(!endless.contains("[DONE]"), "the endless request cannot have ended");
+    assert!(log.iter().any(|l| l.starts_with("shutting down")), "{log:#?}");
+    assert!(log.iter().any(|l| l.starts_with("shutdown deadline passed")), "{log:#?}");
+    assert!(!log.iter().any(|l| l.contains("panicked")), "{log:#?}");
+
+    // Twice: the second Ctrl-C ends the (default, 30 s) wait.
+    let server = serve::Server::start(&m, &["-c", "100000"]);
+    let endless = read_rest(endless_stream(&server.base));
+    server.signal("INT");
+    let start = Instant::now();
+    while !server.log().iter().any(|l| l.starts_with("shutting down")) {
+        assert!(start.elapsed() < Duration::from_secs(10), "no shutdown after SIGINT: {:#?}", server.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server.signal("INT");
+    let (code, log) = server.wait_exit(Duration::from_secs(10));
+    assert_eq!(code, Some(0), "{log:#?}");
+    assert!(!endless.join().unwrap().contains("[DONE]"));
+}
+
+/// A client that goes away mid-request (streamed or not): the engine cancels its request and frees its place, and
+/// the server goes on answering.
+#[test]
+fn serve_a_client_that_goes_away_cancels_its_request() {
+    let dir = tempdir();
+    let m = serve::tiny_model(dir.path());
+    let server = serve::Server::start(&m, &["-c", "100000"]);
+    let metrics = || serve::get(&format!("{}/metrics", server.base)).1;
+    let wait_for = |what: &str, ok: &dyn Fn(&str) -> bool| {
+        let start = Instant::now();
+        while !ok(&metrics()) {
+            assert!(start.elapsed() < Duration::from_secs(10), "{what}: {}", metrics());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    drop(endless_stream(&server.base));
+    wait_for("the dropped stream was not cancelled", &|t| {
+        serve::metric(t, "infer_requests_cancelled_total") == 1.0 && serve::metric(t, "infer_requests_running") == 0.0
+    });
+    // Not streamed: the client gives up after 300 ms.
+    let impatient = ureq::Agent::new_with_config(
+        ureq::Agent::config_builder().timeout_global(Some(Duration::from_millis(300))).build(),
+    );
+    let body = serde_json::json!({"prompt": "x", "max_tokens": 100000, "ignore_eos": true});
+    let r = impatient.post(&format!("{}/v1/completions", server.base)).send(body.to_string().as_bytes());
+    assert!(r.is_err(), "a 100,000-token reply in 300 ms?");
+    wait_for("the abandoned request was not cancelled", &|t| {
+        serve::metric(t, "infer_requests_cancelled_total") == 2.0 && serve::metric(t, "infer_requests_running") == 0.0
+    });
+    assert_eq!(serve::get(&format!("{}/health", server.base)), (200, r#"{"status":"ok"}"#.to_string()));
+    let (status, _, reply) =
+        serve::post(&format!("{}/v1/completions", server.base), br#"{"prompt": "hi", "max_tokens": 3}"#);
+    assert_eq!(status, 200, "{reply}");
+    let log = server.log();
+    assert!(log.iter().any(|l| l.contains(" 200 ") && l.contains("finish=cancelled stream")), "{log:#?}");
+    assert!(log.iter().any(|l| l.contains(" 499 ") && l.contains("finish=cancelled")), "{log:#?}");
+}
+
+/// R7 for `serve`: it prints nothing on stdout, and its log goes to stderr; a log whose reader went away (a closed
+/// pipe) loses its lines, not the requests, and the server still stops cleanly.
+#[cfg(unix)]
+#[test]
+fn r07_serve_with_its_log_on_a_closed_pipe() {
+    let dir = tempdir();
+    let m = serve::tiny_model(dir.path());
+    let mut child = spawn(&["serve", m.to_str().unwrap(), "--port", "0", "-t", "2"], Stdio::null());
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "the server did not start");
+        if let Some(rest) = line.strip_prefix("listening on http://") {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    drop(stderr);
+    let base = format!("http://{addr}");
+    for _ in 0..3 {
+        let (status, _, reply) =
+            serve::post(&format!("{base}/v1/completions"), br#"{"prompt": "hi", "max_tokens": 3}"#);
+        assert_eq!(status, 200, "{reply}");
+        let (status, _, reply) = serve::post(&format!("{base}/v1/completions"), br#"{"prompt": 5}"#);
+        assert_eq!(status, 400, "{reply}");
+    }
+    interrupt(&child);
+    let out = wait_at_most(child, Duration::from_secs(10));
+    assert_eq!(out.status.code(), Some(0), "{:?}", out.status);
+    assert!(out.stdout.is_empty());
+}
+
+/// R6 for the commands that answer stdin line by line (`logits`, `tokenize --jsonl`): they install no Ctrl-C handler
+/// on purpose. They wait in a read of stdin between lines, where a handler's flag would go unseen until the next
+/// line came (a Ctrl-C that does nothing); with nothing to finish or save, the default action, ending at once (the
+/// shell reports 130), is the right one. Every line answered before it is whole. (`info`, `list` and `tokenize -p`
+/// are done in milliseconds, on the same default.)
+#[cfg(unix)]
+#[test]
+fn r06_ctrl_c_in_logits_and_tokenize() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempdir();
+    let m = tiny(dir.path());
+    let m = m.to_str().unwrap();
+    for (args, line) in
+        [(vec!["logits", m, "--top-k", "3"], "[1, 2, 3]\n"), (vec!["tokenize", m, "--jsonl"], "\"hi\"\n")]
+    {
+        let mut child = spawn(&args, Stdio::piped());
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(line.as_bytes()).unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut answer = String::new();
+        stdout.read_line(&mut answer).unwrap();
+        serde_json::from_str::<serde_json::Value>(&answer).unwrap_or_else(|e| panic!("{args:?}: {e}: {answer}"));
+        // Waiting for the next line (stdin still open).
+        interrupt(&child);
+        let out = wait_at_most(child, Duration::from_secs(10));
+        assert_eq!(out.status.signal(), Some(2), "{args:?}: {:?} {}", out.status, text(&out.stderr));
+        assert!(!text(&out.stderr).contains("panicked"), "{}", text(&out.stderr));
+        drop(stdin);
+    }
+}
+
+/// R6 and R7 for `pull`: Ctrl-C mid-download ends it at once (default action: the download is a temporary file,
+/// which the next pull removes before it starts again), and a closed stdout (where it prints the path) does not
+/// fail a pull that worked.
+#[cfg(unix)]
+#[test]
+fn r06_r07_ctrl_c_and_broken_pipe_in_pull() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempdir();
+    let home = dir.path().join("home");
+    let models = home.join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    let bytes = fake_model(1_000_000, 3);
+    // A server that sends half the file and stalls, then (the next connection) all of it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let body = bytes.clone();
+    std::thread::spawn(move || {
+        // The stalled connection stays open (held here) while the next one is served.
+        let mut held = Vec::new();
+        for half in [true, false] {
+            let Ok((mut stream, _)) = listener.accept() else { return };
+            read_request(&mut stream);
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+            let _ = stream.write_all(head.as_bytes());
+            let _ = stream.write_all(if half { &body[..body.len() / 2] } else { &body });
+            held.push(stream);
+        }
+    });
+    let mut entry = local_source(dir.path(), "slow", &bytes);
+    entry.source = infer::registry::Source::Url { url: format!("http://{addr}/slow.gguf") };
+    std::fs::write(home.join("models.toml"), toml_entry(&entry)).unwrap();
+    let pull = || {
+        Command::new(env!("CARGO_BIN_EXE_infer"))
+            .args(["pull", "slow"])
+            .env("INFER_HOME", &home)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let child = pull();
+    let partial = || listing(&models).into_iter().find(|n| n.ends_with(".partial"));
+    let start = Instant::now();
+    while !partial().is_some_and(|p| std::fs::metadata(models.join(p)).is_ok_and(|m| m.len() > 0)) {
+        assert!(start.elapsed() < Duration::from_secs(20), "no download started: {:?}", listing(&models));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    interrupt(&child);
+    let out = wait_at_most(child, Duration::from_secs(10));
+    assert_eq!(out.status.signal(), Some(2), "{:?} {}", out.status, text(&out.stderr));
+    // The next pull, its stdout closed before it prints: the file is fetched whole, the leftover removed, status 0.
+    let mut child = pull();
+    drop(child.stdout.take());
+    let out = wait_at_most(child, Duration::from_secs(30));
+    assert!(out.status.success(), "{:?} {}", out.status, text(&out.stderr));
+    assert_eq!(listing(&models), [".locks", "slow.gguf", "slow.gguf.sha256"]);
+    assert_eq!(std::fs::read(models.join("slow.gguf")).unwrap(), bytes);
+}
+
+/// R7: `| head` on every command that prints: a closed stdout (or stderr) ends the command quietly with status 0.
+/// (`serve` and `pull`: the tests after this one.)
 #[test]
 fn r07_broken_pipe_on_every_command_that_prints() {
     let dir = tempdir();
@@ -230,6 +527,7 @@ fn r07_broken_pipe_on_every_command_that_prints() {
     let ids = format!("{}\n", serde_json::to_string(&(0..200).collect::<Vec<u32>>()).unwrap()).repeat(20);
     let words = "hello world ".repeat(5000);
     let text_file = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/jargon-intro.txt");
+    let quantized = dir.path().join("q4_0.gguf").to_str().unwrap().to_string();
     let commands: Vec<(Vec<&str>, Vec<u8>)> = vec![
         (vec!["info", m, "--full"], vec![]),
         (vec!["list"], vec![]),
@@ -241,14 +539,12 @@ fn r07_broken_pipe_on_every_command_that_prints() {
         (vec!["bench", m, "-p", "8", "-n", "4", "-r", "1", "-t", "1,2", "-o", "csv"], vec![]),
         (vec!["perplexity", m, "-f", text_file, "-c", "32", "--chunks", "40"], vec![]),
         (vec!["compare", m, m, "-f", text_file, "-c", "32", "--chunks", "40"], vec![]),
+        // Prints nothing on stdout: its per-tensor lines (-v) go to stderr, which the second round closes.
+        (vec!["quantize", m, &quantized, "q4_0", "--allow-requantize", "-v"], vec![]),
     ];
-    for (args, input) in commands {
-        let mut child = spawn(&args, if input.is_empty() { Stdio::null() } else { Stdio::piped() });
-        if let Some(mut stdin) = child.stdin.take() {
-            std::thread::spawn(move || {
-                let _ = stdin.write_all(&input);
-            });
-        }
+    for (args, input) in &commands {
+        let mut child = spawn(args, if input.is_empty() { Stdio::null() } else { Stdio::piped() });
+        feed(&mut child, input);
         // Read one line and hang up, as `| head -1` does.
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
@@ -259,6 +555,35 @@ fn r07_broken_pipe_on_every_command_that_prints() {
             "{args:?}: {}",
             text(&out.stderr)
         );
+    }
+    // `2>&1 | head -c 1`: stdout and stderr on one pipe, closed after the first byte. The notes, progress and
+    // timings on stderr used to panic there (`eprintln!`, status 101).
+    for (args, input) in &commands {
+        let (mut reader, writer) = std::io::pipe().unwrap();
+        let mut child = infer_bin()
+            .args(args)
+            .stdin(if input.is_empty() { Stdio::null() } else { Stdio::piped() })
+            .stdout(writer.try_clone().unwrap())
+            .stderr(writer)
+            .spawn()
+            .unwrap();
+        feed(&mut child, input);
+        let mut byte = [0u8; 1];
+        let _ = reader.read(&mut byte);
+        drop(reader);
+        let out = wait_at_most(child, Duration::from_secs(60));
+        assert!(out.status.success(), "{args:?} 2>&1 | head -c 1: {:?}", out.status);
+    }
+    assert!(GgufFile::open(&quantized).is_ok(), "quantize wrote its whole file though nobody read its log");
+}
+
+/// Writes `input` to the child's stdin from a thread (a command that stops reading must not block the test).
+fn feed(child: &mut Child, input: &[u8]) {
+    if let Some(mut stdin) = child.stdin.take() {
+        let input = input.to_vec();
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
     }
 }
 

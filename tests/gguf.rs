@@ -280,6 +280,21 @@ fn cli_errors_are_one_line_and_nonzero() {
     assert_clean_failure(&infer(&["info", dir.path().join("missing.gguf").to_str().unwrap()]), "No such file");
 }
 
+/// An I/O error reading a model names the file and its cause once: the cause used to be both in `GgufError::Io`'s
+/// message and its source, so the CLI's `{:#}` printed "...: Input/output error (os error 5): Input/output error
+/// (os error 5)".
+#[cfg(target_os = "linux")]
+#[test]
+fn an_io_error_prints_its_cause_once() {
+    // /proc/self/mem exists and opens, but reading it from offset 0 fails with EIO.
+    let e = GgufFile::read("/proc/self/mem").unwrap_err();
+    assert!(matches!(e, GgufError::Io { .. }), "{e:?}");
+    let out = infer(&["run", "/proc/self/mem", "--no-mmap", "-p", "x"]);
+    assert_clean_failure(&out, "/proc/self/mem: Input/output error");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("Input/output error").count(), 1, "{err}");
+}
+
 #[test]
 fn info_on_real_models() {
     for (name, arch, n_tensors) in [("smollm2", "llama", 272), ("gemma3", "gemma3", 236)] {

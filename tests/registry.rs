@@ -328,19 +328,24 @@ fn serve(responses: Vec<Vec<u8>>) -> String {
     std::thread::spawn(move || {
         for response in responses {
             let Ok((mut stream, _)) = listener.accept() else { return };
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-            let mut request = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                match stream.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => request.extend_from_slice(&buf[..n]),
-                }
-            }
+            read_request(&mut stream);
             let _ = stream.write_all(&response);
         }
     });
     format!("http://{addr}")
+}
+
+/// Reads an HTTP request's head (up to the blank line), giving up after 10 s.
+pub(crate) fn read_request(stream: &mut std::net::TcpStream) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut request = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => request.extend_from_slice(&buf[..n]),
+        }
+    }
 }
 
 fn http_response(status: &str, body: &[u8]) -> Vec<u8> {

@@ -57,21 +57,32 @@ impl Server {
         self.log.lock().unwrap().clone()
     }
 
-    /// Sends SIGTERM and waits for the exit status.
+    /// Sends a signal (`TERM`, `INT`) to the server.
     #[cfg(unix)]
-    fn terminate(mut self) -> (Option<i32>, Vec<String>) {
+    pub fn signal(&self, name: &str) {
         let pid = self.child.id().to_string();
-        let status = std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let status = std::process::Command::new("kill").args([&format!("-{name}"), &pid]).status().unwrap();
         assert!(status.success());
-        let deadline = Instant::now() + Duration::from_secs(60);
+    }
+
+    /// Waits up to `limit` for the server to exit (failing the test past it): its exit status and log.
+    pub fn wait_exit(mut self, limit: Duration) -> (Option<i32>, Vec<String>) {
+        let deadline = Instant::now() + limit;
         loop {
             if let Some(s) = self.child.try_wait().unwrap() {
                 std::thread::sleep(Duration::from_millis(100));
                 return (s.code(), self.log());
             }
-            assert!(Instant::now() < deadline, "the server did not exit after SIGTERM");
+            assert!(Instant::now() < deadline, "the server did not exit within {limit:?}: {:#?}", self.log());
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    #[cfg(unix)]
+    fn terminate(self) -> (Option<i32>, Vec<String>) {
+        self.signal("TERM");
+        self.wait_exit(Duration::from_secs(60))
     }
 }
 
@@ -82,7 +93,7 @@ impl Drop for Server {
     }
 }
 
-fn agent() -> ureq::Agent {
+pub fn agent() -> ureq::Agent {
     ureq::Agent::new_with_config(
         ureq::Agent::config_builder()
             .http_status_as_error(false)
@@ -123,7 +134,7 @@ pub fn metric(text: &str, name: &str) -> f64 {
         .unwrap()
 }
 
-fn tiny_model(dir: &Path) -> PathBuf {
+pub fn tiny_model(dir: &Path) -> PathBuf {
     let path = dir.join("tiny-llama.gguf");
     build(Spec::llama(GgmlType::Q8_0), 7).write_file(&path).unwrap();
     path

@@ -102,8 +102,9 @@ impl FuzzValue {
     }
 }
 
-/// A tiny model, chosen by the fuzzer.
-#[derive(Arbitrary, Debug)]
+/// A tiny model, chosen by the fuzzer. `FuzzModel::default()` is the valid one with nothing changed: F32, one
+/// layer, zero weights (so every token is equally likely).
+#[derive(Arbitrary, Debug, Default)]
 pub struct FuzzModel {
     pub gemma: bool,
     /// A SentencePiece (`llama`) vocabulary with byte tokens instead of byte-level BPE.

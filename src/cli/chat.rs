@@ -20,7 +20,7 @@ use clap::{Args, ValueEnum};
 use crate::chat::{Chat, ChatError, ChatSettings, OnFull, Reply};
 use crate::cli::EngineArgs;
 use crate::cli::args::{LengthArgs, SamplingArgs, StopArgs, ThreadArgs};
-use crate::cli::output::{print_flush, print_line};
+use crate::cli::output::{eprintln_lossy, print_flush, print_line};
 use crate::cli::run::{generation_json, timing_line};
 use crate::session::{FinishReason, GenerateError, Session};
 
@@ -162,18 +162,18 @@ impl Repl<'_> {
     /// A line on stderr for a person: said only on a terminal.
     fn note(&self, text: &str) {
         if self.interactive {
-            eprintln!("{}", self.style.dim(text));
+            eprintln_lossy!("{}", self.style.dim(text));
         }
     }
 
     /// A note that is said in every mode (the context policy at work, an interrupted reply).
     fn warn(&self, text: &str) {
-        eprintln!("{}", self.style.dim(text));
+        eprintln_lossy!("{}", self.style.dim(text));
     }
 
     /// One line of error; the REPL goes on.
     fn error(&self, text: &str) {
-        eprintln!("{}", self.style.red(&format!("error: {text}")));
+        eprintln_lossy!("{}", self.style.red(&format!("error: {text}")));
     }
 
     /// Reads messages and commands from piped stdin until its end.
@@ -361,7 +361,7 @@ impl Repl<'_> {
             ));
         }
         if self.verbose {
-            eprintln!("{}", self.style.dim(&timing_line(None, &g.timings, self.threads, reply.seed)));
+            eprintln_lossy!("{}", self.style.dim(&timing_line(None, &g.timings, self.threads, reply.seed)));
         }
         if g.finish == FinishReason::Cancelled {
             if !self.interactive {

@@ -2,7 +2,7 @@
 //! speeds and the two greedy continuations side by side.
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
 
 use anyhow::Context;
 use clap::Args;
@@ -10,9 +10,11 @@ use serde::Serialize;
 
 use super::EngineArgs;
 use super::args::ThreadArgs;
-use super::output::print_line;
+use super::output::{eprint_lossy, eprintln_lossy, print_line};
 use super::perplexity::{ChunkArgs, read_text};
-use crate::eval::{DivergenceReport, Greedy, common_prefix, compare_continuation, compare_text, greedy, tokenize_text};
+use crate::eval::{
+    DivergenceReport, EvalError, Greedy, common_prefix, compare_continuation, compare_text, greedy, tokenize_text,
+};
 use crate::registry::human_size;
 
 #[derive(Args, Debug)]
@@ -68,13 +70,20 @@ struct Report {
     /// Greedy tokens both models generate alike before they first differ (with -p).
     greedy_common_prefix: Option<usize>,
     greedy_tokens: Option<usize>,
+    /// With -f: the chunks scored, of how many.
+    chunks: Option<(usize, usize)>,
+    /// Ctrl-C stopped the comparison: the statistics cover what finished before it (text chunks; a greedy
+    /// continuation in progress is dropped).
+    interrupted: bool,
 }
 
 pub fn run(args: CompareArgs) -> anyhow::Result<()> {
     let text = args.file.as_deref().map(read_text).transpose()?;
+    // Ctrl-C stops after the text chunk (or greedy token) in progress; what finished is still reported.
+    let cancel = super::cancel_on_ctrl_c();
+    let cancelled = || cancel.load(Ordering::SeqCst);
     let base = super::load(Some(&args.base), &args.engine)?;
     let other = super::load_model(Some(&args.other), &args.engine)?.1;
-    let cancel = AtomicBool::new(false);
     let side = |m: &crate::model::Model| ModelSide {
         path: m.file().path().display().to_string(),
         file_bytes: m.file().file_len(),
@@ -86,10 +95,12 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
     let mut report = Report {
         base: side(&base.model),
         other: side(&other),
-        scored: "text",
+        scored: if text.is_some() { "text" } else { "generation" },
         divergence: crate::eval::Divergence::default().report(),
         greedy_common_prefix: None,
         greedy_tokens: None,
+        chunks: None,
+        interrupted: false,
     };
     let json = args.json;
     args.threads
@@ -99,12 +110,15 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
                 let n = args.n_predict as usize;
                 let gb = greedy(&base.model, &base.tokenizer, &ids, n, &cancel)?;
                 let go = greedy(&other, &base.tokenizer, &ids, n, &cancel)?;
+                if cancelled() {
+                    // A continuation was cut short: comparing it would compare the interruption.
+                    return Ok(());
+                }
                 report.greedy_common_prefix = Some(common_prefix(&gb.tokens, &go.tokens));
                 report.greedy_tokens = Some(gb.tokens.len());
                 if text.is_none() {
                     let all: Vec<u32> = ids.iter().chain(&gb.tokens).copied().collect();
                     report.divergence = compare_continuation(&base.model, &other, &all, ids.len())?;
-                    report.scored = "generation";
                 }
                 fill(&mut report.base, gb);
                 fill(&mut report.other, go);
@@ -113,15 +127,16 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
                 let tokens = tokenize_text(&base.tokenizer, text);
                 let bos = base.tokenizer.add_bos().then(|| base.tokenizer.bos()).flatten();
                 let mut on_chunk = |i: usize, n: usize| {
+                    report.chunks = Some((i + 1, n));
                     if !json {
-                        eprint!("\rchunk {}/{n}", i + 1);
+                        eprint_lossy!("\rchunk {}/{n}", i + 1);
                         if i + 1 == n {
-                            eprintln!();
+                            eprintln_lossy!();
                         }
                     }
                 };
                 let chunks = args.chunking.chunks.map(|c| c as usize);
-                let (div, rates) = compare_text(
+                let scored = compare_text(
                     &base.model,
                     &other,
                     &tokens,
@@ -130,8 +145,11 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
                     bos,
                     &cancel,
                     &mut on_chunk,
-                )
-                .context("scoring the text")?;
+                );
+                let (div, rates) = match scored {
+                    Err(EvalError::Cancelled) => return Ok(()),
+                    r => r.context("scoring the text")?,
+                };
                 report.divergence = div;
                 report.base.prompt_tps = report.base.prompt_tps.or(Some(rates[0]));
                 report.other.prompt_tps = report.other.prompt_tps.or(Some(rates[1]));
@@ -139,10 +157,17 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
             Ok(())
         })
         .context("starting worker threads")??;
+    report.interrupted = cancelled();
+    if report.interrupted && !json && report.chunks.is_some_and(|(done, n)| done < n) {
+        eprintln_lossy!();
+    }
     if json {
         print_line(&serde_json::to_string(&report)?)?;
     } else {
         print_table(&report)?;
+    }
+    if report.interrupted {
+        return Err(super::Interrupted.into());
     }
     Ok(())
 }
@@ -171,7 +196,12 @@ fn print_table(r: &Report) -> std::io::Result<()> {
         print_line(&format!("{k:<w0$}  {a:<w1$}  {b}"))?;
     }
     print_line("")?;
-    print_line(&format!("scored positions   {} ({})", d.positions, r.scored))?;
+    let chunks = match r.chunks {
+        Some((done, n)) if r.interrupted => format!(", {done} of {n} chunks: interrupted"),
+        _ if r.interrupted => ", interrupted".to_string(),
+        _ => String::new(),
+    };
+    print_line(&format!("scored positions   {} ({}{chunks})", d.positions, r.scored))?;
     print_line(&format!("top1_agreement     {}", f(d.top1_agreement, 4)))?;
     print_line(&format!("kld_mean           {}", f(d.kld_mean, 6)))?;
     print_line(&format!("kld_median         {}", f(d.kld_median, 6)))?;

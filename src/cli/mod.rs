@@ -5,6 +5,8 @@
 
 use clap::{Parser, Subcommand};
 
+use crate::cli::output::eprintln_lossy;
+
 pub mod args;
 pub mod bench;
 pub mod chat;
@@ -167,7 +169,7 @@ pub fn load(spec: Option<&str>, engine: &EngineArgs) -> anyhow::Result<Loaded> {
 pub fn check_context(model: &crate::model::Model, n_ctx: usize, kv: crate::model::KvDtype) -> anyhow::Result<()> {
     let trained = model.config.n_ctx_train;
     if n_ctx > trained {
-        eprintln!(
+        eprintln_lossy!(
             "warning: a context of {n_ctx} tokens is more than this model was trained for ({trained}); text past \
              {trained} tokens may degrade"
         );

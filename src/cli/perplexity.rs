@@ -1,15 +1,14 @@
 //! `infer perplexity MODEL -f TEXT`: perplexity by llama-perplexity's method (see [`crate::eval`]).
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
 use clap::Args;
 
 use super::EngineArgs;
 use super::args::ThreadArgs;
-use super::output::print_line;
-use crate::eval::{perplexity, tokenize_text};
+use super::output::{eprint_lossy, eprintln_lossy, print_line};
+use crate::eval::{EvalError, perplexity, tokenize_text};
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
@@ -50,38 +49,56 @@ pub fn read_text(path: &std::path::Path) -> anyhow::Result<String> {
 
 pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
     let text = read_text(&args.file)?;
+    // Ctrl-C stops after the chunk in progress; the chunks finished are still reported.
+    let cancel = super::cancel_on_ctrl_c();
     let loaded = super::load(args.model.as_deref(), &args.engine)?;
     let tokens = tokenize_text(&loaded.tokenizer, &text);
     let bos = loaded.tokenizer.add_bos().then(|| loaded.tokenizer.bos()).flatten();
     let json = args.json;
-    let cancel = AtomicBool::new(false);
+    let mut planned = 0;
     let result = args
         .threads
         .install(|| {
             let mut on_chunk = |i: usize, n: usize, ppl: f64| {
+                planned = n;
                 if !json {
-                    eprint!("[{}]{ppl:.4},", i + 1);
+                    eprint_lossy!("[{}]{ppl:.4},", i + 1);
                     if i + 1 == n {
-                        eprintln!();
+                        eprintln_lossy!();
                     }
                 }
             };
             let chunks = args.chunking.chunks.map(|c| c as usize);
             perplexity(&loaded.model, &tokens, args.chunking.ctx as usize, chunks, bos, &cancel, &mut on_chunk)
         })
-        .context("starting worker threads")?
-        .with_context(|| format!("scoring {}", args.file.display()))?;
+        .context("starting worker threads")?;
+    let result = match result {
+        Err(EvalError::Cancelled) => return Err(super::Interrupted.into()),
+        r => r.with_context(|| format!("scoring {}", args.file.display()))?,
+    };
+    let interrupted = result.chunks < planned;
     if json {
         let mut v = serde_json::to_value(&result)?;
         v["model"] = serde_json::Value::String(loaded.model.file().path().display().to_string());
         v["file"] = serde_json::Value::String(args.file.display().to_string());
+        v["interrupted"] = serde_json::Value::Bool(interrupted);
         print_line(&v.to_string())?;
     } else {
-        eprintln!(
-            "{} chunks of {} tokens, {} tokens scored, {:.1} s",
-            result.chunks, result.n_ctx, result.tokens_scored, result.seconds
+        if interrupted {
+            eprintln_lossy!();
+        }
+        let (of, why) = if interrupted { (format!(" of {planned}"), " (interrupted)") } else { (String::new(), "") };
+        eprintln_lossy!(
+            "{}{of} chunks of {} tokens{why}, {} tokens scored, {:.1} s",
+            result.chunks,
+            result.n_ctx,
+            result.tokens_scored,
+            result.seconds
         );
         print_line(&format!("Final estimate: PPL = {:.4} +/- {:.5}", result.ppl, result.ppl_err))?;
+    }
+    if interrupted {
+        return Err(super::Interrupted.into());
     }
     Ok(())
 }

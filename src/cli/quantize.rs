@@ -11,6 +11,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use infer_kernels::GgmlType;
 
 use super::args::ThreadArgs;
+use crate::cli::output::eprintln_lossy;
 use crate::model::Model;
 use crate::quantize::{Importance, Mode, Policy, Quantizer, TARGETS, calibrate, parse_target, self_calibrate};
 use crate::registry::human_size;
@@ -97,7 +98,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
 
     let file = quantizer.input();
     let in_type = file.metadata().get("general.file_type").and_then(crate::gguf::MetaValue::as_u64);
-    eprintln!(
+    eprintln_lossy!(
         "quantizing {} ({}, {}) to {} as {}{}",
         input.display(),
         in_type.and_then(super::info::file_type_name).unwrap_or("?"),
@@ -113,20 +114,21 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     let requant = quantizer.requantized_types();
     if !requant.is_empty() {
         let names: Vec<_> = requant.iter().map(|t| t.name()).collect();
-        eprintln!("note: dequantizing the {} tensors to f32 first (--allow-requantize)", names.join(", "));
+        eprintln_lossy!("note: dequantizing the {} tensors to f32 first (--allow-requantize)", names.join(", "));
     }
     let fallbacks = quantizer.fallbacks();
     if !fallbacks.is_empty() {
         let n: usize = fallbacks.iter().map(|f| f.2).sum();
         let groups: Vec<String> = fallbacks.iter().map(|(w, t, c)| format!("{c} {w} -> {t}")).collect();
-        eprintln!(
+        eprintln_lossy!(
             "warning: {n} of {} tensors have rows that are not a whole number of their type's blocks and fall back: {}",
             quantizer.plan().len(),
             groups.join(", ")
         );
     }
 
-    args.threads
+    let result = args
+        .threads
         .install(|| -> anyhow::Result<()> {
             let importance = match (&args.calibrate, mode) {
                 (Some(path), _) => Some(run_calibration(path, &args, &quantizer, &cancel)?),
@@ -141,7 +143,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
                 if verbose {
                     let dims: Vec<String> = t.plan.dims.iter().map(u64::to_string).collect();
                     bar.suspend(|| {
-                        eprintln!(
+                        eprintln_lossy!(
                             "[{:>4}/{}] {:<28} {:>12} {:>5} -> {:<5} {:>9} -> {:>9} {:>6.0} ms{}",
                             t.index + 1,
                             t.total,
@@ -165,7 +167,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
             let result = quantizer.run(output, importance.as_ref(), &cancel, &mut on_tensor);
             bar.finish_and_clear();
             let s = result?;
-            eprintln!(
+            eprintln_lossy!(
                 "done: {} ({:.2} bits per weight) -> {} ({:.2} bits per weight) in {:.2} s",
                 human_size(s.file_bytes_in),
                 s.bpw_in(),
@@ -175,7 +177,15 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
             );
             Ok(())
         })
-        .context("starting worker threads")?
+        .context("starting worker threads")?;
+    match result {
+        // Whatever step noticed the Ctrl-C, the temporary output is gone: status 130, as the other commands.
+        Err(_) if cancel.load(Ordering::SeqCst) => {
+            eprintln_lossy!("note: no output was written");
+            Err(super::Interrupted.into())
+        }
+        r => r,
+    }
 }
 
 /// The input as a model (on the quantizer's mapping of it) and its tokenizer, built side by side.
@@ -196,7 +206,7 @@ fn self_calibration(quantizer: &Quantizer, cancel: &AtomicBool) -> Option<Import
     match result {
         Ok(importance) => Some(importance),
         Err(e) => {
-            eprintln!("note: no self-calibration ({e:#}); weighting columns by the norms before them");
+            eprintln_lossy!("note: no self-calibration ({e:#}); weighting columns by the norms before them");
             None
         }
     }
@@ -231,7 +241,7 @@ fn run_calibration(
     )
     .with_context(|| format!("calibrating on {}", path.display()))?;
     bar.finish_and_clear();
-    eprintln!(
+    eprintln_lossy!(
         "calibrated on {} ({} tokens): importance for {} tensors{}",
         path.display(),
         importance.tokens,

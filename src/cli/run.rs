@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use crate::cli::EngineArgs;
 use crate::cli::args::{LengthArgs, SamplingArgs, StopArgs, ThreadArgs};
 use crate::cli::input::{MAX_INPUT_BYTES, read_text, read_text_file};
-use crate::cli::output::print_flush;
+use crate::cli::output::{eprintln_lossy, print_flush};
 use crate::session::{FinishReason, GenerateRequest, Generation, Session, Timings};
 use crate::tokenizer::chat::ChatMessage;
 
@@ -132,15 +132,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         crate::cli::output::print_line(&out.to_string())?;
     }
     if result.context_full {
-        eprintln!(
+        eprintln_lossy!(
             "note: the context ({n_ctx} tokens) is full; generation stopped (finish_reason length). Raise --ctx-size for longer output."
         );
     }
     if result.finish == FinishReason::Cancelled {
-        eprintln!("note: interrupted");
+        eprintln_lossy!("note: interrupted");
     }
     if show_stats {
-        eprintln!("{}", timing_line(Some(load_time), &result.timings, args.threads.count(), params.seed));
+        eprintln_lossy!("{}", timing_line(Some(load_time), &result.timings, args.threads.count(), params.seed));
     }
     Ok(())
 }

@@ -15,7 +15,7 @@ use clap::Args;
 use crate::cli::EngineArgs;
 use crate::cli::args::{ThreadArgs, parse_count};
 use crate::engine::{Engine, EngineConfig, KvBudget};
-use crate::server::{AppState, LogFormat, ServerConfig};
+use crate::server::{AppState, LogFormat, ServerConfig, log};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -119,7 +119,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Ok(t) => Some(t),
         Err(e) if args.chat_template.is_some() => return Err(e),
         Err(e) => {
-            eprintln!("note: no chat template ({e:#}); /v1/chat/completions will answer 400");
+            log(&format!("note: no chat template ({e:#}); /v1/chat/completions will answer 400"));
             None
         }
     };
@@ -139,26 +139,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         threads: args.threads.count(),
     };
     if args.max_batch_tokens < args.max_seqs {
-        eprintln!(
+        log(&format!(
             "note: --max-batch-tokens {} is below --max-seqs {}; using {} so every running request gets its token",
             args.max_batch_tokens, args.max_seqs, args.max_seqs
-        );
+        ));
     }
     let model = Arc::new(loaded.model);
     let tokenizer = Arc::new(loaded.tokenizer);
     let engine = Arc::new(Engine::start(model, tokenizer.clone(), config).context("starting the engine")?);
     let plan = engine.pool_plan();
-    eprintln!(
+    log(&format!(
         "infer serve: {model_name} | {} threads, {} | context {n_ctx} per request (trained {n_ctx_train}) | up to {} \
          requests, {} tokens per step",
         args.threads.count(),
         super::isa_in_use(),
         args.max_seqs,
         engine.config().max_batch_tokens,
-    );
+    ));
     let swa =
         if plan.swa_blocks > 0 { format!(" (+{} sliding-window blocks)", plan.swa_blocks) } else { String::new() };
-    eprintln!(
+    log(&format!(
         "KV cache: {} blocks of {} = {} tokens{swa}, {:.1} MiB {}; prefix cache {}",
         plan.blocks,
         plan.block_size,
@@ -166,9 +166,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         plan.bytes as f64 / (1 << 20) as f64,
         args.engine.kv_type,
         if args.no_prefix_cache { "off" } else { "on" },
-    );
+    ));
     if plan.tokens() < n_ctx {
-        eprintln!("note: the KV cache holds {} tokens, less than one request's context ({n_ctx})", plan.tokens());
+        log(&format!("note: the KV cache holds {} tokens, less than one request's context ({n_ctx})", plan.tokens()));
     }
 
     let state = AppState::new(
@@ -195,7 +195,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 async fn serve(addr: SocketAddr, state: Arc<AppState>, deadline: Duration) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
     let local = listener.local_addr().context("reading the listening address")?;
-    eprintln!("listening on http://{local} (OpenAI API at http://{local}/v1)");
+    log(&format!("listening on http://{local} (OpenAI API at http://{local}/v1)"));
     let signalled = Arc::new(tokio::sync::Notify::new());
     let on_signal = {
         let (state, signalled) = (state.clone(), signalled.clone());
@@ -203,12 +203,12 @@ async fn serve(addr: SocketAddr, state: Arc<AppState>, deadline: Duration) -> an
             wait_for_signal().await;
             state.shutting_down.store(true, Ordering::SeqCst);
             let s = state.engine.stats();
-            eprintln!(
+            log(&format!(
                 "shutting down: no new connections; {} running and {} waiting requests may take up to {}s",
                 s.requests_running,
                 s.requests_waiting,
                 deadline.as_secs()
-            );
+            ));
             signalled.notify_one();
         }
     };
@@ -226,10 +226,10 @@ async fn serve(addr: SocketAddr, state: Arc<AppState>, deadline: Duration) -> an
         result = server => result.context("serving HTTP")?,
         _ = cutoff => {
             let s = state.engine.stats();
-            eprintln!("shutdown deadline passed: {} requests cut off", s.requests_running + s.requests_waiting);
+            log(&format!("shutdown deadline passed: {} requests cut off", s.requests_running + s.requests_waiting));
         }
     }
-    eprintln!("stopped");
+    log("stopped");
     Ok(())
 }
 

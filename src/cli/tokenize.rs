@@ -15,6 +15,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::cli::input::{MAX_INPUT_BYTES, read_line, read_text, read_text_file};
+use crate::cli::output::eprintln_lossy;
 use crate::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
 
@@ -69,8 +70,10 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<()> {
             // Serialized first, so that a closed stdout surfaces as the io::Error it is (quiet exit on `| head`).
             out.write_all(&serde_json::to_vec(&ids)?)?;
             out.write_all(b"\n")?;
+            // Each answer as soon as it is ready: a program that writes a line and waits for its ids must get
+            // them (the buffer held them until 8 KiB or the end of stdin).
+            out.flush()?;
         }
-        out.flush()?;
         if args.stats {
             report(n_bytes, n_tokens, start);
         }
@@ -116,7 +119,7 @@ fn parse_jsonl_line(line: &[u8]) -> anyhow::Result<String> {
 
 fn report(bytes: usize, tokens: usize, start: Instant) {
     let secs = start.elapsed().as_secs_f64().max(1e-9);
-    eprintln!(
+    eprintln_lossy!(
         "tokenized {bytes} bytes into {tokens} tokens in {:.3} s: {:.1} MB/s, {:.0} tokens/s",
         secs,
         bytes as f64 / secs / 1e6,

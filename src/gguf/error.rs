@@ -7,12 +7,10 @@ use infer_kernels::GgmlType;
 /// A GGUF file could not be read. Offsets are absolute byte offsets into the file.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The cause is part of the message and deliberately not a `#[source]` (nor a field named `source`): a chained
+    /// cause is printed again by `{:#}`, which gave "PATH: Permission denied: Permission denied".
+    #[error("{path}: {cause}")]
+    Io { path: PathBuf, cause: std::io::Error },
     #[error(
         "{path}: the file changed on disk since it was loaded ({was} bytes then, {now} now); load it again",
         now = now.map_or("missing".to_string(), |n| format!("{n} bytes"))

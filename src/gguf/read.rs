@@ -103,7 +103,7 @@ impl GgufFile {
     /// Memory-maps and validates a file.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
-        let io = |source| GgufError::Io { path: path.to_path_buf(), source };
+        let io = |source| GgufError::Io { path: path.to_path_buf(), cause: source };
         let meta = std::fs::metadata(path).map_err(io)?;
         if meta.is_dir() {
             return Err(GgufError::IsDirectory { path: path.to_path_buf() });
@@ -121,7 +121,7 @@ impl GgufFile {
     /// affect it, at the cost of the file's size in memory.
     pub fn read(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
-        let io = |source| GgufError::Io { path: path.to_path_buf(), source };
+        let io = |source| GgufError::Io { path: path.to_path_buf(), cause: source };
         if std::fs::metadata(path).map_err(io)?.is_dir() {
             return Err(GgufError::IsDirectory { path: path.to_path_buf() });
         }

@@ -122,7 +122,7 @@ impl GgufWriter {
     /// Writes the file atomically (temporary file, fsync, rename).
     pub fn write_file(&self, path: impl AsRef<Path>) -> Result<(), GgufError> {
         let mut tmp = TempFile::create(path.as_ref())?;
-        let io = |source| GgufError::Io { path: path.as_ref().to_path_buf(), source };
+        let io = |source| GgufError::Io { path: path.as_ref().to_path_buf(), cause: source };
         let mut buffered = BufWriter::new(tmp.file.try_clone().map_err(io)?);
         self.write_to(&mut buffered)?;
         buffered.into_inner().map_err(|e| io(e.into_error()))?;
@@ -164,7 +164,7 @@ impl GgufStreamWriter {
             sizes.push(check_tensor(tensors[..i].iter().map(|t| t.name.as_str()), &t.name, &t.dims, t.ty)?);
         }
         let tmp = TempFile::create(path)?;
-        let io = |source| GgufError::Io { path: path.to_path_buf(), source };
+        let io = |source| GgufError::Io { path: path.to_path_buf(), cause: source };
         let file = tmp.file.try_clone().map_err(io)?;
         let mut out = CountingWriter { inner: BufWriter::with_capacity(1 << 20, file), written: 0 };
         let offsets = write_header(&mut out, metadata, &tensors, &sizes, alignment).map_err(io)?;
@@ -196,7 +196,7 @@ impl GgufStreamWriter {
         }
         let target = self.data_start + self.offsets[self.next];
         let result = self.out.pad_to_absolute(target).and_then(|()| self.out.put(data));
-        result.map_err(|source| GgufError::Io { path: self.tmp.target.clone(), source })?;
+        result.map_err(|source| GgufError::Io { path: self.tmp.target.clone(), cause: source })?;
         self.next += 1;
         Ok(())
     }
@@ -208,7 +208,7 @@ impl GgufStreamWriter {
                 what: format!("only {} of {} tensors were written", self.next, self.layout.len()),
             });
         }
-        let io = |source| GgufError::Io { path: self.tmp.target.clone(), source };
+        let io = |source| GgufError::Io { path: self.tmp.target.clone(), cause: source };
         if !self.layout.is_empty() {
             self.out.pad_to(self.alignment).map_err(io)?;
         }
@@ -231,13 +231,13 @@ impl TempFile {
         let mut name = target.file_name().unwrap_or_default().to_os_string();
         name.push(format!(".tmp.{}", std::process::id()));
         let path = target.with_file_name(name);
-        let file = File::create(&path).map_err(|source| GgufError::Io { path: target.to_path_buf(), source })?;
+        let file = File::create(&path).map_err(|source| GgufError::Io { path: target.to_path_buf(), cause: source })?;
         Ok(TempFile { target: target.to_path_buf(), path, file, committed: false })
     }
 
     /// Fsyncs the file and renames it to the target.
     fn commit(&mut self) -> Result<(), GgufError> {
-        let io = |source| GgufError::Io { path: self.target.clone(), source };
+        let io = |source| GgufError::Io { path: self.target.clone(), cause: source };
         self.file.sync_all().map_err(io)?;
         std::fs::rename(&self.path, &self.target).map_err(io)?;
         self.committed = true;

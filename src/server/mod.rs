@@ -204,8 +204,16 @@ impl LogLine {
                 s
             }
         };
-        eprintln!("{line}");
+        log(&line);
     }
+}
+
+/// Writes one line to stderr, the server's log. When stderr is a closed pipe (its reader went away) the line is
+/// lost, not the request: `eprintln!` panics on a failed write, which dropped every connection unanswered and made
+/// the shutdown exit 101.
+pub fn log(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 impl Drop for LogLine {

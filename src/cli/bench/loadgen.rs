@@ -33,7 +33,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::cli::args::parse_count;
-use crate::cli::output::print_line;
+use crate::cli::output::{eprintln_lossy, print_line};
 
 use super::report::md_table;
 
@@ -590,7 +590,7 @@ pub fn run(args: &LoadArgs, output: &str) -> anyhow::Result<()> {
                 bail!("the warmup request to {url} failed: {e}");
             }
         }
-        eprintln!(
+        eprintln_lossy!(
             "{}: {n} requests, {} ...",
             args.label.as_deref().unwrap_or(base),
             match (concurrency, args.rate) {
