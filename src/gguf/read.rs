@@ -232,12 +232,14 @@ impl GgufFile {
     pub fn release(&self, range: std::ops::Range<usize>) {
         const PAGE: usize = 4096;
         let Storage::Mapped(map) = &self.storage else { return };
-        let base = map.as_ptr() as usize;
-        let start = (base + range.start).next_multiple_of(PAGE) - base;
-        let end = (base + range.end.min(map.len())) / PAGE * PAGE - base;
-        if start < end {
+        // A map starts on a page boundary, so offsets into it are page-aligned where the address is.
+        let start = range.start.checked_next_multiple_of(PAGE);
+        let end = range.end.min(map.len()).checked_div(PAGE).and_then(|p| p.checked_mul(PAGE));
+        if let (Some(start), Some(end)) = (start, end)
+            && let Some(len) = end.checked_sub(start).filter(|&l| l > 0)
+        {
             // Advice only: if the kernel refuses it, the pages simply stay resident.
-            let _ = release_pages(map, start, end - start);
+            let _ = release_pages(map, start, len);
         }
     }
 
