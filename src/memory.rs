@@ -68,6 +68,36 @@ pub fn check_fits_in(what: &str, needed: Option<u64>, hint: &str, available: Opt
     }
 }
 
+/// This process's resident set now and at its peak (Linux's `VmRSS` and `VmHWM`), in bytes.
+pub fn resident() -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    Some((meminfo_field(&status, "VmRSS:")?, meminfo_field(&status, "VmHWM:")?))
+}
+
+/// Resident bytes of this process's mappings of the file at `path` (the `Rss` of its entries in
+/// `/proc/self/smaps`), if the platform says.
+pub fn mapped_resident(path: &Path) -> Option<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let path = std::fs::canonicalize(path).ok()?;
+    Some(smaps_rss(&smaps, &path.to_string_lossy()))
+}
+
+/// The sum of the `Rss:` fields of the `smaps` entries that map `path`.
+fn smaps_rss(smaps: &str, path: &str) -> u64 {
+    let mut total = 0;
+    let mut inside = false;
+    for line in smaps.lines() {
+        // An entry starts with its address range (`start-end perms offset dev inode [path]`); its fields follow.
+        let header = line.split_whitespace().next().is_some_and(|a| a.contains('-') && !a.ends_with(':'));
+        if header {
+            inside = line.ends_with(path) && line.split_whitespace().nth(5).is_some();
+        } else if inside && line.starts_with("Rss:") {
+            total += meminfo_field(line, "Rss:").unwrap_or(0);
+        }
+    }
+    total
+}
+
 /// `1.5 GiB`: a byte count for people (binary units, as memory is counted).
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
@@ -89,6 +119,23 @@ mod tests {
         let text = "MemTotal:       24000000 kB\nMemAvailable:   20000000 kB\n";
         assert_eq!(meminfo_field(text, "MemAvailable:"), Some(20_000_000 * 1024));
         assert_eq!(meminfo_field(text, "SwapFree:"), None);
+    }
+
+    #[test]
+    fn smaps_rss_sums_the_file_s_entries_only() {
+        let smaps = "\
+7f00-7f10 r--p 00000000 fd:01 123 /models/a.gguf
+Size:                 64 kB
+Rss:                  12 kB
+7f10-7f20 rw-p 00000000 00:00 0
+Rss:                 100 kB
+7f20-7f30 r--p 00010000 fd:01 123 /models/a.gguf
+Rss:                   4 kB
+7f30-7f40 r--p 00000000 fd:01 124 /models/b.gguf
+Rss:                   8 kB
+";
+        assert_eq!(smaps_rss(smaps, "/models/a.gguf"), 16 * 1024);
+        assert_eq!(smaps_rss(smaps, "/models/c.gguf"), 0);
     }
 
     #[test]

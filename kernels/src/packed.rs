@@ -235,6 +235,22 @@ fn panel_bytes(format: PackedFormat, nb: usize) -> usize {
 /// form: another type, rows not a multiple of [`PANEL_ROWS`], a size that does not match, or a Q4_0/Q5_0 scale so
 /// large that its offset `-8·d` (`-16·d`) would overflow f16. The caller then keeps the GGUF layout and its kernels.
 pub fn pack(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Option<PackedMatrix> {
+    pack_then(ty, data, rows, cols, |_| {})
+}
+
+/// Source bytes packed per task of [`pack_then`]: each chunk's source can be let go while the others are packed.
+const PACK_CHUNK: usize = 1 << 20;
+
+/// [`pack`], calling `done` with each byte range of `data` once its panels are written (in no particular order,
+/// from the packing threads), so that a caller can drop the source pages (of a memory map) as it goes instead of
+/// holding the whole source and the whole packed copy at once.
+pub fn pack_then(
+    ty: GgmlType,
+    data: &[u8],
+    rows: usize,
+    cols: usize,
+    done: impl Fn(Range<usize>) + Sync,
+) -> Option<PackedMatrix> {
     let format = PackedFormat::for_type(ty)?;
     // Whole 32-column blocks, and the K-quants' whole super-blocks.
     if rows == 0 || !rows.is_multiple_of(PANEL_ROWS) || cols == 0 || !cols.is_multiple_of(ty.block_size().max(32)) {
@@ -248,14 +264,21 @@ pub fn pack(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Option<Packe
     let pb = panel_bytes(format, nb);
     let mut lines = vec![Line([0; 64]); rows / PANEL_ROWS * pb / 64];
     let sections = Sections::of(format, nb);
-    let ok = lines.par_chunks_mut(pb / 64).enumerate().all(|(p, panel)| {
-        let bytes = lines_as_bytes_mut(panel);
-        (0..PANEL_ROWS).all(|r| {
-            let row = p * PANEL_ROWS + r;
-            let src = &data[row * row_bytes..(row + 1) * row_bytes];
-            let mut out = RowWriter { format, r, sections, bytes: &mut *bytes };
-            out.write(ty, src).is_some()
-        })
+    let per_task = (PACK_CHUNK / (PANEL_ROWS * row_bytes)).max(1);
+    let ok = lines.par_chunks_mut(per_task * pb / 64).enumerate().all(|(t, panels)| {
+        let first = t * per_task;
+        let ok = panels.chunks_mut(pb / 64).enumerate().all(|(i, panel)| {
+            let bytes = lines_as_bytes_mut(panel);
+            (0..PANEL_ROWS).all(|r| {
+                let row = (first + i) * PANEL_ROWS + r;
+                let src = &data[row * row_bytes..(row + 1) * row_bytes];
+                let mut out = RowWriter { format, r, sections, bytes: &mut *bytes };
+                out.write(ty, src).is_some()
+            })
+        });
+        let n = panels.len() / (pb / 64);
+        done(first * PANEL_ROWS * row_bytes..(first + n) * PANEL_ROWS * row_bytes);
+        ok
     });
     ok.then_some(PackedMatrix { source: ty, format, rows, cols, panel_bytes: pb, lines })
 }

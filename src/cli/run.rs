@@ -142,7 +142,34 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if show_stats {
         eprintln_lossy!("{}", timing_line(Some(load_time), &result.timings, args.threads.count(), params.seed));
     }
+    if args.verbose {
+        eprintln!("{}", memory_line(model, Session::kv_bytes(model, n_ctx, args.engine.kv_dtype())));
+    }
     Ok(())
+}
+
+/// `-v`'s account of where the resident bytes are: the file's map (its size, and how much of it is resident), the
+/// weights held outside it (panels), the KV cache as allocated, and the rest (scratch, heap, code); then the
+/// resident set now and at its peak. Figures the platform does not give are left out.
+fn memory_line(model: &crate::model::Model, kv: Option<u64>) -> String {
+    use crate::memory::bytes;
+    let file = model.file();
+    let mapped = file.tensor_bytes_total();
+    let resident = crate::memory::mapped_resident(file.path());
+    let panels = model.weights.owned_bytes() as u64;
+    let kv = kv.unwrap_or(0);
+    let mut parts = vec![match resident {
+        Some(r) => format!("weights {} mapped, {} of it resident", bytes(mapped), bytes(r)),
+        None => format!("weights {} mapped", bytes(mapped)),
+    }];
+    parts.push(format!("panels {}", bytes(panels)));
+    parts.push(format!("KV {}", bytes(kv)));
+    if let Some((rss, peak)) = crate::memory::resident() {
+        let known = resident.unwrap_or(0) + panels + kv;
+        parts.push(format!("scratch and the rest {}", bytes(rss.saturating_sub(known))));
+        parts.push(format!("RSS {}, peak {}", bytes(rss), bytes(peak)));
+    }
+    format!("[ memory: {} ]", parts.join(" | "))
 }
 
 /// `--json`'s object for one generation: its text and tokens, why it ended, the seed, and the timings.

@@ -225,6 +225,24 @@ impl GgufFile {
         self.storage.bytes()
     }
 
+    /// Drops this process's resident pages of the mapped bytes `range` (those of a tensor repacked at load, which
+    /// nothing reads from the map again), so that the repacked copy is not a second resident copy of the weights.
+    /// The pages stay in the page cache, and a later read of them simply faults them back in, from the file.
+    /// Only whole 4 KiB pages inside `range` are dropped. A file read into memory (`--no-mmap`) keeps its bytes.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        const PAGE: usize = 4096;
+        let Storage::Mapped(map) = &self.storage else { return };
+        // A map starts on a page boundary, so offsets into it are page-aligned where the address is.
+        let start = range.start.checked_next_multiple_of(PAGE);
+        let end = range.end.min(map.len()).checked_div(PAGE).and_then(|p| p.checked_mul(PAGE));
+        if let (Some(start), Some(end)) = (start, end)
+            && let Some(len) = end.checked_sub(start).filter(|&l| l > 0)
+        {
+            // Advice only: if the kernel refuses it, the pages simply stay resident.
+            let _ = release_pages(map, start, len);
+        }
+    }
+
     /// The sum of all tensor elements: the model's parameter count.
     pub fn parameter_count(&self) -> u64 {
         self.tensors.iter().map(|t| t.n_elements).sum()
@@ -249,6 +267,16 @@ fn map_file(file: &File) -> std::io::Result<memmap2::Mmap> {
     // rewrites the file while we run (a risk every mmap-based loader shares, documented in the README); we never
     // write through it, and every offset into it was validated against its length at open.
     unsafe { memmap2::MmapOptions::new().map(file) }
+}
+
+#[allow(unsafe_code)]
+fn release_pages(map: &memmap2::Mmap, offset: usize, len: usize) -> std::io::Result<()> {
+    // SAFETY: the map is private and read-only (`map_file`), so it has no changes of ours that MADV_DONTNEED could
+    // discard: the pages are dropped from this process and the next access reads the same bytes from the file
+    // again (or from the page cache), which is what any reference into the map already relies on. The range lies
+    // inside the map and starts on a page boundary, so no byte outside it is dropped (on a machine with larger
+    // pages memmap2 rounds the start down, which only drops pages that fault back in unchanged).
+    unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) }
 }
 
 struct Layout {

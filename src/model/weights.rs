@@ -54,7 +54,13 @@ impl Linear {
             return;
         }
         let data = &file_bytes(file)[self.bytes.clone()];
-        self.packed = packed::pack(self.ty, data, self.rows, self.cols).map(Arc::new);
+        // The kernels read the panels from now on: the map's pages of this matrix would be a second resident copy,
+        // so each part is let go as soon as it is packed (a tied token embedding's rows are still looked up in the
+        // map, and fault back in one by one). If the matrix turns out not to be packable, its pages fault back in
+        // from the file when the kernels read them.
+        let start = self.bytes.start;
+        let release = |r: Range<usize>| file.release(start + r.start..start + r.end);
+        self.packed = packed::pack_then(self.ty, data, self.rows, self.cols, release).map(Arc::new);
     }
 
     /// Rows `r` of this matrix as a matrix of their own (a fused matrix's part: phi3's `attn_qkv`), still zero-copy
@@ -218,6 +224,35 @@ impl ModelWeights {
         Ok(w)
     }
 
+    /// Bytes of the weights held outside the file's map: panels, and BF16 matrices widened to f32.
+    pub fn owned_bytes(&self) -> usize {
+        let mut all: Vec<&Linear> = vec![&self.token_embd, &self.output];
+        for l in &self.layers {
+            all.extend([&l.wq, &l.wk, &l.wv, &l.wo]);
+            match &l.ffn {
+                Ffn::Dense { gate, up, down } => all.extend([gate, up, down]),
+                Ffn::Experts(x) => {
+                    all.push(&x.router);
+                    all.extend(x.gate.iter().chain(&x.up).chain(&x.down));
+                }
+            }
+        }
+        let own =
+            |l: &Linear| l.packed.as_ref().map_or(0, |p| p.bytes()) + l.widened.as_ref().map_or(0, |w| w.len() * 4);
+        // A tied output shares the embedding's widened matrix (an `Arc`), so count each allocation once.
+        let mut seen = std::collections::HashSet::new();
+        all.into_iter()
+            .filter(|l| {
+                let id = (
+                    l.packed.as_ref().map(|p| Arc::as_ptr(p) as usize),
+                    l.widened.as_ref().map(|w| Arc::as_ptr(w) as usize),
+                );
+                seen.insert(id) || id == (None, None)
+            })
+            .map(own)
+            .sum()
+    }
+
     /// Repacks every matrix the kernels read (not the token embedding, which is only looked up by row, unless it
     /// doubles as the output projection: then `output` gets its own panels).
     fn pack(&mut self, file: &GgufFile) {
@@ -310,6 +345,10 @@ fn linear_dims(t: &Consumed<'_>, name: &str, dims: &[u64], rows: usize) -> Resul
         None
     };
     let start = (t.file.data_offset() + info.offset) as usize;
+    if widened.is_some() {
+        // Nothing reads the BF16 bytes again.
+        t.file.release(start..start + info.n_bytes as usize);
+    }
     Ok(Linear {
         name: name.to_string(),
         ty: info.ty,

@@ -41,7 +41,13 @@ x86_kernels!(
         unsafe { crate::arch::packed512::panel(w, panels, act, n, g, out) }
     }),
     packed_f = None,
-    packed_formats = &[crate::packed::PackedFormat::Q4, crate::packed::PackedFormat::Q5, crate::packed::PackedFormat::Q8],
+    packed_formats = &[
+        crate::packed::PackedFormat::Q4,
+        crate::packed::PackedFormat::Q5,
+        crate::packed::PackedFormat::Q8,
+        crate::packed::PackedFormat::K4,
+        crate::packed::PackedFormat::K6,
+    ],
     attention = [dot_cols_f32_zmm, dot_cols_f16_zmm, axpy_rows_f32_zmm, axpy_rows_f16_zmm],
     quantize32 = quantize32_zmm
 );

@@ -7,21 +7,30 @@
 //! 16 lanes with the block's scales (and offsets). The order of operations per output element is the one
 //! [`crate::packed::panel_ref`] states, whatever `P` and `C` are, so results do not depend on the batch or the
 //! tiling.
+//!
+//! The K-quant panels (K4 from Q4_K, K6 from Q6_K) run the same tile, Q8x2 fused as for the others: a block's
+//! scale is the super-block's f16 `d` times the block's integer scale, formed in f32 per block (or once per call
+//! in the scale cache). K6 has a scale per half block, so its two halves' integer sums stay apart (weight groups
+//! `jj` and `jj + 4` are the two halves), each less its own `32·Σq`, with the half blocks' Σq of the
+//! activations summed once per chunk of rows.
 
 use std::arch::x86_64::*;
+use std::cell::Cell;
 use std::ops::Range;
 
 use crate::dispatch::{Act32, OutSink};
-use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, check_args};
+use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, Sections, check_args};
 
 /// Output rows sharing one unpack of a block of `panels` panels, by activation group: the P·C·G integer
 /// accumulators, P·C float accumulators, the unpacked weight pairs and the scales must fit in 32 zmm registers.
 /// Two panels of Q8x2 pairs take 3 rows (12 + 6 accumulators, 28 registers in all; 4 rows spill).
-const fn tile_rows(group: usize, panels: usize) -> usize {
-    match (group, panels) {
-        (1, 1) => 8,
-        (2, 1) | (1, _) => 4,
-        _ => 3,
+/// A format with a scale per half block (K6) keeps two integer sums per pair, so fewer rows fit.
+const fn tile_rows(group: usize, panels: usize, halves: bool) -> usize {
+    match (group, panels, halves) {
+        (1, 1, false) => 8,
+        (2, 1, _) | (1, _, false) | (1, 1, true) => 4,
+        (2, 2, false) | (1, 2, true) => 3,
+        _ => 2,
     }
 }
 
@@ -48,11 +57,55 @@ trait Quants {
     /// # Safety
     /// As [`Quants::extra`]; `extra` is what it returned for this block.
     unsafe fn unpack_pair(qs: *const u8, jj: usize, extra: __m512i) -> [__m512i; 2];
+    /// Block `b`'s scales for the 16 rows of the panel at `panel`, as [`crate::packed::PackedView::scale`] and
+    /// `m` state them: the scale of weights 0..16, then the offset (formats with one) or the scale of weights
+    /// 16..32 (formats with a scale per half block); zero where the format has neither.
+    ///
+    /// # Safety
+    /// `panel` must be a checked panel with sections `sec`, `b` one of its blocks; the CPU must have AVX-512 F.
+    #[inline(always)]
+    unsafe fn scales(panel: *const u8, sec: &Sections, b: usize) -> [__m512; 2] {
+        // SAFETY: a line of 16 f16 scales (and offsets) per block, 32-byte aligned, by the caller's contract.
+        unsafe {
+            let d = _mm512_cvtph_ps(_mm256_load_si256(panel.add(sec.d + 32 * b).cast()));
+            let m = if Self::FORMAT.has_min() {
+                _mm512_cvtph_ps(_mm256_load_si256(panel.add(sec.m + 32 * b).cast()))
+            } else {
+                _mm512_setzero_ps()
+            };
+            [d, m]
+        }
+    }
+}
+
+/// Sixteen integer scales (bytes, zero- or sign-extended) as f32.
+///
+/// # Safety
+/// Sixteen bytes must be readable at `p`, 16-byte aligned; the CPU must have AVX-512 F.
+#[inline(always)]
+unsafe fn scale16<const SIGNED: bool>(p: *const u8) -> __m512 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let v = _mm_load_si128(p.cast());
+        _mm512_cvtepi32_ps(if SIGNED { _mm512_cvtepi8_epi32(v) } else { _mm512_cvtepu8_epi32(v) })
+    }
+}
+
+/// A K format's f16 super-block scale line for block `b` (section at `at`), as f32.
+///
+/// # Safety
+/// As [`Quants::scales`].
+#[inline(always)]
+unsafe fn super_scale(panel: *const u8, at: usize, b: usize) -> __m512 {
+    // SAFETY: the caller's contract: one 32-byte line per super-block of 8 blocks.
+    unsafe { _mm512_cvtph_ps(_mm256_load_si256(panel.add(at + 32 * (b / 8)).cast())) }
 }
 
 struct Q4;
 struct Q5;
 struct Q8;
+struct K4;
+struct K6;
 
 impl Quants for Q4 {
     const FORMAT: PackedFormat = PackedFormat::Q4;
@@ -108,6 +161,62 @@ impl Quants for Q8 {
     }
 }
 
+impl Quants for K4 {
+    const FORMAT: PackedFormat = PackedFormat::K4;
+    #[inline(always)]
+    unsafe fn unpack_pair(qs: *const u8, jj: usize, extra: __m512i) -> [__m512i; 2] {
+        // SAFETY: the same nibble chunks as Q4.
+        unsafe { Q4::unpack_pair(qs, jj, extra) }
+    }
+    #[inline(always)]
+    unsafe fn scales(panel: *const u8, sec: &Sections, b: usize) -> [__m512; 2] {
+        // SAFETY: the super-block lines and the 16-byte lines of block b's integer scales and mins, by the
+        // caller's contract.
+        unsafe {
+            let d = _mm512_mul_ps(super_scale(panel, sec.d, b), scale16::<false>(panel.add(sec.sc + 16 * b)));
+            let m = _mm512_mul_ps(super_scale(panel, sec.m, b), scale16::<false>(panel.add(sec.mn + 16 * b)));
+            // −(dmin·mn), negated exactly (a sign flip, as the reference's unary minus).
+            [d, _mm512_xor_ps(m, _mm512_set1_ps(-0.0))]
+        }
+    }
+}
+
+impl Quants for K6 {
+    const FORMAT: PackedFormat = PackedFormat::K6;
+    #[inline(always)]
+    unsafe fn unpack_pair(qs: *const u8, jj: usize, _: __m512i) -> [__m512i; 2] {
+        // SAFETY: the nibble chunk jj and the bit-pair chunk 4 + jj/2 of the block, by the caller's contract.
+        unsafe {
+            let low = _mm512_set1_epi8(0x0F);
+            let top = _mm512_set1_epi8(0x30);
+            let v = _mm512_load_si512(qs.add(64 * jj).cast());
+            let h = _mm512_load_si512(qs.add(64 * (4 + jj / 2)).cast());
+            // This chunk's bit pairs sit at bits 0..4 (even jj) or 4..8 (odd jj) of each byte, the low nibbles'
+            // first: move each pair to bits 4..6 (16-bit shifts; the mask drops what crosses a byte).
+            let (hl, hh) = if jj.is_multiple_of(2) {
+                (_mm512_slli_epi16(h, 4), _mm512_slli_epi16(h, 2))
+            } else {
+                (h, _mm512_srli_epi16(h, 2))
+            };
+            // low | (h & 0x30) in one ternary-logic op each (truth table a | (b & c) = 0xF8).
+            [
+                _mm512_ternarylogic_epi32::<0xF8>(_mm512_and_si512(v, low), hl, top),
+                _mm512_ternarylogic_epi32::<0xF8>(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), hh, top),
+            ]
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales(panel: *const u8, sec: &Sections, b: usize) -> [__m512; 2] {
+        // SAFETY: the super-block line and the two 16-byte lines of block b's half-block scales, by the
+        // caller's contract.
+        unsafe {
+            let d = super_scale(panel, sec.d, b);
+            let sc = |part: usize| scale16::<true>(panel.add(sec.sc + 16 * (2 * b + part)));
+            [_mm512_mul_ps(d, sc(0)), _mm512_mul_ps(d, sc(1))]
+        }
+    }
+}
+
 /// # Safety
 /// The CPU must have AVX-512 F, BW, VL and VNNI plus F16C and FMA.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -120,7 +229,7 @@ pub(crate) unsafe fn panel(
     out: &OutSink<'_>,
 ) {
     check_args(&w, &panels, &act, n_act, group);
-    // SAFETY (all six): the arguments were checked above and the caller has the features.
+    // SAFETY (all ten): the arguments were checked above and the caller has the features.
     unsafe {
         match (w.format, group) {
             (PackedFormat::Q4, 1) => run::<Q4, 1>(&w, panels, &act, n_act, out),
@@ -129,8 +238,10 @@ pub(crate) unsafe fn panel(
             (PackedFormat::Q5, _) => run::<Q5, 2>(&w, panels, &act, n_act / 2, out),
             (PackedFormat::Q8, 1) => run::<Q8, 1>(&w, panels, &act, n_act, out),
             (PackedFormat::Q8, _) => run::<Q8, 2>(&w, panels, &act, n_act / 2, out),
-            // Not in this level's `packed_formats`, so never packed for it; the reference serves any caller.
-            (PackedFormat::K4 | PackedFormat::K6, _) => crate::packed::panel_ref(w, panels, act, n_act, group, out),
+            (PackedFormat::K4, 1) => run::<K4, 1>(&w, panels, &act, n_act, out),
+            (PackedFormat::K4, _) => run::<K4, 2>(&w, panels, &act, n_act / 2, out),
+            (PackedFormat::K6, 1) => run::<K6, 1>(&w, panels, &act, n_act, out),
+            (PackedFormat::K6, _) => run::<K6, 2>(&w, panels, &act, n_act / 2, out),
             (PackedFormat::F32 | PackedFormat::F16, _) => unreachable!("check_args refuses float panels"),
         }
     }
@@ -148,9 +259,11 @@ unsafe fn run<F: Quants, const G: usize>(
     out: &OutSink<'_>,
 ) {
     let chunk = ACT_CHUNK / G;
+    let mut halves = HALF_SUMS.take();
     let mut o0 = 0;
     while o0 < n_out {
         let o1 = (o0 + chunk).min(n_out);
+        let act = &Acts::new(act, w.nb, o0 * G..o1 * G, F::FORMAT.split_halves(), &mut halves);
         let mut p = panels.start;
         while p < panels.end {
             let n = if panels.end - p >= 2 { 2 } else { 1 };
@@ -165,6 +278,33 @@ unsafe fn run<F: Quants, const G: usize>(
             p += n;
         }
         o0 = o1;
+    }
+    HALF_SUMS.set(halves);
+}
+
+thread_local! {
+    /// Each thread's buffer of half-block activation sums ([`Acts`]), grown to the largest chunk seen and reused.
+    static HALF_SUMS: Cell<Vec<i32>> = const { Cell::new(Vec::new()) };
+}
+
+/// A chunk's activations, and for formats with a scale per half block (K6) the Σq of each half block of its rows:
+/// the weights' offset comes out of each half's integer sum separately, and [`Act32`] has only whole blocks' sums.
+struct Acts<'a> {
+    act: &'a Act32<'a>,
+    /// Activation row `a`'s sums (2 per block) at `2·nb·(a − first)`; empty for other formats.
+    halves: &'a [i32],
+    first: usize,
+}
+
+impl<'a> Acts<'a> {
+    #[inline]
+    fn new(act: &'a Act32<'a>, nb: usize, rows: Range<usize>, halves: bool, buf: &'a mut Vec<i32>) -> Acts<'a> {
+        buf.clear();
+        if halves {
+            let qs = &act.qs[rows.start * nb * 32..rows.end * nb * 32];
+            buf.extend(qs.chunks_exact(16).map(|h| h.iter().map(|&q| q as i32).sum::<i32>()));
+        }
+        Acts { act, halves: buf, first: rows.start }
     }
 }
 
@@ -182,13 +322,13 @@ const SCALE_CACHE_BLOCKS: usize = 64;
 unsafe fn rows<F: Quants, const G: usize, const P: usize>(
     w: &PackedView<'_>,
     p: usize,
-    act: &Act32<'_>,
+    act: &Acts<'_>,
     outs: Range<usize>,
     next: Ahead,
     out: &OutSink<'_>,
 ) {
     let nb = w.nb;
-    if outs.len() <= tile_rows(G, P) || nb > SCALE_CACHE_BLOCKS {
+    if outs.len() <= tile_rows(G, P, F::FORMAT.split_halves()) || nb > SCALE_CACHE_BLOCKS {
         // SAFETY: the caller's contract; no scale cache (the pointers are never read).
         unsafe { tiles::<F, G, P, false>(w, p, act, outs, [std::ptr::null(); P], next, out) };
     } else {
@@ -207,32 +347,41 @@ unsafe fn rows<F: Quants, const G: usize, const P: usize>(
 unsafe fn rows_cached<F: Quants, const G: usize, const P: usize>(
     w: &PackedView<'_>,
     p: usize,
-    act: &Act32<'_>,
+    act: &Acts<'_>,
     outs: Range<usize>,
     next: Ahead,
     out: &OutSink<'_>,
 ) {
     let nb = w.nb;
     assert!(nb <= SCALE_CACHE_BLOCKS);
-    let n_scales = if F::FORMAT.has_min() { 2 * nb } else { nb };
+    let sec = w.sections();
     // Left uninitialised: zeroing 16 KB per call would cost more than it saves; only what is written is read.
     let mut cache = std::mem::MaybeUninit::<[[f32; PANEL_ROWS * 2 * SCALE_CACHE_BLOCKS]; P]>::uninit();
     let base = cache.as_mut_ptr().cast::<f32>();
     let mut scales = [std::ptr::null(); P];
     for (i, sc) in scales.iter_mut().enumerate() {
-        // SAFETY: the scales (then offsets) follow the panel's quants: nb (2·nb) rows of 16 f16, 32 bytes each,
-        // aligned, inside `panel_bytes` (checked by `check_args`); the cache has room for 2·64 rows per panel.
+        // SAFETY: `scales` reads block b's lines of a checked panel (`check_args`); the cache has room for 2·64
+        // lines of 16 per panel: line b the scale of weights 0..16, line nb + b the second of `scales`.
         unsafe {
-            let d = w.bytes.as_ptr().add((p + i) * w.panel_bytes + nb * F::FORMAT.qs_bytes()).cast::<__m256i>();
+            let panel = w.bytes.as_ptr().add((p + i) * w.panel_bytes);
             let dst = base.add(i * PANEL_ROWS * 2 * SCALE_CACHE_BLOCKS);
-            for k in 0..n_scales {
-                _mm512_storeu_ps(dst.add(k * PANEL_ROWS), _mm512_cvtph_ps(_mm256_load_si256(d.add(k))));
+            for b in 0..nb {
+                let [first, second] = F::scales(panel, &sec, b);
+                _mm512_storeu_ps(dst.add(b * PANEL_ROWS), first);
+                if two_scales::<F>() {
+                    _mm512_storeu_ps(dst.add((nb + b) * PANEL_ROWS), second);
+                }
             }
             *sc = dst.cast_const();
         }
     }
     // SAFETY: the caller's contract; `scales` holds every block's widened scales for each panel.
     unsafe { tiles::<F, G, P, true>(w, p, act, outs, scales, next, out) };
+}
+
+/// Whether a format's [`Quants::scales`] returns a second line (an offset, or the scale of a second half block).
+const fn two_scales<F: Quants>() -> bool {
+    F::FORMAT.has_min() || F::FORMAT.split_halves()
 }
 
 /// The cache lines of the panel group after the current one in a task (none after its last), which the current
@@ -246,8 +395,8 @@ struct Ahead {
 }
 
 /// Output rows in the next tile when `left` remain: as many as fit the registers, falling back to 4, 3, 2, 1.
-const fn tile_size(left: usize, group: usize, panels: usize) -> usize {
-    let most = tile_rows(group, panels);
+const fn tile_size(left: usize, group: usize, panels: usize, halves: bool) -> usize {
+    let most = tile_rows(group, panels, halves);
     if left >= 8 && most >= 8 {
         8
     } else if left >= 4 && most >= 4 {
@@ -274,7 +423,7 @@ const fn tile_size(left: usize, group: usize, panels: usize) -> usize {
 unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
     w: &PackedView<'_>,
     p: usize,
-    act: &Act32<'_>,
+    act: &Acts<'_>,
     outs: Range<usize>,
     scales: [*const f32; P],
     next: Ahead,
@@ -293,7 +442,7 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
     let mut o = outs.start;
     // SAFETY (all): o + C ≤ outs.end in every call; the rest is the caller's.
     while o < outs.end {
-        let c = tile_size(outs.end - o, G, P);
+        let c = tile_size(outs.end - o, G, P, F::FORMAT.split_halves());
         let pf = share(o..o + c);
         match c {
             8 => unsafe { tile::<F, G, 8, P, CACHED>(w, p, act, o, pf, scales, out) },
@@ -339,7 +488,7 @@ macro_rules! for_each_c {
 unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const CACHED: bool>(
     w: &PackedView<'_>,
     p: usize,
-    act: &Act32<'_>,
+    act: &Acts<'_>,
     o: usize,
     pf: Prefetch,
     scales: [*const f32; P],
@@ -355,13 +504,17 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
     // are shifts and pointer steps, not checked multiplications (overflow checks are on in release builds).
     unsafe {
         let base: [*const u8; P] = std::array::from_fn(|i| w.bytes.as_ptr().add((p + i) * w.panel_bytes));
-        let d_ptr: [*const __m256i; P] = std::array::from_fn(|i| base[i].add(nb * qsb).cast::<__m256i>());
-        // Output row c's first activation row: quants, Σq and s; its last row's scale d (the residual's for Q8x2).
+        let sec = w.sections();
+        let halves = F::FORMAT.split_halves();
+        // Output row c's first activation row: quants, Σq (of half blocks with `halves`) and s; its last row's
+        // scale d (the residual's for Q8x2).
         let first = |c: usize| (o + c) * G;
-        let aq: [*const u8; C] = std::array::from_fn(|c| act.qs.as_ptr().add(first(c) * row_q).cast::<u8>());
-        let ai: [*const i32; C] = std::array::from_fn(|c| act.isum.as_ptr().add(first(c) * nb));
-        let asum: [*const f32; C] = std::array::from_fn(|c| act.s.as_ptr().add(first(c) * nb));
-        let ad: [*const f32; C] = std::array::from_fn(|c| act.d.as_ptr().add((first(c) + G - 1) * nb));
+        let (a, hs) = (act.act, act.halves.as_ptr());
+        let aq: [*const u8; C] = std::array::from_fn(|c| a.qs.as_ptr().add(first(c) * row_q).cast::<u8>());
+        let ai: [*const i32; C] = std::array::from_fn(|c| a.isum.as_ptr().add(first(c) * nb));
+        let ah: [*const i32; C] = std::array::from_fn(|c| hs.wrapping_add(2 * nb * (first(c).wrapping_sub(act.first))));
+        let asum: [*const f32; C] = std::array::from_fn(|c| a.s.as_ptr().add(first(c) * nb));
+        let ad: [*const f32; C] = std::array::from_fn(|c| a.d.as_ptr().add((first(c) + G - 1) * nb));
         let off = F::FORMAT.offset();
         let mut acc = [[_mm512_setzero_ps(); C]; P];
         let mut qp = base;
@@ -385,14 +538,19 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
             // by weight group: consecutive `vpdpbusd` are independent, so their latency hides behind each other.
             // With few rows (decode) each chain is also split in two, so at least four are in flight; integer
             // sums are exact, so neither the split nor the group order changes the result.
-            let split = if P * C * G <= 2 { 2 } else { 1 };
+            // A format with a scale per half block keeps the halves' sums apart (weight groups jj and jj + 4 are
+            // the two halves).
+            let split = if halves || P * C * G <= 2 { 2 } else { 1 };
             let mut iv = [[[[_mm512_setzero_si512(); C]; G]; P]; 2];
             if off != 0 {
                 for_each_c!(C, c, {
                     for g in 0..G {
-                        let init = _mm512_set1_epi32((-off).wrapping_mul(*ai[c].add(g * nb).add(b)));
-                        for i in 0..P {
-                            iv[0][i][g][c] = init;
+                        for h in 0..1 + usize::from(halves) {
+                            let sum = if halves { *ah[c].add(g * 2 * nb + 2 * b + h) } else { *ai[c].add(g * nb + b) };
+                            let init = _mm512_set1_epi32((-off).wrapping_mul(sum));
+                            for i in 0..P {
+                                iv[h][i][g][c] = init;
+                            }
                         }
                     }
                 });
@@ -414,31 +572,37 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
                 });
             }
             for i in 0..P {
-                let (dw, mw) = if CACHED {
+                // The scale of weights 0..16, then the offset or the second half's scale (see `Quants::scales`).
+                let sv = if CACHED {
                     let sc = scales[i];
-                    let mw =
-                        if F::FORMAT.has_min() { _mm512_loadu_ps(sc.add((nb + b) << 4)) } else { _mm512_setzero_ps() };
-                    (_mm512_loadu_ps(sc.add(b << 4)), mw)
+                    let second =
+                        if two_scales::<F>() { _mm512_loadu_ps(sc.add((nb + b) << 4)) } else { _mm512_setzero_ps() };
+                    [_mm512_loadu_ps(sc.add(b << 4)), second]
                 } else {
-                    let dw = _mm512_cvtph_ps(_mm256_load_si256(d_ptr[i].add(b)));
-                    let mw = if F::FORMAT.has_min() {
-                        _mm512_cvtph_ps(_mm256_load_si256(d_ptr[i].add(nb + b)))
-                    } else {
-                        _mm512_setzero_ps()
-                    };
-                    (dw, mw)
+                    F::scales(base[i], &sec, b)
                 };
                 for_each_c!(C, c, {
-                    let mut part = [_mm512_setzero_si512(); G];
-                    for g in 0..G {
-                        part[g] =
-                            if split == 2 { _mm512_add_epi32(iv[0][i][g][c], iv[1][i][g][c]) } else { iv[0][i][g][c] };
+                    let da = _mm512_set1_ps(*ad[c].add(b));
+                    // The integer sum of a whole block (or of each half block), the Q8x2 pair as 256·i₁ + i₂.
+                    let combine = |h: usize| {
+                        let mut part = [_mm512_setzero_si512(); G];
+                        for g in 0..G {
+                            part[g] = if halves {
+                                iv[h][i][g][c]
+                            } else if split == 2 {
+                                _mm512_add_epi32(iv[0][i][g][c], iv[1][i][g][c])
+                            } else {
+                                iv[0][i][g][c]
+                            };
+                        }
+                        if G == 2 { _mm512_add_epi32(_mm512_slli_epi32(part[0], 8), part[G - 1]) } else { part[0] }
+                    };
+                    for h in 0..1 + usize::from(halves) {
+                        let scale = _mm512_mul_ps(sv[h], da);
+                        acc[i][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(combine(h)), scale, acc[i][c]);
                     }
-                    let v = if G == 2 { _mm512_add_epi32(_mm512_slli_epi32(part[0], 8), part[G - 1]) } else { part[0] };
-                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*ad[c].add(b)));
-                    acc[i][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, acc[i][c]);
                     if F::FORMAT.has_min() {
-                        acc[i][c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(*asum[c].add(b)), acc[i][c]);
+                        acc[i][c] = _mm512_fmadd_ps(sv[1], _mm512_set1_ps(*asum[c].add(b)), acc[i][c]);
                     }
                 });
             }
