@@ -436,16 +436,19 @@ unsafe fn tile<F: Quants, const C: usize, const S: usize>(
         let low = _mm256_set1_epi16(0x00FF);
         let mut acc = [[_mm256_setzero_ps(); C]; S];
         let mut qp = base;
-        let lines = w.panel_bytes / 64;
+        // Lines of the next panel each block fetches: enough that the nb blocks cover it (the last blocks may reach
+        // into the panel after it, a harmless hint).
+        let per_block = (w.panel_bytes / 64).div_ceil(nb);
+        let mut next = panel[0].wrapping_add(w.panel_bytes);
         for b in 0..nb {
             if stream {
                 // Decode streams the weights from memory once. A prefetch distance counted from the quants (4 KB
                 // ahead, as before) never reached a panel's scale and offset lines in time: they sit after its
                 // quants but are read from its first block on, and the instruction after their load held 30%
-                // (Q4) and 27% (Q8) of the tile's cpu-clock samples. So block b fetches its share of the *next*
+                // (Q4) and 27% (Q8) of the tile's cpu-clock samples. So each block fetches its share of the *next*
                 // panel's lines, all of them, in order: 1.4-1.6× decode tokens per CPU-second on SmolLM2 Q4_0.
-                let next = panel[0].wrapping_add(w.panel_bytes);
-                prefetch_lines(next, b * lines / nb..(b + 1) * lines / nb);
+                prefetch_lines(next, 0..per_block);
+                next = next.wrapping_add(64 * per_block);
             }
             let extra: [__m256i; S] = std::array::from_fn(|s| F::extra(qp[s]));
             // One 32-bit lane per row: the exact integer sum of the block's products (of each half block's, for
