@@ -34,9 +34,6 @@ const fn tile_rows(group: usize, panels: usize, halves: bool) -> usize {
     }
 }
 
-/// How far ahead of the quants being read decode prefetches, in bytes.
-const PREFETCH: usize = 4096;
-
 /// Output rows whose activations stay in L1/L2 while all of a task's panels pass (as in the GGUF-layout kernels).
 const ACT_CHUNK: usize = 64;
 
@@ -265,6 +262,14 @@ unsafe fn run<F: Quants, const G: usize>(
         let o1 = (o0 + chunk).min(n_out);
         let act = &Acts::new(act, w.nb, o0 * G..o1 * G, F::FORMAT.split_halves(), &mut halves);
         let mut p = panels.start;
+        if o1 - o0 == 1 {
+            // Decode: each group's tiles fetch the next group; the task's first group is fetched here.
+            let first = w.bytes.as_ptr().wrapping_add(p * w.panel_bytes);
+            for line in 0..(panels.end - p).min(2) * w.panel_bytes / 64 {
+                // A prefetch is a hint that never faults, whatever the address.
+                _mm_prefetch::<_MM_HINT_T0>(first.wrapping_add(64 * line).cast());
+            }
+        }
         while p < panels.end {
             let n = if panels.end - p >= 2 { 2 } else { 1 };
             // The next group of this task's panels, which the tiles of this one fetch as they go.
@@ -429,15 +434,14 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
     next: Ahead,
     out: &OutSink<'_>,
 ) {
-    // A single output row is decode, which streams the weights with its own prefetch distance instead.
-    let stream = outs.len() == 1;
     let ahead = w.bytes.as_ptr().wrapping_add(next.from * w.panel_bytes);
     // Each tile's share of the lines is in proportion to its rows, so that a short last tile does not fetch the
-    // last panel's scales just before they are read.
+    // last panel's scales just before they are read. Decode (one output row) is one tile that fetches the whole
+    // next group while it reads this one.
     let share = |rows: Range<usize>| {
         let at = |o: usize| (o - outs.start) * next.lines / outs.len();
         let (lo, hi) = (at(rows.start), at(rows.end));
-        if stream { Prefetch::Stream } else { Prefetch::Lines { first: ahead.wrapping_add(64 * lo), count: hi - lo } }
+        Prefetch { first: ahead.wrapping_add(64 * lo), count: hi - lo }
     };
     let mut o = outs.start;
     // SAFETY (all): o + C ≤ outs.end in every call; the rest is the caller's.
@@ -455,14 +459,12 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
     }
 }
 
-/// What one tile prefetches. Prefetches are hints that cannot fault, so the addresses are computed with
-/// `wrapping_add` and never dereferenced.
+/// What one tile prefetches: `count` cache lines from `first`, spread over the tile's blocks. Prefetches are hints
+/// that cannot fault, so the addresses are computed with `wrapping_add` and never dereferenced.
 #[derive(Clone, Copy)]
-enum Prefetch {
-    /// Decode: a fixed distance ahead of the quants being read.
-    Stream,
-    /// `count` cache lines from `first`, spread over the tile's blocks.
-    Lines { first: *const u8, count: usize },
+struct Prefetch {
+    first: *const u8,
+    count: usize,
 }
 
 /// Repeats `body` with `c` bound to each constant `0..C` (`C` ≤ 8) so that `[_; C]` accumulators indexed by `c`
@@ -519,19 +521,13 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
         let mut acc = [[_mm512_setzero_ps(); C]; P];
         let mut qp = base;
         for b in 0..nb {
-            if let Prefetch::Lines { first, count } = pf {
-                let per_block = count.div_ceil(nb);
-                for line in b * per_block..((b + 1) * per_block).min(count) {
-                    _mm_prefetch::<_MM_HINT_T0>(first.wrapping_add(64 * line).cast());
-                }
-            } else {
-                // Decode streams the weights from DRAM once; the hardware prefetcher alone leaves the cores
-                // waiting.
-                for q in qp {
-                    for line in 0..qsb / 64 {
-                        _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 64 * line).cast());
-                    }
-                }
+            // Decode streams the weights from DRAM once, and batches read each group from memory in their first
+            // tile: the hardware prefetcher alone leaves the cores waiting. A distance counted from the quants (4 KB
+            // ahead, as decode did before) never reached a panel's scale and offset lines in time, since they lie
+            // after its quants but are read from its first block on (the same stall as in `packed256.rs`).
+            let per_block = pf.count.div_ceil(nb);
+            for line in b * per_block..((b + 1) * per_block).min(pf.count) {
+                _mm_prefetch::<_MM_HINT_T0>(pf.first.wrapping_add(64 * line).cast());
             }
             let extra: [__m512i; P] = std::array::from_fn(|i| F::extra(qp[i]));
             // The integer dot products of all P·C·G (panel, activation row) pairs advance together, weight group
