@@ -155,4 +155,11 @@ fn timings_go_to_stderr_with_verbose_and_never_to_a_pipe() {
     let err = String::from_utf8_lossy(&verbose.stderr);
     let line = err.lines().find(|l| l.starts_with("[ load ")).unwrap_or_else(|| panic!("no timing line: {err}"));
     assert!(line.contains("prompt 3 tokens") && line.contains("generation 2 tokens") && line.ends_with(']'), "{line}");
+    // The memory account: the map, the panels, the KV cache as reserved (its pages fill as positions do), the rest.
+    let mem = err.lines().find(|l| l.starts_with("[ memory: ")).unwrap_or_else(|| panic!("no memory line: {err}"));
+    for part in
+        ["weights ", " mapped", "| panels ", "| KV ", " reserved |", "| KV in use, scratch and the rest ", "| RSS "]
+    {
+        assert!(mem.contains(part), "{part:?} missing from {mem}");
+    }
 }

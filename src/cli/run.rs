@@ -143,14 +143,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         eprintln_lossy!("{}", timing_line(Some(load_time), &result.timings, args.threads.count(), params.seed));
     }
     if args.verbose {
-        eprintln!("{}", memory_line(model, Session::kv_bytes(model, n_ctx, args.engine.kv_dtype())));
+        eprintln_lossy!("{}", memory_line(model, Session::kv_bytes(model, n_ctx, args.engine.kv_dtype())));
     }
     Ok(())
 }
 
 /// `-v`'s account of where the resident bytes are: the file's map (its size, and how much of it is resident), the
-/// weights held outside it (panels), the KV cache as allocated, and the rest (scratch, heap, code); then the
-/// resident set now and at its peak. Figures the platform does not give are left out.
+/// weights held outside it (panels), the KV cache as reserved, and the rest (the KV cache's touched pages, scratch,
+/// heap, code: the cache comes from zeroed pages that become resident only as positions fill, so it cannot be told
+/// apart from the rest); then the resident set now and at its peak. Figures the platform does not give are left
+/// out.
 fn memory_line(model: &crate::model::Model, kv: Option<u64>) -> String {
     use crate::memory::bytes;
     let file = model.file();
@@ -163,10 +165,10 @@ fn memory_line(model: &crate::model::Model, kv: Option<u64>) -> String {
         None => format!("weights {} mapped", bytes(mapped)),
     }];
     parts.push(format!("panels {}", bytes(panels)));
-    parts.push(format!("KV {}", bytes(kv)));
+    parts.push(format!("KV {} reserved", bytes(kv)));
     if let Some((rss, peak)) = crate::memory::resident() {
-        let known = resident.unwrap_or(0) + panels + kv;
-        parts.push(format!("scratch and the rest {}", bytes(rss.saturating_sub(known))));
+        let known = resident.unwrap_or(0) + panels;
+        parts.push(format!("KV in use, scratch and the rest {}", bytes(rss.saturating_sub(known))));
         parts.push(format!("RSS {}, peak {}", bytes(rss), bytes(peak)));
     }
     format!("[ memory: {} ]", parts.join(" | "))
