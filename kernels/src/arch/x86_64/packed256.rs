@@ -108,9 +108,9 @@ impl Act16 {
 }
 
 /// Prefetches cache lines `lines` (64 bytes each) from `at` into L1: hints, which cannot fault, so the address is
-/// computed with `wrapping_add` and may lie past the matrix.
+/// computed with `wrapping_add` and may lie past the matrix. Both panel kernels' decode streams use it.
 #[inline(always)]
-fn prefetch_lines(at: *const u8, lines: Range<usize>) {
+pub(crate) fn prefetch_lines(at: *const u8, lines: Range<usize>) {
     for line in lines {
         // SAFETY: a prefetch is a hint that never faults; SSE is part of x86-64.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * line).cast()) };

@@ -18,6 +18,7 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 use std::ops::Range;
 
+use super::packed256::prefetch_lines;
 use crate::dispatch::{Act32, OutSink};
 use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, Sections, check_args};
 
@@ -265,10 +266,7 @@ unsafe fn run<F: Quants, const G: usize>(
         if o1 - o0 == 1 {
             // Decode: each group's tiles fetch the next group; the task's first group is fetched here.
             let first = w.bytes.as_ptr().wrapping_add(p * w.panel_bytes);
-            for line in 0..(panels.end - p).min(2) * w.panel_bytes / 64 {
-                // A prefetch is a hint that never faults, whatever the address.
-                _mm_prefetch::<_MM_HINT_T0>(first.wrapping_add(64 * line).cast());
-            }
+            prefetch_lines(first, 0..(panels.end - p).min(2) * w.panel_bytes / 64);
         }
         while p < panels.end {
             let n = if panels.end - p >= 2 { 2 } else { 1 };
@@ -526,9 +524,7 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
             // ahead, as decode did before) never reached a panel's scale and offset lines in time, since they lie
             // after its quants but are read from its first block on (the same stall as in `packed256.rs`).
             let per_block = pf.count.div_ceil(nb);
-            for line in b * per_block..((b + 1) * per_block).min(pf.count) {
-                _mm_prefetch::<_MM_HINT_T0>(pf.first.wrapping_add(64 * line).cast());
-            }
+            prefetch_lines(pf.first, b * per_block..((b + 1) * per_block).min(pf.count));
             let extra: [__m512i; P] = std::array::from_fn(|i| F::extra(qp[i]));
             // The integer dot products of all P·C·G (panel, activation row) pairs advance together, weight group
             // by weight group: consecutive `vpdpbusd` are independent, so their latency hides behind each other.
