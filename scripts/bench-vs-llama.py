@@ -8,8 +8,11 @@ so that a neighbour's burst of load on a shared machine hurts both sides alike a
 
 prints a markdown table: per model and test, the best t/s of each side and their ratio. `-d 0,4096` adds the
 depth tests (llama-bench's -d; llama.cpp's best over --fa settings), `--batch 1,16` the batched-decode curve
-(S_TG of `infer bench --batch` against llama-batched-bench), and `--bandwidth` infer's memory read probe, which
-turns each tg rate into a share of the bandwidth limit (model bytes per token over the read rate).
+(S_TG of `infer bench --batch` against llama-batched-bench), `--bandwidth` infer's memory read probe, which
+turns each tg rate into a share of the bandwidth limit (model bytes per token over the read rate), and `--memory`
+the peak resident memory of a short `infer run` against `llama-completion` with the same file, context and prompt
+(each side's lowest over the rounds, next to the limit "file + KV cache + 10%"). `--wide` prints one row per model
+and one column pair per test, the layout of the README's speed tables.
 
 Only the Python standard library is needed. Nothing here decides a result: the script runs the two programs and
 reports what they print.
@@ -18,6 +21,7 @@ reports what they print.
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +43,28 @@ def run_json(cmd, env=None, jsonl=False):
     if jsonl:
         return [json.loads(line) for line in proc.stdout.splitlines() if line.strip().startswith("{")]
     return json.loads(proc.stdout)
+
+
+def peak_rss_mib(cmd, env=None):
+    """Runs `cmd` (output discarded but for infer's stderr) and returns (its peak resident set in MiB, its stderr).
+    os.wait4 gives this child's own rusage, so nothing else the script ran is counted."""
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=env)
+    err = proc.stderr.read().decode("utf-8", "replace")
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        sys.stderr.write(err)
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}")
+    return usage.ru_maxrss / 1024.0, err  # Linux reports ru_maxrss in KiB
+
+
+def kv_reserved_mib(stderr):
+    """The KV cache's reserved size from `infer run -v`'s memory line ("KV 90.0 MiB reserved")."""
+    m = re.search(r"KV ([0-9.]+) (KiB|MiB|GiB) reserved", stderr)
+    if not m:
+        raise SystemExit("infer run -v printed no 'KV ... reserved' memory line")
+    return float(m.group(1)) * {"KiB": 1 / 1024, "MiB": 1.0, "GiB": 1024.0}[m.group(2)]
 
 
 def keep_best(best, key, rate, extra=None):
@@ -74,6 +100,13 @@ def main():
     ap.add_argument("--batch-prompt", type=int, default=16)
     ap.add_argument("--batch-gen", type=int, default=24)
     ap.add_argument("--bandwidth", action="store_true", help="run infer's memory read probe in each round")
+    ap.add_argument("--memory", action="store_true",
+                    help="also compare peak RSS: `infer run` against llama-completion, same file, context and prompt")
+    ap.add_argument("--memory-ctx", type=int, default=4096, help="context size of the --memory runs (-c)")
+    ap.add_argument("--memory-prompt", default="The capital of France is", help="prompt of the --memory runs")
+    ap.add_argument("--memory-gen", type=int, default=16, help="tokens generated in the --memory runs")
+    ap.add_argument("--wide", action="store_true",
+                    help="one row per model, a column pair per test (the README's layout)")
     ap.add_argument("--json", help="also write every raw record to this file")
     args = ap.parse_args()
 
@@ -85,6 +118,7 @@ def main():
 
     llama_bench = tool("llama-bench")
     batched_bench = tool("llama-batched-bench") if args.batch else None
+    completion = tool("llama-completion") if args.memory else None
     if not Path(args.infer).exists():
         raise SystemExit(f"{args.infer} not found (cargo build --release, or give --infer)")
     env = dict(os.environ)
@@ -94,6 +128,7 @@ def main():
     fa_flag = ",".join({"0": "off", "1": "on"}.get(v, v) for v in fa)
 
     ours, theirs, raw = {}, {}, []
+    rss = {}  # model name -> {"infer": MiB, "llama.cpp": MiB, "kv": MiB}, the lowest peak of the rounds
     bandwidth = 0.0
     for rnd in range(args.rounds):
         for model in args.models:
@@ -128,25 +163,57 @@ def main():
                         keep_best(theirs, (name, "batch", rec["pl"]), rec["speed_tg"])
                         progress("llama-batched-bench", {"batch": rec["pl"]}, rec["speed_tg"])
 
+            if args.memory:
+                mem = rss.setdefault(name, {})
+                run = [args.infer, "run", model, "-p", args.memory_prompt, "-n", str(args.memory_gen)]
+                run += ["-c", str(args.memory_ctx), "-t", str(args.t), "--seed", "1", "-v"]
+                ours_mib, err = peak_rss_mib(run, env)
+                mem["kv"] = kv_reserved_mib(err)
+                cmd = [completion, "-m", model, "-c", str(args.memory_ctx), "-p", args.memory_prompt]
+                cmd += ["-n", str(args.memory_gen), "-t", str(args.t), "-no-cnv", "--seed", "1"]
+                theirs_mib, _ = peak_rss_mib(cmd)
+                for engine, mib in (("infer", ours_mib), ("llama.cpp", theirs_mib)):
+                    mem[engine] = min(mem.get(engine, mib), mib)
+                    raw.append({"engine": engine, "model_filename": model, "peak_rss_mib": mib})
+                print(f"  peak RSS: infer {ours_mib:.1f} MiB, llama-completion {theirs_mib:.1f} MiB",
+                      file=sys.stderr, flush=True)
+
     if args.json:
         Path(args.json).write_text(json.dumps(raw, indent=1))
     sizes = {}
     for rec in raw:
-        if rec["engine"] == "infer":
+        if rec["engine"] == "infer" and "model_size" in rec:
             sizes[Path(rec["model_filename"]).name] = rec["model_size"]
 
     isa = args.isa or "best"
     print(f"infer (INFER_ISA={isa}) and llama.cpp, {args.t} threads, best of {args.rounds} interleaved rounds "
           f"of -r {args.r}, t/s\n")
-    print("| model | test | infer | llama.cpp | infer ÷ llama.cpp |")
-    print("|---|---|---|---|---|")
+
     def order(key):
         # Per model: pp tests, then tg, each by depth and length; then the batching curve by batch size.
         if key[1] == "batch":
             return (key[0], 2, 0, key[2], 0)
         return (key[0], 0 if key[1] else 1, key[3], key[1] or key[2], 0)
 
-    for key in sorted(set(ours) | set(theirs), key=order):
+    def test_name(key):
+        if key[1] == "batch":
+            return f"S_TG at B={key[2]} (pp{args.batch_prompt}+tg{args.batch_gen})"
+        _, pp, tg, depth = key
+        return (f"pp{pp}" if pp else f"tg{tg}") + (f" @ d{depth}" if depth else "")
+
+    def limit_share(key, rate):
+        """A tg rate's share of the bandwidth limit, or None."""
+        if not (args.bandwidth and bandwidth) or key[1] == "batch" or not key[2] or key[3] or key[0] not in sizes:
+            return None
+        return rate / (bandwidth * 1e9 / sizes[key[0]])
+
+    keys = sorted(set(ours) | set(theirs), key=order)
+    if args.wide:
+        print_wide(args, keys, ours, theirs, rss, sizes, test_name, limit_share, bandwidth)
+        return
+    print("| model | test | infer | llama.cpp | infer ÷ llama.cpp |")
+    print("|---|---|---|---|---|")
+    for key in keys:
         name = key[0]
         if key[1] == "batch":
             test = f"S_TG at B={key[2]} (pp{args.batch_prompt}+tg{args.batch_gen})"
@@ -167,6 +234,7 @@ def main():
                 if bsz > 1 and b1:
                     s = ours.get((name, "batch", bsz), (0.0,))[0]
                     print(f"\n{name}: infer B={bsz} ÷ infer B=1 = {s / b1:.2f}")
+    print_memory(args, rss, sizes)
     if args.bandwidth and bandwidth:
         print(f"\nmemory read probe (infer bench --bandwidth, {args.t} threads, best round): {bandwidth:.1f} GB/s")
         for key, (rate, _) in sorted(ours.items(), key=lambda kv: order(kv[0])):
@@ -174,6 +242,72 @@ def main():
                 limit = bandwidth * 1e9 / sizes[key[0]]
                 print(f"{key[0]} tg{key[2]}: {rate:.1f} t/s = {100 * rate / limit:.0f}% of the limit "
                       f"{limit:.0f} t/s ({sizes[key[0]] / 1e6:.1f} MB per token)")
+
+
+def memory_limit_mib(mem, size_bytes):
+    """#19's limit: the file plus the KV cache plus 10%."""
+    return (size_bytes / 2**20 + mem["kv"]) * 1.1
+
+
+def print_memory(args, rss, sizes):
+    if not rss:
+        return
+    print(f"\npeak RSS, MiB (`infer run` and `llama-completion`, -c {args.memory_ctx}, {args.memory_gen} tokens, "
+          f"lowest of {args.rounds} rounds):\n")
+    print("| model | infer | llama.cpp | file + KV + 10% |")
+    print("|---|---|---|---|")
+    for name, mem in rss.items():
+        limit = f"{memory_limit_mib(mem, sizes[name]):.1f}" if name in sizes else "-"
+        print(f"| {name} | {mem['infer']:.1f} | {mem['llama.cpp']:.1f} | {limit} |")
+
+
+def print_wide(args, keys, ours, theirs, rss, sizes, test_name, limit_share, bandwidth):
+    """One row per model: each test's "infer / llama.cpp" and ratio, the tg share of the bandwidth limit, and
+    the peak RSS pair."""
+    def shares(t):
+        # A share of the bandwidth limit belongs to a tg test without depth (t is (pp, tg, depth) or ("batch", B)).
+        return args.bandwidth and bandwidth and t[0] != "batch" and t[1] and not t[2]
+
+    # Rows in the order the files were given, which is the README's order.
+    present = {k[0] for k in keys}
+    models = [n for n in dict.fromkeys(Path(m).name for m in args.models) if n in present]
+    tests = []
+    for key in keys:
+        t = key[1:]
+        if t not in tests:
+            tests.append(t)
+    head, rule = ["file"], ["---"]
+    for t in tests:
+        name = test_name((None, *t))
+        head += [f"{name} infer / llama.cpp", "ratio"]
+        rule += ["---", "---"]
+        if shares(t):
+            head.append(f"{name} share of the bandwidth limit")
+            rule.append("---")
+    if rss:
+        head += [f"peak RSS -c {args.memory_ctx}, MiB, infer / llama.cpp", "file + KV + 10%"]
+        rule += ["---", "---"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join(rule) + "|")
+    for model in models:
+        row = [model]
+        for t in tests:
+            key = (model, *t)
+            a, b = ours.get(key, (0.0, None))[0], theirs.get(key, (0.0, None))[0]
+            row += [f"{a:.1f} / {b:.1f}", f"{a / b:.2f}" if a and b else "-"]
+            if shares(t):
+                share = limit_share(key, a)
+                row.append(f"{100 * share:.0f}%" if share is not None else "-")
+        if rss:
+            mem = rss.get(model)
+            if mem:
+                limit = f"{memory_limit_mib(mem, sizes[model]):.1f}" if model in sizes else "-"
+                row += [f"{mem['infer']:.1f} / {mem['llama.cpp']:.1f}", limit]
+            else:
+                row += ["-", "-"]
+        print("| " + " | ".join(row) + " |")
+    if args.bandwidth and bandwidth:
+        print(f"\nmemory read probe (infer bench --bandwidth, {args.t} threads, best round): {bandwidth:.1f} GB/s")
 
 
 if __name__ == "__main__":
