@@ -646,10 +646,8 @@ unsafe fn tile_w<F: Quants, const C: usize>(
                     let wr = wb.add(4 * jj + 2 * part);
                     for_each_c!(C, c, {
                         let pair = aq[c].add(k).cast::<i32>();
-                        let (ae, ao) = (
-                            _mm256_set1_epi32(pair.read_unaligned()),
-                            _mm256_set1_epi32(pair.add(1).read_unaligned()),
-                        );
+                        let (ae, ao) =
+                            (_mm256_set1_epi32(pair.read_unaligned()), _mm256_set1_epi32(pair.add(1).read_unaligned()));
                         for s in 0..2 {
                             let ws = wr.add(16 * s);
                             let v = _mm256_add_epi32(_mm256_madd_epi16(*ws, ae), _mm256_madd_epi16(*ws.add(1), ao));
