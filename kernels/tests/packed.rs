@@ -178,8 +178,8 @@ fn every_level_equals_the_reference_bit_for_bit() {
         tested.push(isa.name());
         for ty in TYPES {
             // K-quant rows are whole super-blocks of 8 blocks; 72 blocks is past the AVX-512 kernel's scale cache
-            // (64), so both of its paths are checked.
-            let widths: &[usize] = if ty.block_size() == 256 { &[8, 16, 72] } else { &[1, 2, 5, 9] };
+            // (64), so both of its paths are checked; 17 and 72 are past the AVX2 batch tile's widened chunk (16).
+            let widths: &[usize] = if ty.block_size() == 256 { &[8, 16, 72] } else { &[1, 2, 5, 9, 17] };
             for &nb in widths {
                 let (rows, cols) = (48, 32 * nb);
                 let (_, _, _, p) = pack(ty, rows, cols, nb as u64);
