@@ -50,9 +50,11 @@
 //! kernels compute, in the same order of float operations, so they agree bit for bit.
 
 use std::fmt;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use half::f16;
+
 use rayon::prelude::*;
 
 use crate::GgmlType;
@@ -262,11 +264,18 @@ pub fn pack_then(
     }
     let row_bytes = data.len() / rows;
     let pb = panel_bytes(format, nb);
-    let mut lines = vec![Line([0; 64]); rows / PANEL_ROWS * pb / 64];
+    let n_lines = rows / PANEL_ROWS * pb / 64;
+    // Each task zeroes its own panels just before it writes them: a memset of the whole buffer up front ran on one
+    // thread and took every page fault there (8% of a Gemma 3 load's instructions), and the bytes left it cold.
+    let mut lines: Vec<MaybeUninit<Line>> = Vec::with_capacity(n_lines);
+    // SAFETY: the capacity is `n_lines`, and `MaybeUninit` elements need no initialisation.
+    unsafe { lines.set_len(n_lines) };
+    advise_huge_pages(&lines);
     let sections = Sections::of(format, nb);
     let per_task = (PACK_CHUNK / (PANEL_ROWS * row_bytes)).max(1);
     let ok = lines.par_chunks_mut(per_task * pb / 64).enumerate().all(|(t, panels)| {
         let first = t * per_task;
+        let panels = zero_lines(panels);
         let ok = panels.chunks_mut(pb / 64).enumerate().all(|(i, panel)| {
             let bytes = lines_as_bytes_mut(panel);
             (0..PANEL_ROWS).all(|r| {
@@ -280,7 +289,42 @@ pub fn pack_then(
         done(first * PANEL_ROWS * row_bytes..(first + n) * PANEL_ROWS * row_bytes);
         ok
     });
-    ok.then_some(PackedMatrix { source: ty, format, rows, cols, panel_bytes: pb, lines })
+    // Only a complete packing (every task ran, so every line was zeroed) is turned into lines.
+    ok.then(|| PackedMatrix { source: ty, format, rows, cols, panel_bytes: pb, lines: assume_init(lines) })
+}
+
+/// Zeroes `lines` and returns them initialised.
+fn zero_lines(lines: &mut [MaybeUninit<Line>]) -> &mut [Line] {
+    lines.fill(MaybeUninit::new(Line([0; 64])));
+    // SAFETY: every element was just written, and `MaybeUninit<Line>` has `Line`'s layout.
+    unsafe { &mut *(lines as *mut [MaybeUninit<Line>] as *mut [Line]) }
+}
+
+/// The lines of a finished packing, every one of which [`zero_lines`] initialised.
+fn assume_init(lines: Vec<MaybeUninit<Line>>) -> Vec<Line> {
+    let mut lines = std::mem::ManuallyDrop::new(lines);
+    let (ptr, len, cap) = (lines.as_mut_ptr(), lines.len(), lines.capacity());
+    // SAFETY: the caller only passes a buffer whose every element was initialised (`pack_then` checks that all
+    // tasks ran), `MaybeUninit<Line>` has `Line`'s size and alignment, and the allocation passes over unchanged.
+    unsafe { Vec::from_raw_parts(ptr.cast::<Line>(), len, cap) }
+}
+
+/// Asks for transparent huge pages over the 2 MiB pages inside `lines` (Linux; where the system allows them on
+/// request): the panels are read whole at every token, so 4 KiB pages cost a TLB miss every few panels, and filling
+/// them took a page fault per 4 KiB at load. Advice only: failure changes nothing.
+fn advise_huge_pages<T>(lines: &[T]) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = lines.as_ptr() as usize;
+        let end = start + std::mem::size_of_val(lines);
+        let (a, b) = (start.next_multiple_of(HUGE), end / HUGE * HUGE);
+        if a < b {
+            // SAFETY: madvise(MADV_HUGEPAGE) only changes how the kernel backs these pages, never their contents;
+            // the range lies inside the buffer's allocation, which outlives the call.
+            unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_HUGEPAGE) };
+        }
+    }
 }
 
 /// Writes one row of a panel (row `r` of 16) from its GGUF bytes.
