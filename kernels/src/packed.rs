@@ -420,10 +420,13 @@ impl RowWriter<'_> {
 
     /// Row `r`'s bytes of block `b` in its chunks: bytes `4j..4j + 4` of `src` (16 nibble bytes, or Q8's 32
     /// bytes) go to chunk `j`.
-    fn groups(&mut self, b: usize, src: &[u8]) {
+    fn groups<const M: usize>(&mut self, b: usize, src: &[u8; M]) {
         let at = b * self.format.qs_bytes() + 4 * self.r;
-        for (j, g) in src.chunks_exact(4).enumerate() {
-            self.bytes[at + 64 * j..at + 64 * j + 4].copy_from_slice(g);
+        // One bounds check for the block, then a loop of known length over it (packing a 178 MB output head spent
+        // most of its instructions on per-chunk checks).
+        let dst = &mut self.bytes[at..][..64 * (M / 4 - 1) + 4];
+        for j in 0..M / 4 {
+            dst[64 * j..64 * j + 4].copy_from_slice(&src[4 * j..4 * j + 4]);
         }
     }
 
