@@ -270,7 +270,6 @@ pub fn pack_then(
     let mut lines: Vec<MaybeUninit<Line>> = Vec::with_capacity(n_lines);
     // SAFETY: the capacity is `n_lines`, and `MaybeUninit` elements need no initialisation.
     unsafe { lines.set_len(n_lines) };
-    advise_huge_pages(&lines);
     let sections = Sections::of(format, nb);
     let per_task = (PACK_CHUNK / (PANEL_ROWS * row_bytes)).max(1);
     let ok = lines.par_chunks_mut(per_task * pb / 64).enumerate().all(|(t, panels)| {
@@ -307,24 +306,6 @@ fn assume_init(lines: Vec<MaybeUninit<Line>>) -> Vec<Line> {
     // SAFETY: the caller only passes a buffer whose every element was initialised (`pack_then` checks that all
     // tasks ran), `MaybeUninit<Line>` has `Line`'s size and alignment, and the allocation passes over unchanged.
     unsafe { Vec::from_raw_parts(ptr.cast::<Line>(), len, cap) }
-}
-
-/// Asks for transparent huge pages over the 2 MiB pages inside `lines` (Linux; where the system allows them on
-/// request): the panels are read whole at every token, so 4 KiB pages cost a TLB miss every few panels, and filling
-/// them took a page fault per 4 KiB at load. Advice only: failure changes nothing.
-fn advise_huge_pages<T>(lines: &[T]) {
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let start = lines.as_ptr() as usize;
-        let end = start + std::mem::size_of_val(lines);
-        let (a, b) = (start.next_multiple_of(HUGE), end / HUGE * HUGE);
-        if a < b {
-            // SAFETY: madvise(MADV_HUGEPAGE) only changes how the kernel backs these pages, never their contents;
-            // the range lies inside the buffer's allocation, which outlives the call.
-            unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_HUGEPAGE) };
-        }
-    }
 }
 
 /// Writes one row of a panel (row `r` of 16) from its GGUF bytes.
