@@ -113,7 +113,7 @@ pub trait KvElem: Copy + Send + Sync {
     /// tile (per head, `bs` rows of `v_head`).
     fn store(k_tile: &mut [Self], v_tile: &mut [Self], lane: usize, bs: usize, k: &[f32], v: &[f32], v_head: usize) {
         assert!(
-            lane < bs && k_tile.len() == k.len() * bs && v_tile.len() == v.len() * bs && v.len() % v_head == 0,
+            lane < bs && k_tile.len() == k.len() * bs && v_tile.len() == v.len() * bs && v.len().is_multiple_of(v_head),
             "a key of {} and a value of {} do not fit tiles of {} and {} at lane {lane} of {bs}",
             k.len(),
             v.len(),
