@@ -247,6 +247,8 @@ struct KvAt<'a> {
     /// Elements per key tile and per value tile.
     sizes: (usize, usize),
     bs: usize,
+    /// Values per key head.
+    v_head: usize,
 }
 
 /// Per token `t` (in parallel with enough tokens): `rotate(t, q row, k row)`, then the rotated key and the value
@@ -271,7 +273,7 @@ fn rotate_and_store<T: KvElem>(
     );
     for_each_row(rows, n >= PAR_ROWS, |t, (qr, kr, k_tile, v_tile)| {
         rotate(t, qr, kr);
-        T::store(k_tile, v_tile, at.lanes[t], at.bs, kr, &v[t * v_dim..(t + 1) * v_dim]);
+        T::store(k_tile, v_tile, at.lanes[t], at.bs, kr, &v[t * v_dim..(t + 1) * v_dim], at.v_head);
     });
 }
 
@@ -474,6 +476,7 @@ impl Model {
                         lanes: &s.kv_lanes,
                         sizes: pool.tile_sizes(il),
                         bs: pool.block_size,
+                        v_head: pool.v_head(il),
                     };
                     match pool.tiles_mut(il) {
                         TilesMut::F32 { k: kt, v: vt } => rotate_and_store(q, k, v, (kt, vt), &at, rotate),
@@ -754,7 +757,6 @@ impl Model {
                 kvh: h0 / group,
                 hd,
                 hdv,
-                v_dim: c.v_dim(),
                 scale: c.attn_scale,
                 softcap: c.attn_softcap,
             };
@@ -913,7 +915,6 @@ struct SpanRun<'a> {
     kvh: usize,
     hd: usize,
     hdv: usize,
-    v_dim: usize,
     scale: f32,
     /// Soft-capping of the scaled scores (gemma2).
     softcap: Option<f32>,
@@ -1000,10 +1001,11 @@ impl SpanRun<'_> {
             }
             for (&(lane, n, col), v) in runs[..nb].iter().zip(&blocks[..nb]) {
                 let w = &scores[col..];
-                let at = lane * self.v_dim + kvh * hdv;
+                // This key head's rows of the value tile (see `KvElem::store`).
+                let at = (kvh * BS + lane) * hdv;
                 match v.expect("filled above") {
-                    KvRow::F32(v) => vec_f32::axpy_rows(n, w, row, &v[at..], self.v_dim, out, hdv),
-                    KvRow::F16(v) => vec_f32::axpy_rows_f16(n, w, row, &v[at..], self.v_dim, out, hdv),
+                    KvRow::F32(v) => vec_f32::axpy_rows(n, w, row, &v[at..], hdv, out, hdv),
+                    KvRow::F16(v) => vec_f32::axpy_rows_f16(n, w, row, &v[at..], hdv, out, hdv),
                 }
             }
         }

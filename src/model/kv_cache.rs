@@ -13,13 +13,18 @@
 //! sequence's blocks once every position in them has left the window (and an optional rewind margin behind it), so
 //! those layers keep a cache bounded by the window rather than by the context.
 //!
-//! Storage per group, f32 or f16, one tile per (block, layer):
-//! - keys `[n_blocks][n_layers_in_group][k_row][block_size]`: each tile transposed, so one key dimension's values
+//! Storage per group, f32 or f16, one tile per (layer, block):
+//! - keys `[n_layers_in_group][n_blocks][k_row][block_size]`: each tile transposed, so one key dimension's values
 //!   for the block's positions are contiguous and attention scores come out as column sums
 //!   ([`infer_kernels::vec_f32::dot_cols`]), with no horizontal additions;
-//! - values `[n_blocks][n_layers_in_group][block_size][v_row]`: rows, as the weighted sum streams them.
+//! - values `[n_layers_in_group][n_blocks][n_head_kv][block_size][head_dim_v]`: per key head, rows, as the weighted
+//!   sum streams them.
 //!
-//! Rows hold `n_head_kv · head_dim` values.
+//! Key rows hold `n_head_kv · head_dim` values, head after head, so one key head's share of a tile is contiguous
+//! in both stores. A layer's tiles follow one another block after block: a sequence's blocks come from the free
+//! list in order, so decoding attention reads a layer's cache as a few long runs, which the hardware prefetcher
+//! follows (tiles in block-major order put every block of a layer on its own pages, a layer's tiles a whole
+//! block's worth of layers apart, and decode at 4,096 positions waited on memory).
 
 use std::ops::Range;
 
@@ -104,10 +109,11 @@ pub trait KvElem: Copy + Send + Sync {
     fn put_row(dst: &mut [Self], src: &[f32]);
 
     /// Stores one position of a block: its key `k` down lane `lane` of the transposed key tile (`k.len()` rows of
-    /// `bs` lanes) and its value `v` as row `lane` of the value tile (`bs` rows of `v.len()`).
-    fn store(k_tile: &mut [Self], v_tile: &mut [Self], lane: usize, bs: usize, k: &[f32], v: &[f32]) {
+    /// `bs` lanes) and each `v_head` values of its value `v` as row `lane` of that key head's part of the value
+    /// tile (per head, `bs` rows of `v_head`).
+    fn store(k_tile: &mut [Self], v_tile: &mut [Self], lane: usize, bs: usize, k: &[f32], v: &[f32], v_head: usize) {
         assert!(
-            lane < bs && k_tile.len() == k.len() * bs && v_tile.len() == v.len() * bs,
+            lane < bs && k_tile.len() == k.len() * bs && v_tile.len() == v.len() * bs && v.len().is_multiple_of(v_head),
             "a key of {} and a value of {} do not fit tiles of {} and {} at lane {lane} of {bs}",
             k.len(),
             v.len(),
@@ -115,7 +121,9 @@ pub trait KvElem: Copy + Send + Sync {
             v_tile.len()
         );
         Self::put_strided(&mut k_tile[lane..], bs, k);
-        Self::put_row(&mut v_tile[lane * v.len()..(lane + 1) * v.len()], v);
+        for (h, vh) in v.chunks_exact(v_head).enumerate() {
+            Self::put_row(&mut v_tile[(h * bs + lane) * v_head..][..v_head], vh);
+        }
     }
 }
 
@@ -173,6 +181,8 @@ pub struct LayerGroup {
     v: KvStore,
     k_row: usize,
     v_row: usize,
+    /// Values per key head (`head_dim_v`).
+    v_head: usize,
     /// Blocks nobody holds (reference count 0), taken from the back.
     free: Vec<u32>,
     /// Per block: how many block tables (and prefix-cache entries) hold it.
@@ -204,25 +214,22 @@ impl LayerGroup {
         }
     }
 
-    /// Elements of one block (all layers of the group) in the key and the value store.
-    fn block_elems(&self, bs: usize) -> (usize, usize) {
-        (self.n_layers * bs * self.k_row, self.n_layers * bs * self.v_row)
-    }
-
-    /// Copies block `src`'s keys and values (every layer) into block `dst`.
+    /// Copies block `src`'s keys and values (every layer's tile) into block `dst`.
     fn copy_block(&mut self, src: u32, dst: u32, bs: usize) {
-        let (kn, vn) = self.block_elems(bs);
-        let (s, d) = (src as usize, dst as usize);
-        match (&mut self.k, &mut self.v) {
-            (KvStore::F32(k), KvStore::F32(v)) => {
-                k.copy_within(s * kn..(s + 1) * kn, d * kn);
-                v.copy_within(s * vn..(s + 1) * vn, d * vn);
+        let (kn, vn) = (bs * self.k_row, bs * self.v_row);
+        for slot in 0..self.n_layers {
+            let (s, d) = (slot * self.n_blocks + src as usize, slot * self.n_blocks + dst as usize);
+            match (&mut self.k, &mut self.v) {
+                (KvStore::F32(k), KvStore::F32(v)) => {
+                    k.copy_within(s * kn..(s + 1) * kn, d * kn);
+                    v.copy_within(s * vn..(s + 1) * vn, d * vn);
+                }
+                (KvStore::F16(k), KvStore::F16(v)) => {
+                    k.copy_within(s * kn..(s + 1) * kn, d * kn);
+                    v.copy_within(s * vn..(s + 1) * vn, d * vn);
+                }
+                _ => unreachable!("keys and values of a group share one dtype"),
             }
-            (KvStore::F16(k), KvStore::F16(v)) => {
-                k.copy_within(s * kn..(s + 1) * kn, d * kn);
-                v.copy_within(s * vn..(s + 1) * vn, d * vn);
-            }
-            _ => unreachable!("keys and values of a group share one dtype"),
         }
     }
 }
@@ -357,6 +364,7 @@ impl KvPool {
                 v: KvStore::new(dtype, n_blocks * per_block * v_row),
                 k_row,
                 v_row,
+                v_head: config.head_dim_v,
                 free: (0..n_blocks as u32).rev().collect(),
                 refs: vec![0; n_blocks],
             });
@@ -656,19 +664,19 @@ impl KvPool {
     fn locate(&self, seq: &SeqKv, layer: usize, pos: usize) -> (usize, usize, usize) {
         let (gi, slot) = self.layer_slot[layer];
         let block = seq.tables[gi][pos / self.block_size].expect("position within the live window");
-        (gi, block as usize * self.groups[gi].n_layers + slot, pos % self.block_size)
+        (gi, slot * self.groups[gi].n_blocks + block as usize, pos % self.block_size)
     }
 
     /// Stores the key and value rows of position `pos` (reserved beforehand) for `layer`.
     pub fn write(&mut self, seq: &SeqKv, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
         let (tile, lane) = self.tile_of(seq, layer, pos);
-        let (bs, (kn, vn)) = (self.block_size, self.tile_sizes(layer));
+        let (bs, (kn, vn), vh) = (self.block_size, self.tile_sizes(layer), self.v_head(layer));
         match self.tiles_mut(layer) {
             TilesMut::F32 { k: kt, v: vt } => {
-                f32::store(&mut kt[tile * kn..][..kn], &mut vt[tile * vn..][..vn], lane, bs, k, v)
+                f32::store(&mut kt[tile * kn..][..kn], &mut vt[tile * vn..][..vn], lane, bs, k, v, vh)
             }
             TilesMut::F16 { k: kt, v: vt } => {
-                f16::store(&mut kt[tile * kn..][..kn], &mut vt[tile * vn..][..vn], lane, bs, k, v)
+                f16::store(&mut kt[tile * kn..][..kn], &mut vt[tile * vn..][..vn], lane, bs, k, v, vh)
             }
         }
     }
@@ -677,6 +685,11 @@ impl KvPool {
     pub fn tile_of(&self, seq: &SeqKv, layer: usize, pos: usize) -> (usize, usize) {
         let (_, tile, lane) = self.locate(seq, layer, pos);
         (tile, lane)
+    }
+
+    /// Values per key head in `layer`'s value tiles (see [`KvElem::store`]).
+    pub fn v_head(&self, layer: usize) -> usize {
+        self.groups[self.layer_slot[layer].0].v_head
     }
 
     /// Elements per key tile and per value tile of `layer`'s group.
@@ -696,7 +709,8 @@ impl KvPool {
     }
 
     /// The block holding position `pos` of `layer`: its whole key tile (`k_row × block_size`, transposed) and
-    /// value tile (`block_size × v_row`), and the position's lane in them. Lanes the sequence has not written hold
+    /// value tile (per key head `block_size × head_dim_v`, see [`KvElem::store`]), and the position's lane in
+    /// them. Lanes the sequence has not written hold
     /// stale values; callers read only the lanes of their positions.
     pub fn block(&self, seq: &SeqKv, layer: usize, pos: usize) -> (KvRow<'_>, KvRow<'_>, usize) {
         let (gi, tile, lane) = self.locate(seq, layer, pos);
@@ -706,16 +720,15 @@ impl KvPool {
     }
 
     /// Asks the CPU to fetch part of the block holding position `pos` of `layer`: key rows `keys` of its
-    /// transposed key tile and columns `values` of each row of its value tile (one key head's share). A
-    /// sequence's blocks lie scattered in the pool, where the hardware prefetcher does not follow, so attention
-    /// asks for the blocks it will read next.
+    /// transposed key tile and value columns `values` (whole key heads) of its value tile: one key head's share.
+    /// A sequence's blocks need not follow one another in the pool (freed and shared blocks), where the hardware
+    /// prefetcher does not follow, so attention asks for the blocks it will read next.
     pub fn prefetch(&self, seq: &SeqKv, layer: usize, pos: usize, keys: Range<usize>, values: Range<usize>) {
         let (k, v, _) = self.block(seq, layer, pos);
-        let (bs, v_row) = (self.block_size, self.groups[self.layer_slot[layer].0].v_row);
+        let bs = self.block_size;
+        debug_assert!(values.start.is_multiple_of(self.v_head(layer)) && values.end.is_multiple_of(self.v_head(layer)));
         k.prefetch(keys.start * bs..keys.end * bs);
-        for r in 0..bs {
-            v.prefetch(r * v_row + values.start..r * v_row + values.end);
-        }
+        v.prefetch(values.start * bs..values.end * bs);
     }
 
     /// The sliding window of `layer`, if it has one.
@@ -728,24 +741,28 @@ impl KvPool {
 mod tests {
     use super::*;
 
-    /// One position's key goes down exactly its lane of the transposed tile and its value into its row of the value
-    /// tile, at any key width (including more than one conversion run of 64), and nothing else is touched.
+    /// One position's key goes down exactly its lane of the transposed tile and each head's share of its value
+    /// into that head's row of the value tile, at any key width (including more than one conversion run of 64),
+    /// and nothing else is touched.
     fn check_store<T: KvElem + PartialEq + std::fmt::Debug>(zero: T, from: impl Fn(f32) -> T) {
         const BS: usize = 16;
-        const V: usize = 5;
+        // Three value heads of two.
+        const V: usize = 6;
+        const VH: usize = 2;
         for k_len in [1, 63, 64, 65, 192, 200] {
             for lane in [0, 7, BS - 1] {
                 let k: Vec<f32> = (0..k_len).map(|i| 1.0 + i as f32).collect();
                 let v: Vec<f32> = (0..V).map(|i| -1.0 - i as f32).collect();
                 let mut k_tile = vec![zero; k_len * BS];
                 let mut v_tile = vec![zero; V * BS];
-                T::store(&mut k_tile, &mut v_tile, lane, BS, &k, &v);
+                T::store(&mut k_tile, &mut v_tile, lane, BS, &k, &v, VH);
                 for (i, x) in k_tile.iter().enumerate() {
                     let want = if i % BS == lane { from(k[i / BS]) } else { zero };
                     assert_eq!(*x, want, "k_len {k_len} lane {lane} key element {i}");
                 }
                 for (i, x) in v_tile.iter().enumerate() {
-                    let want = if i / V == lane { from(v[i % V]) } else { zero };
+                    let (head, row, col) = (i / (BS * VH), i % (BS * VH) / VH, i % VH);
+                    let want = if row == lane { from(v[head * VH + col]) } else { zero };
                     assert_eq!(*x, want, "lane {lane} value element {i}");
                 }
             }
@@ -756,7 +773,7 @@ mod tests {
     #[should_panic(expected = "do not fit tiles")]
     fn store_rejects_a_key_wider_than_its_tile() {
         let (mut k_tile, mut v_tile) = (vec![0f32; 4 * 16], vec![0f32; 2 * 16]);
-        f32::store(&mut k_tile, &mut v_tile, 0, 16, &[1.0; 5], &[1.0; 2]);
+        f32::store(&mut k_tile, &mut v_tile, 0, 16, &[1.0; 5], &[1.0; 2], 2);
     }
 
     #[test]
