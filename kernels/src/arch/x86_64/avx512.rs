@@ -40,13 +40,18 @@ x86_kernels!(
         // SAFETY: see KERNELS.
         unsafe { crate::arch::packed512::panel(w, panels, act, n, g, out) }
     }),
-    packed_f = None,
+    packed_f = Some(|w, panels, x, n, out| {
+        // SAFETY: see KERNELS.
+        unsafe { crate::arch::packed512::panel_f(w, panels, x, n, out) }
+    }),
     packed_formats = &[
         crate::packed::PackedFormat::Q4,
         crate::packed::PackedFormat::Q5,
         crate::packed::PackedFormat::Q8,
         crate::packed::PackedFormat::K4,
         crate::packed::PackedFormat::K6,
+        crate::packed::PackedFormat::F32,
+        crate::packed::PackedFormat::F16,
     ],
     attention = [dot_cols_f32_zmm, dot_cols_f16_zmm, axpy_rows_f32_zmm, axpy_rows_f16_zmm],
     quantize32 = quantize32_zmm

@@ -1,7 +1,7 @@
 //! The AVX-512 VNNI kernel for 16-row panels ([`crate::packed`]): every 512-bit register holds one value per
 //! panel row, so a `vpdpbusd` with four activation bytes broadcast from memory advances 16 dot products at once.
 //!
-//! A tile is `P` panels (two when two remain) × `C` output rows. Per block it unpacks each panel's quants once, a
+//! A tile is `P` panels (two when two remain; one in decode) × `C` output rows. Per block it unpacks each panel's quants once, a
 //! pair of weight groups at a time (registers of 16 rows × 4 weights), broadcasts each group of four activation
 //! bytes once for all `P` panels, runs 8 (Q8x2: 16) `vpdpbusd` per panel and output row, then a float epilogue of
 //! 16 lanes with the block's scales (and offsets). The order of operations per output element is the one
@@ -20,7 +20,7 @@ use std::ops::Range;
 
 use super::packed256::prefetch_lines;
 use crate::dispatch::{Act32, OutSink};
-use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, Sections, check_args};
+use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, Sections, check_args, check_args_f};
 
 /// Output rows sharing one unpack of a block of `panels` panels, by activation group: the P·C·G integer
 /// accumulators, P·C float accumulators, the unpacked weight pairs and the scales must fit in 32 zmm registers.
@@ -263,15 +263,21 @@ unsafe fn run<F: Quants, const G: usize>(
         let o1 = (o0 + chunk).min(n_out);
         let act = &Acts::new(act, w.nb, o0 * G..o1 * G, F::FORMAT.split_halves(), &mut halves);
         let mut p = panels.start;
-        if o1 - o0 == 1 {
-            // Decode: each group's tiles fetch the next group; the task's first group is fetched here.
+        let decode = o1 - o0 == 1;
+        if decode {
+            // Decode: the task's first two panels are fetched here, and each tile fetches the panel after next.
             let first = w.bytes.as_ptr().wrapping_add(p * w.panel_bytes);
             prefetch_lines(first, 0..(panels.end - p).min(2) * w.panel_bytes / 64);
         }
+        // Decode runs one panel per tile: with two, the two panels in use and the two being fetched overflowed L1
+        // (4 × 26 KB for the Q8 FFN-down panels of SmolLM2); one panel per tile measured faster for Q4_1 and Q8_0.
+        let (most, skip, ahead) = if decode { (1, 1, 1) } else { (2, 0, 2) };
         while p < panels.end {
-            let n = if panels.end - p >= 2 { 2 } else { 1 };
-            // The next group of this task's panels, which the tiles of this one fetch as they go.
-            let next = Ahead { lines: (panels.end - p - n).min(2) * w.panel_bytes / 64, from: p + n };
+            let n = (panels.end - p).min(most);
+            // The panels this group's tiles fetch as they go: decode the one after next (the next was asked for
+            // during the previous tile), batches the next group.
+            let from = p + n + skip;
+            let next = Ahead { lines: panels.end.saturating_sub(from).min(ahead) * w.panel_bytes / 64, from };
             // SAFETY (both): p + n ≤ panels.end; the rest is the caller's.
             if n == 2 {
                 unsafe { rows::<F, G, 2>(w, p, act, o0..o1, next, out) };
@@ -465,6 +471,19 @@ struct Prefetch {
     count: usize,
 }
 
+/// Prefetches cache lines `lines` from `at` into L2 (`prefetcht1`), as [`prefetch_lines`] does into L1. The tiles
+/// fetch a whole panel or group ahead; into L1 that evicted the lines in use before they were read (Zen 4's L1D
+/// holds 32 KB, one Q8 group of SmolLM2's FFN-down matrix 52 KB). Single-thread decode per CPU-second on SmolLM2's
+/// layer matmuls, L1 → L2, best of 4 interleaved rounds on a loaded host: Q4_1 181.6 → 220.4, Q8_0 106.8 → 147.6
+/// tokens (P = 2); with 2 and 4 activation rows Q8_0 211 → 327 and 317 → 410; with 16 unchanged.
+#[inline(always)]
+fn prefetch_l2(at: *const u8, lines: Range<usize>) {
+    for line in lines {
+        // SAFETY: a prefetch is a hint that never faults; SSE is part of x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(64 * line).cast()) };
+    }
+}
+
 /// Repeats `body` with `c` bound to each constant `0..C` (`C` ≤ 8) so that `[_; C]` accumulators indexed by `c`
 /// become registers: LLVM does not unroll the output-row loop on its own, and then keeps them in memory.
 macro_rules! for_each_c {
@@ -524,7 +543,7 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
             // ahead, as decode did before) never reached a panel's scale and offset lines in time, since they lie
             // after its quants but are read from its first block on (the same stall as in `packed256.rs`).
             let per_block = pf.count.div_ceil(nb);
-            prefetch_lines(pf.first, b * per_block..((b + 1) * per_block).min(pf.count));
+            prefetch_l2(pf.first, b * per_block..((b + 1) * per_block).min(pf.count));
             let extra: [__m512i; P] = std::array::from_fn(|i| F::extra(qp[i]));
             // The integer dot products of all P·C·G (panel, activation row) pairs advance together, weight group
             // by weight group: consecutive `vpdpbusd` are independent, so their latency hides behind each other.
@@ -604,6 +623,166 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
         }
         for (i, panel_acc) in acc.iter().enumerate() {
             for (c, v) in panel_acc.iter().enumerate() {
+                let mut lanes = [0f32; PANEL_ROWS];
+                _mm512_storeu_ps(lanes.as_mut_ptr(), *v);
+                out.put_row(o + c, (p + i) * PANEL_ROWS, &lanes);
+            }
+        }
+    }
+}
+
+// -------------------------------------------------------------------------------------------------------------
+// Float panels (F32, F16) against f32 activations. A block's column k holds the panel's 16 weights of input k, one
+// 512-bit register: a tile loads each panel's column once, broadcasts each activation once, and runs one fused
+// multiply-add per (panel, activation row), with one accumulator chain per output element as `panel_ref_f` states.
+
+/// Sixteen weights (one column) of a float panel, as f32.
+trait FloatZ {
+    /// Bytes per weight.
+    const SIZE: usize;
+    /// # Safety
+    /// `16 · SIZE` bytes must be readable at `p`, `16 · SIZE`-aligned; the CPU must have AVX-512 F.
+    unsafe fn load16(p: *const u8) -> __m512;
+}
+
+impl FloatZ for f32 {
+    const SIZE: usize = 4;
+    #[inline(always)]
+    unsafe fn load16(p: *const u8) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_load_ps(p.cast()) }
+    }
+}
+
+impl FloatZ for half::f16 {
+    const SIZE: usize = 2;
+    #[inline(always)]
+    unsafe fn load16(p: *const u8) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_cvtph_ps(_mm256_load_si256(p.cast())) }
+    }
+}
+
+/// Activation rows and panels of a float tile: 8 × 3 accumulators, three weight columns and a broadcast fill 28 of
+/// the 32 registers, and each column load serves 8 fused multiply-adds, each broadcast 3 (the 256-bit tile's 6 × 2
+/// halves of one panel load twice as much per multiply-add).
+const ROWS_F: usize = 8;
+const PANELS_F: usize = 3;
+/// Activation rows whose values stay in L1/L2 while all of a task's panels pass.
+const CHUNK_F: usize = 48;
+
+/// F32/F16 panels: prefill tiles of [`ROWS_F`] × [`PANELS_F`]; decode (one activation row) is the 256-bit level's
+/// streaming tile.
+///
+/// # Safety
+/// The CPU must have AVX-512 F plus AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn panel_f(w: PackedView<'_>, panels: Range<usize>, x: &[f32], n_act: usize, out: &OutSink<'_>) {
+    if n_act == 1 {
+        // SAFETY: the caller has the features (a superset of AVX2's).
+        return unsafe { super::packed256::panel_f(w, panels, x, n_act, out) };
+    }
+    check_args_f(&w, &panels, x, n_act);
+    // SAFETY (both): the arguments were checked above and the caller has the features.
+    unsafe {
+        match w.format {
+            PackedFormat::F32 => run_f::<f32>(&w, panels, x, n_act, out),
+            _ => run_f::<half::f16>(&w, panels, x, n_act, out),
+        }
+    }
+}
+
+/// # Safety
+/// As [`panel_f`], with its arguments checked by [`check_args_f`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn run_f<T: FloatZ>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], n_act: usize, out: &OutSink<'_>) {
+    let mut o0 = 0;
+    while o0 < n_act {
+        let o1 = (o0 + CHUNK_F).min(n_act);
+        let mut p = panels.start;
+        while p < panels.end {
+            let np = (panels.end - p).min(PANELS_F);
+            let mut o = o0;
+            while o < o1 {
+                let c = (o1 - o).min(ROWS_F);
+                // SAFETY: panels p..p + np and rows o..o + c lie in the checked ranges.
+                unsafe {
+                    match np {
+                        1 => tile_f_rows::<T, 1>(w, p, x, o, c, out),
+                        2 => tile_f_rows::<T, 2>(w, p, x, o, c, out),
+                        _ => tile_f_rows::<T, PANELS_F>(w, p, x, o, c, out),
+                    }
+                }
+                o += c;
+            }
+            p += np;
+        }
+        o0 = o1;
+    }
+}
+
+/// [`tile_f`] for `c` (1..=[`ROWS_F`]) rows.
+///
+/// # Safety
+/// As [`tile_f`].
+#[inline(always)]
+unsafe fn tile_f_rows<T: FloatZ, const P: usize>(
+    w: &PackedView<'_>,
+    p: usize,
+    x: &[f32],
+    o: usize,
+    c: usize,
+    out: &OutSink<'_>,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match c {
+            1 => tile_f::<T, 1, P>(w, p, x, o, out),
+            2 => tile_f::<T, 2, P>(w, p, x, o, out),
+            3 => tile_f::<T, 3, P>(w, p, x, o, out),
+            4 => tile_f::<T, 4, P>(w, p, x, o, out),
+            5 => tile_f::<T, 5, P>(w, p, x, o, out),
+            6 => tile_f::<T, 6, P>(w, p, x, o, out),
+            7 => tile_f::<T, 7, P>(w, p, x, o, out),
+            _ => tile_f::<T, ROWS_F, P>(w, p, x, o, out),
+        }
+    }
+}
+
+/// Panels `p..p + P` against activation rows `o..o + C`.
+///
+/// # Safety
+/// As [`run_f`], with `p + P` ≤ `w.n_panels` and rows `o..o + C` in `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile_f<T: FloatZ, const C: usize, const P: usize>(
+    w: &PackedView<'_>,
+    p: usize,
+    x: &[f32],
+    o: usize,
+    out: &OutSink<'_>,
+) {
+    const { assert!(C >= 1 && C <= ROWS_F && P >= 1 && P <= PANELS_F) };
+    let cols = w.nb * 32;
+    let column = PANEL_ROWS * T::SIZE;
+    // SAFETY: the pointers stay inside panels p..p + P (nb blocks of 32 columns, `panel_bytes` each, checked) and
+    // inside rows o..o + C of `x`, which the caller guarantees; every column starts on a multiple of its size.
+    unsafe {
+        let base: [*const u8; P] = std::array::from_fn(|i| w.bytes.as_ptr().add((p + i) * w.panel_bytes));
+        let xr: [*const f32; C] = std::array::from_fn(|c| x.as_ptr().add((o + c) * cols));
+        let mut acc = [[_mm512_setzero_ps(); P]; C];
+        for k in 0..cols {
+            let wv: [__m512; P] = std::array::from_fn(|i| T::load16(base[i].add(k * column)));
+            for_each_c!(C, c, {
+                let xb = _mm512_set1_ps(*xr[c].add(k));
+                for i in 0..P {
+                    acc[c][i] = _mm512_fmadd_ps(wv[i], xb, acc[c][i]);
+                }
+            });
+        }
+        for (c, row) in acc.iter().enumerate() {
+            for (i, v) in row.iter().enumerate() {
                 let mut lanes = [0f32; PANEL_ROWS];
                 _mm512_storeu_ps(lanes.as_mut_ptr(), *v);
                 out.put_row(o + c, (p + i) * PANEL_ROWS, &lanes);
