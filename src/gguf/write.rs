@@ -6,7 +6,7 @@
 //! failed or interrupted write never leaves a half-written model under the real name.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use infer_kernels::GgmlType;
@@ -152,6 +152,8 @@ pub struct GgufStreamWriter {
     data_start: u64,
     alignment: u64,
     next: usize,
+    /// Which tensors [`write_tensor_at`](GgufStreamWriter::write_tensor_at) has written (empty until it is used).
+    placed: Vec<bool>,
 }
 
 impl GgufStreamWriter {
@@ -169,7 +171,17 @@ impl GgufStreamWriter {
         let mut out = CountingWriter { inner: BufWriter::with_capacity(1 << 20, file), written: 0 };
         let offsets = write_header(&mut out, metadata, &tensors, &sizes, alignment).map_err(io)?;
         let data_start = out.written;
-        Ok(GgufStreamWriter { tmp, out, layout: tensors, sizes, offsets, data_start, alignment, next: 0 })
+        Ok(GgufStreamWriter {
+            tmp,
+            out,
+            layout: tensors,
+            sizes,
+            offsets,
+            data_start,
+            alignment,
+            next: 0,
+            placed: vec![],
+        })
     }
 
     /// The tensor whose data [`write_tensor`](Self::write_tensor) expects next, if any is left.
@@ -179,21 +191,13 @@ impl GgufStreamWriter {
 
     /// Writes the next tensor's data, which must be exactly its size.
     pub fn write_tensor(&mut self, data: &[u8]) -> Result<(), GgufError> {
+        if !self.placed.is_empty() {
+            return Err(GgufError::Write { what: "tensors are being written by index".into() });
+        }
         let Some(t) = self.layout.get(self.next) else {
             return Err(GgufError::Write { what: format!("all {} tensors are already written", self.layout.len()) });
         };
-        if self.sizes[self.next] != data.len() as u64 {
-            return Err(GgufError::Write {
-                what: format!(
-                    "tensor '{}' of type {} and shape {:?} needs {} bytes, got {}",
-                    t.name,
-                    t.ty,
-                    t.dims,
-                    self.sizes[self.next],
-                    data.len()
-                ),
-            });
-        }
+        self.check_size(self.next, t, data)?;
         let target = self.data_start + self.offsets[self.next];
         let result = self.out.pad_to_absolute(target).and_then(|()| self.out.put(data));
         result.map_err(|source| GgufError::Io { path: self.tmp.target.clone(), cause: source })?;
@@ -201,18 +205,72 @@ impl GgufStreamWriter {
         Ok(())
     }
 
+    /// Writes tensor `index`'s data (exactly its size) at its offset, in any order: for a producer that finishes
+    /// tensors out of the layout's order. The gaps between tensors are left unwritten, so they read as the zeros
+    /// that [`write_tensor`](Self::write_tensor) would have written. A file is written one way or the other.
+    pub fn write_tensor_at(&mut self, index: usize, data: &[u8]) -> Result<(), GgufError> {
+        if self.next > 0 {
+            return Err(GgufError::Write { what: "tensors are being written in order".into() });
+        }
+        let Some(t) = self.layout.get(index) else {
+            return Err(GgufError::Write { what: format!("no tensor {index} of {}", self.layout.len()) });
+        };
+        if self.placed.is_empty() {
+            self.placed = vec![false; self.layout.len()];
+        }
+        if self.placed[index] {
+            return Err(GgufError::Write { what: format!("tensor '{}' is already written", t.name) });
+        }
+        self.check_size(index, t, data)?;
+        let target = self.data_start + self.offsets[index];
+        let out = &mut self.out.inner;
+        let result = out.flush().and_then(|()| {
+            let file = out.get_mut();
+            file.seek(SeekFrom::Start(target))?;
+            file.write_all(data)
+        });
+        result.map_err(|source| GgufError::Io { path: self.tmp.target.clone(), cause: source })?;
+        self.placed[index] = true;
+        Ok(())
+    }
+
+    fn check_size(&self, index: usize, t: &TensorLayout, data: &[u8]) -> Result<(), GgufError> {
+        if self.sizes[index] == data.len() as u64 {
+            return Ok(());
+        }
+        Err(GgufError::Write {
+            what: format!(
+                "tensor '{}' of type {} and shape {:?} needs {} bytes, got {}",
+                t.name,
+                t.ty,
+                t.dims,
+                self.sizes[index],
+                data.len()
+            ),
+        })
+    }
+
     /// Checks that every tensor was written, then flushes, fsyncs and renames the file into place.
     pub fn finish(mut self) -> Result<(), GgufError> {
-        if self.next != self.layout.len() {
+        let written = if self.placed.is_empty() { self.next } else { self.placed.iter().filter(|&&p| p).count() };
+        if written != self.layout.len() {
             return Err(GgufError::Write {
-                what: format!("only {} of {} tensors were written", self.next, self.layout.len()),
+                what: format!("only {written} of {} tensors were written", self.layout.len()),
             });
         }
         let io = |source| GgufError::Io { path: self.tmp.target.clone(), cause: source };
-        if !self.layout.is_empty() {
-            self.out.pad_to(self.alignment).map_err(io)?;
+        if self.placed.is_empty() {
+            if !self.layout.is_empty() {
+                self.out.pad_to(self.alignment).map_err(io)?;
+            }
+            self.out.inner.flush().map_err(io)?;
+        } else {
+            // The end of the last tensor in the layout (offsets grow with it), padded as write_tensor pads.
+            let last = self.layout.len() - 1;
+            let end = (self.data_start + self.offsets[last] + self.sizes[last]).next_multiple_of(self.alignment);
+            self.out.inner.flush().map_err(io)?;
+            self.out.inner.get_ref().set_len(end).map_err(io)?;
         }
-        self.out.inner.flush().map_err(io)?;
         self.tmp.commit()
     }
 }

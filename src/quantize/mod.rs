@@ -27,7 +27,7 @@ use rayon::prelude::*;
 
 use crate::gguf::{GgufError, GgufFile, GgufStreamWriter, MetaValue, TensorLayout};
 
-pub use calibrate::{Importance, calibrate, self_calibrate};
+pub use calibrate::{Importance, Staged, calibrate, self_calibrate};
 pub use policy::{Policy, Reason, TARGETS, TensorPlan, parse_target};
 
 /// GGML's quantization version (`GGML_QNT_VERSION`), stored as `general.quantization_version`.
@@ -40,6 +40,18 @@ pub enum Mode {
     Rtn,
     /// Search each block's scale (and minimum) for the least weighted squared error.
     Search,
+}
+
+/// Where the search's column weights come from.
+#[derive(Clone, Copy)]
+pub enum Weighting<'a> {
+    /// Nothing gathered: the search weighs columns by the norm before each matrix (where there is one).
+    Norms,
+    /// Gathered before the run ([`calibrate`]).
+    Gathered(&'a Importance),
+    /// Being gathered while the run goes on ([`self_calibrate`]): tensors are converted as their layer's
+    /// statistics arrive (by layer, the output projection last) and written in place.
+    Staged(&'a Staged),
 }
 
 /// What went wrong, naming the file, tensor or type.
@@ -230,18 +242,21 @@ impl Quantizer {
         Ok(Output { path: output.to_path_buf(), writer: GgufStreamWriter::create(output, &metadata, layout)? })
     }
 
-    /// Writes every tensor into `output` and renames it into place. `importance` (from [`calibrate`]) weights the
-    /// search where it has the tensor; `cancel` is polled between row ranges, and setting it leaves no output;
-    /// `on_tensor` hears of each tensor converted.
+    /// Writes every tensor into `output` and renames it into place, on `pool`'s threads. `weighting` weights the
+    /// search; `cancel` is polled between row ranges, and setting it leaves no output; `on_tensor` hears of each
+    /// tensor converted.
     ///
     /// A writer thread writes tensor N while the pool converts tensor N+1, so that neither the pool's threads nor
-    /// the disk wait on each other; at most [`BUFFERS`] converted tensors are in memory at once.
+    /// the disk wait on each other; at most [`BUFFERS`] converted tensors are in memory at once. With
+    /// [`Weighting::Staged`], call this from outside `pool`: the calibration's forward pass runs on the pool at the
+    /// same time, and this thread waits for its statistics between tensors.
     pub fn run(
         &self,
+        pool: &rayon::ThreadPool,
         output: Output,
-        importance: Option<&Importance>,
+        weighting: Weighting<'_>,
         cancel: &AtomicBool,
-        on_tensor: &mut dyn FnMut(&TensorDone),
+        on_tensor: &mut (dyn FnMut(&TensorDone) + Send),
     ) -> Result<Summary, QuantizeError> {
         let start = Instant::now();
         let Output { path, writer } = output;
@@ -254,7 +269,16 @@ impl Quantizer {
             tensor_bytes_out: 0,
             elapsed: Duration::ZERO,
         };
-        let (to_writer, writer_rx) = mpsc::sync_channel::<Chunk<'_>>(1);
+        // The order of conversion: the file's, or (staged) each tensor as soon as its statistics can be there.
+        let mut order: Vec<usize> = (0..self.plan.len()).collect();
+        if let Weighting::Staged(staged) = weighting {
+            order.sort_by_key(|&i| {
+                let p = &self.plan[i];
+                if p.from == p.to { 0 } else { staged.stage(&p.name) }
+            });
+        }
+        let in_order = order.iter().enumerate().all(|(k, &i)| k == i);
+        let (to_writer, writer_rx) = mpsc::sync_channel::<(usize, Chunk<'_>)>(1);
         let (recycle, spare) = mpsc::channel::<Vec<u8>>();
         for _ in 0..BUFFERS {
             let _ = recycle.send(Vec::new());
@@ -262,19 +286,29 @@ impl Quantizer {
         let (converted, written) = std::thread::scope(|scope| {
             let writing = scope.spawn(move || -> Result<GgufStreamWriter, GgufError> {
                 let mut writer = writer;
-                for chunk in writer_rx {
-                    match chunk {
-                        Chunk::Borrowed(bytes) => writer.write_tensor(bytes)?,
-                        Chunk::Owned(buf, n) => {
-                            writer.write_tensor(&buf[..n])?;
-                            // The converter may have finished and dropped its end: then the buffer is just freed.
-                            let _ = recycle.send(buf);
-                        }
+                for (index, chunk) in writer_rx {
+                    let bytes = match &chunk {
+                        Chunk::Borrowed(bytes) => bytes,
+                        Chunk::Owned(buf, n) => &buf[..*n],
+                    };
+                    if in_order {
+                        writer.write_tensor(bytes)?
+                    } else {
+                        writer.write_tensor_at(index, bytes)?
+                    }
+                    if let Chunk::Owned(buf, _) = chunk {
+                        // The converter may have finished and dropped its end: then the buffer is just freed.
+                        let _ = recycle.send(buf);
                     }
                 }
                 Ok(writer)
             });
-            let converted = self.convert_all(importance, cancel, on_tensor, &mut summary, &to_writer, &spare);
+            let (order, summary, sender) = (&order, &mut summary, &to_writer);
+            let mut convert =
+                move || self.convert_all(pool, order, weighting, cancel, on_tensor, summary, sender, &spare);
+            // Staged, this thread waits on the calibration, which needs the pool's threads; otherwise it may as well
+            // be one of them.
+            let converted = if matches!(weighting, Weighting::Staged(_)) { convert() } else { pool.install(convert) };
             drop(to_writer);
             (converted, writing.join())
         });
@@ -293,19 +327,23 @@ impl Quantizer {
         Ok(summary)
     }
 
-    /// Converts each planned tensor in turn and hands its bytes to the writer thread (`to_writer`), taking output
-    /// buffers from `spare`. Returns early, without error, if the writer has stopped (it reports why).
+    /// Converts the planned tensors in `order` and hands their bytes to the writer thread (`to_writer`), taking
+    /// output buffers from `spare`. Returns early, without error, if the writer has stopped (it reports why).
+    #[allow(clippy::too_many_arguments)]
     fn convert_all<'a>(
         &'a self,
-        importance: Option<&Importance>,
+        pool: &rayon::ThreadPool,
+        order: &[usize],
+        weighting: Weighting<'_>,
         cancel: &AtomicBool,
-        on_tensor: &mut dyn FnMut(&TensorDone),
+        on_tensor: &mut (dyn FnMut(&TensorDone) + Send),
         summary: &mut Summary,
-        to_writer: &mpsc::SyncSender<Chunk<'a>>,
+        to_writer: &mpsc::SyncSender<(usize, Chunk<'a>)>,
         spare: &mpsc::Receiver<Vec<u8>>,
     ) -> Result<(), QuantizeError> {
         let mut x = Vec::<f32>::new();
-        for p in &self.plan {
+        for &i in order {
+            let p = &self.plan[i];
             if cancel.load(Ordering::Relaxed) {
                 return Err(QuantizeError::Cancelled);
             }
@@ -317,21 +355,24 @@ impl Quantizer {
                 // on the type's grid could only lose.
                 Chunk::Borrowed(data)
             } else {
-                let fallback_imp;
-                let imp = match importance.and_then(|m| m.get(&p.name)) {
+                let ne0 = info.ne0();
+                let gathered: Option<std::borrow::Cow<'_, [f32]>> = match weighting {
+                    Weighting::Norms => None,
+                    Weighting::Gathered(m) => m.get(&p.name).map(|v| v.as_slice().into()),
+                    Weighting::Staged(s) => s.wait(&p.name).map(Into::into),
+                };
+                let imp = match gathered.filter(|v| v.len() as u64 == ne0) {
                     Some(v) => Some(v),
-                    None => {
-                        fallback_imp = if self.mode == Mode::Search { self.norm_importance(&p.name) } else { None };
-                        fallback_imp.as_ref()
-                    }
+                    None if self.mode == Mode::Search => self.norm_importance(&p.name).map(Into::into),
+                    None => None,
                 }
-                .filter(|v| v.len() as u64 == info.ne0());
+                .filter(|v| v.len() as u64 == ne0);
                 let values = match (p.from, cast_blocks::<f32>(data)) {
                     (GgmlType::F32, Some(v)) => v,
                     _ => {
                         let n = info.n_elements as usize;
                         resize(&mut x, n);
-                        dequantize_par(p, data, info.ne0() as usize, &mut x[..n])?;
+                        pool.install(|| dequantize_par(p, data, ne0 as usize, &mut x[..n]))?;
                         &x[..n]
                     }
                 };
@@ -340,15 +381,17 @@ impl Quantizer {
                 let Ok(mut out) = spare.recv() else { return Ok(()) };
                 resize(&mut out, n_out);
                 // Error feedback where the calibration gathered the input's Gram matrix (Q4_0 only).
-                let factor = importance
-                    .and_then(|m| m.factor(&p.name))
-                    .filter(|_| self.mode == Mode::Search && p.to == GgmlType::Q4_0 && imp.is_some());
-                let imp = imp.map(Vec::as_slice);
-                self.quantize_par(p, values, info.ne0() as usize, imp, factor, &mut out[..n_out], cancel)?;
+                let factor = match weighting {
+                    Weighting::Gathered(m) => m.factor(&p.name),
+                    _ => None,
+                }
+                .filter(|_| self.mode == Mode::Search && p.to == GgmlType::Q4_0 && imp.is_some());
+                let imp = imp.as_deref();
+                pool.install(|| self.quantize_par(p, values, ne0 as usize, imp, factor, &mut out[..n_out], cancel))?;
                 Chunk::Owned(out, n_out)
             };
             let bytes_out = chunk.len() as u64;
-            if to_writer.send(chunk).is_err() {
+            if to_writer.send((i, chunk)).is_err() {
                 return Ok(());
             }
             summary.elements += info.n_elements;
