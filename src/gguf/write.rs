@@ -139,9 +139,9 @@ pub struct TensorLayout {
     pub ty: GgmlType,
 }
 
-/// Writes a GGUF file one tensor at a time, so that a model being converted is never held in memory whole: the
-/// header (metadata and every tensor's type, shape and offset) goes first, then each tensor's bytes in the order
-/// of the layout. The file appears under its name only when [`finish`](Self::finish) succeeds; dropping the writer
+/// Writes a GGUF file tensor by tensor, so that a model being converted is never held in memory whole: the header
+/// (metadata and every tensor's type, shape and offset) goes first, then each tensor's bytes at its offset, in
+/// any order and in parts if need be. The file appears under its name only when [`finish`](Self::finish) succeeds; dropping the writer
 /// before that (an error, Ctrl-C) removes the temporary file.
 pub struct GgufStreamWriter {
     tmp: TempFile,
@@ -151,9 +151,8 @@ pub struct GgufStreamWriter {
     offsets: Vec<u64>,
     data_start: u64,
     alignment: u64,
-    next: usize,
-    /// Which tensors [`write_tensor_at`](GgufStreamWriter::write_tensor_at) has written (empty until it is used).
-    placed: Vec<bool>,
+    /// Bytes of each tensor written so far.
+    placed: Vec<u64>,
 }
 
 impl GgufStreamWriter {
@@ -171,58 +170,29 @@ impl GgufStreamWriter {
         let mut out = CountingWriter { inner: BufWriter::with_capacity(1 << 20, file), written: 0 };
         let offsets = write_header(&mut out, metadata, &tensors, &sizes, alignment).map_err(io)?;
         let data_start = out.written;
-        Ok(GgufStreamWriter {
-            tmp,
-            out,
-            layout: tensors,
-            sizes,
-            offsets,
-            data_start,
-            alignment,
-            next: 0,
-            placed: vec![],
-        })
+        let placed = vec![0; tensors.len()];
+        Ok(GgufStreamWriter { tmp, out, layout: tensors, sizes, offsets, data_start, alignment, placed })
     }
 
-    /// The tensor whose data [`write_tensor`](Self::write_tensor) expects next, if any is left.
-    pub fn next_tensor(&self) -> Option<&TensorLayout> {
-        self.layout.get(self.next)
-    }
-
-    /// Writes the next tensor's data, which must be exactly its size.
-    pub fn write_tensor(&mut self, data: &[u8]) -> Result<(), GgufError> {
-        if !self.placed.is_empty() {
-            return Err(GgufError::Write { what: "tensors are being written by index".into() });
-        }
-        let Some(t) = self.layout.get(self.next) else {
-            return Err(GgufError::Write { what: format!("all {} tensors are already written", self.layout.len()) });
-        };
-        self.check_size(self.next, t, data)?;
-        let target = self.data_start + self.offsets[self.next];
-        let result = self.out.pad_to_absolute(target).and_then(|()| self.out.put(data));
-        result.map_err(|source| GgufError::Io { path: self.tmp.target.clone(), cause: source })?;
-        self.next += 1;
-        Ok(())
-    }
-
-    /// Writes tensor `index`'s data (exactly its size) at its offset, in any order: for a producer that finishes
-    /// tensors out of the layout's order. The gaps between tensors are left unwritten, so they read as the zeros
-    /// that [`write_tensor`](Self::write_tensor) would have written. A file is written one way or the other.
-    pub fn write_tensor_at(&mut self, index: usize, data: &[u8]) -> Result<(), GgufError> {
-        if self.next > 0 {
-            return Err(GgufError::Write { what: "tensors are being written in order".into() });
-        }
+    /// Writes `data` at byte `offset` of tensor `index`'s data. Tensors, and parts of them, may come in any order
+    /// (a converter may finish them out of the layout's order), but every byte of every tensor must be written
+    /// once. The padding between tensors is left unwritten: it reads as zeros.
+    pub fn write_at(&mut self, index: usize, offset: u64, data: &[u8]) -> Result<(), GgufError> {
         let Some(t) = self.layout.get(index) else {
             return Err(GgufError::Write { what: format!("no tensor {index} of {}", self.layout.len()) });
         };
-        if self.placed.is_empty() {
-            self.placed = vec![false; self.layout.len()];
+        let end = offset.checked_add(data.len() as u64).filter(|&e| e <= self.sizes[index]);
+        if end.is_none() || self.placed[index] + data.len() as u64 > self.sizes[index] {
+            return Err(GgufError::Write {
+                what: format!(
+                    "tensor '{}' has {} bytes: cannot write {} more at {offset}",
+                    t.name,
+                    self.sizes[index],
+                    data.len()
+                ),
+            });
         }
-        if self.placed[index] {
-            return Err(GgufError::Write { what: format!("tensor '{}' is already written", t.name) });
-        }
-        self.check_size(index, t, data)?;
-        let target = self.data_start + self.offsets[index];
+        let target = self.data_start + self.offsets[index] + offset;
         let out = &mut self.out.inner;
         let result = out.flush().and_then(|()| {
             let file = out.get_mut();
@@ -230,45 +200,32 @@ impl GgufStreamWriter {
             file.write_all(data)
         });
         result.map_err(|source| GgufError::Io { path: self.tmp.target.clone(), cause: source })?;
-        self.placed[index] = true;
+        self.placed[index] += data.len() as u64;
         Ok(())
     }
 
-    fn check_size(&self, index: usize, t: &TensorLayout, data: &[u8]) -> Result<(), GgufError> {
-        if self.sizes[index] == data.len() as u64 {
-            return Ok(());
-        }
-        Err(GgufError::Write {
-            what: format!(
-                "tensor '{}' of type {} and shape {:?} needs {} bytes, got {}",
-                t.name,
-                t.ty,
-                t.dims,
-                self.sizes[index],
-                data.len()
-            ),
-        })
+    /// Starts the data written so far on its way to the disk (and waits for it), so that
+    /// [`finish`](Self::finish)'s sync has less left to do: a producer's writer thread can call this while the
+    /// next data is being made.
+    pub fn sync_data(&mut self) -> Result<(), GgufError> {
+        let out = &mut self.out.inner;
+        let result = out.flush().and_then(|()| out.get_ref().sync_data());
+        result.map_err(|source| GgufError::Io { path: self.tmp.target.clone(), cause: source })
     }
 
     /// Checks that every tensor was written, then flushes, fsyncs and renames the file into place.
     pub fn finish(mut self) -> Result<(), GgufError> {
-        let written = if self.placed.is_empty() { self.next } else { self.placed.iter().filter(|&&p| p).count() };
+        let written = self.placed.iter().zip(&self.sizes).filter(|(p, s)| p == s).count();
         if written != self.layout.len() {
             return Err(GgufError::Write {
                 what: format!("only {written} of {} tensors were written", self.layout.len()),
             });
         }
         let io = |source| GgufError::Io { path: self.tmp.target.clone(), cause: source };
-        if self.placed.is_empty() {
-            if !self.layout.is_empty() {
-                self.out.pad_to(self.alignment).map_err(io)?;
-            }
-            self.out.inner.flush().map_err(io)?;
-        } else {
-            // The end of the last tensor in the layout (offsets grow with it), padded as write_tensor pads.
-            let last = self.layout.len() - 1;
+        self.out.inner.flush().map_err(io)?;
+        // The file ends with the last tensor in the layout (offsets grow with it), padded to the alignment.
+        if let Some(last) = self.layout.len().checked_sub(1) {
             let end = (self.data_start + self.offsets[last] + self.sizes[last]).next_multiple_of(self.alignment);
-            self.out.inner.flush().map_err(io)?;
             self.out.inner.get_ref().set_len(end).map_err(io)?;
         }
         self.tmp.commit()
