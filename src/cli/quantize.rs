@@ -45,7 +45,7 @@ pub struct QuantizeArgs {
     pub pure: bool,
     /// Round each block to the nearest level of a scale taken from its extremes: llama-quantize's exact bytes.
     /// The default searches each block's scale (and minimum) for the least squared error, weighted by each column's
-    /// importance: from --calibrate's text, or else from a run of the model over 32 pseudo-random tokens.
+    /// importance: from --calibrate's text, or else from a run of the model over 47 pseudo-random tokens.
     #[arg(long, conflicts_with = "calibrate")]
     pub rtn: bool,
     /// Run the model over this text first and weight each column's error by the mean square of its inputs
