@@ -246,10 +246,10 @@ impl Quantizer {
     /// search; `cancel` is polled between row ranges, and setting it leaves no output; `on_tensor` hears of each
     /// tensor converted.
     ///
-    /// A writer thread writes tensor N while the pool converts tensor N+1, so that neither the pool's threads nor
-    /// the disk wait on each other; at most [`BUFFERS`] converted tensors are in memory at once. With
-    /// [`Weighting::Staged`], call this from outside `pool`: the calibration's forward pass runs on the pool at the
-    /// same time, and this thread waits for its statistics between tensors.
+    /// Tensors are converted in slabs of rows, and a writer thread writes each slab while the pool converts the
+    /// next, so that neither the pool's threads nor the disk wait on each other; at most [`BUFFERS`] converted
+    /// slabs are in memory at once. With [`Weighting::Staged`], call this from outside `pool`: this thread waits
+    /// between tensors for the calibration, which may need `pool`'s threads meanwhile.
     pub fn run(
         &self,
         pool: &rayon::ThreadPool,
