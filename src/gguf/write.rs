@@ -414,3 +414,60 @@ fn put_value<W: Write>(w: &mut CountingWriter<W>, value: &MetaValue) -> io::Resu
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tensors written in parts and out of order come out as the in-memory writer lays them out, padding included.
+    #[test]
+    fn parts_out_of_order_give_the_in_memory_writers_bytes() {
+        let shapes: [(&str, u64); 3] = [("a", 5), ("b", 12), ("c", 3)];
+        let values = |n: u64, k: u64| (0..n).map(|i| (i * 7 + k) as f32 - 4.5).collect::<Vec<f32>>();
+        let mut whole = GgufWriter::new();
+        whole.set_str("general.architecture", "test");
+        for (k, &(name, n)) in shapes.iter().enumerate() {
+            whole.add_f32(name, &[n], &values(n, k as u64)).unwrap();
+        }
+        let want = whole.to_bytes().unwrap();
+
+        let dir = std::env::temp_dir().join(format!("infer-write-at-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out.gguf");
+        let layout = shapes
+            .iter()
+            .map(|&(name, n)| TensorLayout { name: name.into(), dims: vec![n], ty: GgmlType::F32 })
+            .collect();
+        let mut w = GgufStreamWriter::create(&path, whole.metadata(), layout).unwrap();
+        let bytes =
+            |k: usize| -> Vec<u8> { values(shapes[k].1, k as u64).iter().flat_map(|v| v.to_le_bytes()).collect() };
+        // The last tensor first, the middle one in two parts (the second part before the first).
+        w.write_at(2, 0, &bytes(2)).unwrap();
+        w.write_at(1, 20, &bytes(1)[20..]).unwrap();
+        w.sync_data().unwrap();
+        w.write_at(1, 0, &bytes(1)[..20]).unwrap();
+        assert!(w.write_at(1, 0, &bytes(1)[..4]).is_err(), "a tensor's bytes are counted");
+        w.write_at(0, 0, &bytes(0)).unwrap();
+        w.finish().unwrap();
+        let got = std::fs::read(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_tensor_left_out_fails_and_leaves_no_file() {
+        let dir = std::env::temp_dir().join(format!("infer-write-at-missing-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out.gguf");
+        let layout = vec![
+            TensorLayout { name: "a".into(), dims: vec![4], ty: GgmlType::F32 },
+            TensorLayout { name: "b".into(), dims: vec![4], ty: GgmlType::F32 },
+        ];
+        let mut w = GgufStreamWriter::create(&path, &Metadata::default(), layout).unwrap();
+        w.write_at(1, 0, &[0; 16]).unwrap();
+        assert!(w.finish().is_err());
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}
