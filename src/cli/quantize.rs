@@ -13,7 +13,9 @@ use infer_kernels::GgmlType;
 use super::args::ThreadArgs;
 use crate::cli::output::eprintln_lossy;
 use crate::model::Model;
-use crate::quantize::{Importance, Mode, Policy, Quantizer, TARGETS, calibrate, parse_target, self_calibrate};
+use crate::quantize::{
+    Importance, Mode, Policy, Quantizer, Staged, TARGETS, Weighting, calibrate, parse_target, self_calibrate,
+};
 use crate::registry::human_size;
 use crate::tokenizer::Tokenizer;
 
@@ -43,7 +45,7 @@ pub struct QuantizeArgs {
     pub pure: bool,
     /// Round each block to the nearest level of a scale taken from its extremes: llama-quantize's exact bytes.
     /// The default searches each block's scale (and minimum) for the least squared error, weighted by each column's
-    /// importance: from --calibrate's text, or else from a run of the model over 32 pseudo-random tokens.
+    /// importance: from --calibrate's text, or else from a run of the model over 47 pseudo-random tokens.
     #[arg(long, conflicts_with = "calibrate")]
     pub rtn: bool,
     /// Run the model over this text first and weight each column's error by the mean square of its inputs
@@ -127,57 +129,76 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         );
     }
 
-    let result = args
-        .threads
-        .install(|| -> anyhow::Result<()> {
-            let importance = match (&args.calibrate, mode) {
-                (Some(path), _) => Some(run_calibration(path, &args, &quantizer, &cancel)?),
-                (None, Mode::Search) if quantizer.searches() => self_calibration(&quantizer, &cancel),
-                _ => None,
-            };
-            let total = quantizer.plan().len() as u64;
-            let bar = progress_bar(total);
-            bar.set_message("tensors");
-            let verbose = args.verbose;
-            let mut on_tensor = |t: &crate::quantize::TensorDone| {
-                if verbose {
-                    let dims: Vec<String> = t.plan.dims.iter().map(u64::to_string).collect();
-                    bar.suspend(|| {
-                        eprintln_lossy!(
-                            "[{:>4}/{}] {:<28} {:>12} {:>5} -> {:<5} {:>9} -> {:>9} {:>6.0} ms{}",
-                            t.index + 1,
-                            t.total,
-                            t.plan.name,
-                            dims.join("x"),
-                            t.plan.from.name(),
-                            t.plan.to.name(),
-                            human_size(t.bytes_in),
-                            human_size(t.bytes_out),
-                            t.elapsed.as_secs_f64() * 1e3,
-                            if t.plan.fell_back() {
-                                format!(" (fallback from {})", t.plan.wanted)
-                            } else {
-                                String::new()
-                            }
-                        )
-                    });
-                }
-                bar.inc(1);
-            };
-            let result = quantizer.run(output, importance.as_ref(), &cancel, &mut on_tensor);
-            bar.finish_and_clear();
-            let s = result?;
-            eprintln_lossy!(
-                "done: {} ({:.2} bits per weight) -> {} ({:.2} bits per weight) in {:.2} s",
-                human_size(s.file_bytes_in),
-                s.bpw_in(),
-                human_size(s.file_bytes_out),
-                s.bpw_out(),
-                s.elapsed.as_secs_f64()
-            );
-            Ok(())
-        })
-        .context("starting worker threads")?;
+    let pool = args.threads.build_pool().context("starting worker threads")?;
+    let result = (|| -> anyhow::Result<()> {
+        let gathered = match &args.calibrate {
+            Some(path) => Some(pool.install(|| run_calibration(path, &args, &quantizer, &cancel))?),
+            None => None,
+        };
+        // Without a text, the self-calibration's forward pass runs beside the quantizer, which takes each layer's
+        // matrices as soon as the pass has left that layer.
+        let staged = (gathered.is_none() && mode == Mode::Search && quantizer.searches())
+            .then(|| Arc::new(Staged::new(quantizer.input())));
+        let weighting = match (&gathered, &staged) {
+            (Some(g), _) => Weighting::Gathered(g),
+            (None, Some(s)) => Weighting::Staged(s),
+            (None, None) => Weighting::Norms,
+        };
+        let total = quantizer.plan().len() as u64;
+        let bar = progress_bar(total);
+        bar.set_message("tensors");
+        let verbose = args.verbose;
+        let tensor_bar = bar.clone();
+        let mut on_tensor = move |t: &crate::quantize::TensorDone| {
+            if verbose {
+                let dims: Vec<String> = t.plan.dims.iter().map(u64::to_string).collect();
+                tensor_bar.suspend(|| {
+                    eprintln_lossy!(
+                        "[{:>4}/{}] {:<28} {:>12} {:>5} -> {:<5} {:>9} -> {:>9} {:>6.0} ms{}",
+                        t.index + 1,
+                        t.total,
+                        t.plan.name,
+                        dims.join("x"),
+                        t.plan.from.name(),
+                        t.plan.to.name(),
+                        human_size(t.bytes_in),
+                        human_size(t.bytes_out),
+                        t.elapsed.as_secs_f64() * 1e3,
+                        if t.plan.fell_back() { format!(" (fallback from {})", t.plan.wanted) } else { String::new() }
+                    )
+                });
+            }
+            tensor_bar.inc(1);
+        };
+        let result = std::thread::scope(|scope| {
+            if let Some(staged) = &staged {
+                let (pool, quantizer, cancel, bar) = (&pool, &quantizer, &cancel, bar.clone());
+                scope.spawn(move || {
+                    // Whatever happens here (even a panic), the quantizer must stop waiting.
+                    let _end = EndOnDrop(staged);
+                    if let Err(e) = self_calibration(pool, quantizer, cancel, staged.clone()) {
+                        bar.suspend(|| {
+                            eprintln_lossy!(
+                                "note: no self-calibration ({e:#}); weighting columns by the norms before them"
+                            )
+                        });
+                    }
+                });
+            }
+            quantizer.run(&pool, output, weighting, &cancel, &mut on_tensor)
+        });
+        bar.finish_and_clear();
+        let s = result?;
+        eprintln_lossy!(
+            "done: {} ({:.2} bits per weight) -> {} ({:.2} bits per weight) in {:.2} s",
+            human_size(s.file_bytes_in),
+            s.bpw_in(),
+            human_size(s.file_bytes_out),
+            s.bpw_out(),
+            s.elapsed.as_secs_f64()
+        );
+        Ok(())
+    })();
     match result {
         // Whatever step noticed the Ctrl-C, the temporary output is gone: status 130, as the other commands.
         Err(_) if cancel.load(Ordering::SeqCst) => {
@@ -199,16 +220,32 @@ fn load_input(quantizer: &Quantizer) -> anyhow::Result<(Model, Tokenizer)> {
     Ok((model, tokenizer.with_context(|| format!("loading the tokenizer of {path}"))?))
 }
 
-/// Runs IN over pseudo-random tokens of its vocabulary for the columns' importance; if IN cannot run here, says so
-/// and goes on without (the search then weighs columns by the preceding norms).
-fn self_calibration(quantizer: &Quantizer, cancel: &AtomicBool) -> Option<Importance> {
-    let result = load_input(quantizer).and_then(|(model, tokenizer)| Ok(self_calibrate(&model, &tokenizer, cancel)?));
-    match result {
-        Ok(importance) => Some(importance),
-        Err(e) => {
-            eprintln_lossy!("note: no self-calibration ({e:#}); weighting columns by the norms before them");
-            None
-        }
+/// Runs IN over pseudo-random tokens of its vocabulary for the columns' importance, handing each layer's to
+/// `staged` as the pass leaves it. If IN cannot run here, the caller says so and the search goes on without (it
+/// then weighs columns by the preceding norms).
+///
+/// The model loads on `pool`, then the forward pass runs on a pool of its own with half the threads (at least
+/// one), beside `pool`'s quantizing. In `pool` itself the pass's team of threads (see `parallel::with_team`) would
+/// wait on the quantizer's tasks between its regions: perf put ~7% of the run's CPU time in `sched_yield` there.
+fn self_calibration(
+    pool: &rayon::ThreadPool,
+    quantizer: &Quantizer,
+    cancel: &AtomicBool,
+    staged: Arc<Staged>,
+) -> anyhow::Result<()> {
+    let (model, tokenizer) = pool.install(|| load_input(quantizer))?;
+    let threads = (pool.current_num_threads() / 2).max(1);
+    let own = rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("starting worker threads")?;
+    own.install(|| self_calibrate(&model, &tokenizer, cancel, staged))?;
+    Ok(())
+}
+
+/// Ends a [`Staged`] calibration when dropped.
+struct EndOnDrop<'a>(&'a Staged);
+
+impl Drop for EndOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.end();
     }
 }
 

@@ -6,7 +6,7 @@
 //! failed or interrupted write never leaves a half-written model under the real name.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use infer_kernels::GgmlType;
@@ -139,9 +139,9 @@ pub struct TensorLayout {
     pub ty: GgmlType,
 }
 
-/// Writes a GGUF file one tensor at a time, so that a model being converted is never held in memory whole: the
-/// header (metadata and every tensor's type, shape and offset) goes first, then each tensor's bytes in the order
-/// of the layout. The file appears under its name only when [`finish`](Self::finish) succeeds; dropping the writer
+/// Writes a GGUF file tensor by tensor, so that a model being converted is never held in memory whole: the header
+/// (metadata and every tensor's type, shape and offset) goes first, then each tensor's bytes at its offset, in
+/// any order and in parts if need be. The file appears under its name only when [`finish`](Self::finish) succeeds; dropping the writer
 /// before that (an error, Ctrl-C) removes the temporary file.
 pub struct GgufStreamWriter {
     tmp: TempFile,
@@ -151,7 +151,8 @@ pub struct GgufStreamWriter {
     offsets: Vec<u64>,
     data_start: u64,
     alignment: u64,
-    next: usize,
+    /// Bytes of each tensor written so far.
+    placed: Vec<u64>,
 }
 
 impl GgufStreamWriter {
@@ -169,50 +170,64 @@ impl GgufStreamWriter {
         let mut out = CountingWriter { inner: BufWriter::with_capacity(1 << 20, file), written: 0 };
         let offsets = write_header(&mut out, metadata, &tensors, &sizes, alignment).map_err(io)?;
         let data_start = out.written;
-        Ok(GgufStreamWriter { tmp, out, layout: tensors, sizes, offsets, data_start, alignment, next: 0 })
+        let placed = vec![0; tensors.len()];
+        Ok(GgufStreamWriter { tmp, out, layout: tensors, sizes, offsets, data_start, alignment, placed })
     }
 
-    /// The tensor whose data [`write_tensor`](Self::write_tensor) expects next, if any is left.
-    pub fn next_tensor(&self) -> Option<&TensorLayout> {
-        self.layout.get(self.next)
-    }
-
-    /// Writes the next tensor's data, which must be exactly its size.
-    pub fn write_tensor(&mut self, data: &[u8]) -> Result<(), GgufError> {
-        let Some(t) = self.layout.get(self.next) else {
-            return Err(GgufError::Write { what: format!("all {} tensors are already written", self.layout.len()) });
+    /// Writes `data` at byte `offset` of tensor `index`'s data. Tensors, and parts of them, may come in any order
+    /// (a converter may finish them out of the layout's order), but every byte of every tensor must be written
+    /// once. The padding between tensors is left unwritten: it reads as zeros.
+    pub fn write_at(&mut self, index: usize, offset: u64, data: &[u8]) -> Result<(), GgufError> {
+        let Some(t) = self.layout.get(index) else {
+            return Err(GgufError::Write { what: format!("no tensor {index} of {}", self.layout.len()) });
         };
-        if self.sizes[self.next] != data.len() as u64 {
+        let end = offset.checked_add(data.len() as u64).filter(|&e| e <= self.sizes[index]);
+        if end.is_none() || self.placed[index] + data.len() as u64 > self.sizes[index] {
             return Err(GgufError::Write {
                 what: format!(
-                    "tensor '{}' of type {} and shape {:?} needs {} bytes, got {}",
+                    "tensor '{}' has {} bytes: cannot write {} more at {offset}",
                     t.name,
-                    t.ty,
-                    t.dims,
-                    self.sizes[self.next],
+                    self.sizes[index],
                     data.len()
                 ),
             });
         }
-        let target = self.data_start + self.offsets[self.next];
-        let result = self.out.pad_to_absolute(target).and_then(|()| self.out.put(data));
+        let target = self.data_start + self.offsets[index] + offset;
+        let out = &mut self.out.inner;
+        let result = out.flush().and_then(|()| {
+            let file = out.get_mut();
+            file.seek(SeekFrom::Start(target))?;
+            file.write_all(data)
+        });
         result.map_err(|source| GgufError::Io { path: self.tmp.target.clone(), cause: source })?;
-        self.next += 1;
+        self.placed[index] += data.len() as u64;
         Ok(())
+    }
+
+    /// Starts the data written so far on its way to the disk (and waits for it), so that
+    /// [`finish`](Self::finish)'s sync has less left to do: a producer's writer thread can call this while the
+    /// next data is being made.
+    pub fn sync_data(&mut self) -> Result<(), GgufError> {
+        let out = &mut self.out.inner;
+        let result = out.flush().and_then(|()| out.get_ref().sync_data());
+        result.map_err(|source| GgufError::Io { path: self.tmp.target.clone(), cause: source })
     }
 
     /// Checks that every tensor was written, then flushes, fsyncs and renames the file into place.
     pub fn finish(mut self) -> Result<(), GgufError> {
-        if self.next != self.layout.len() {
+        let written = self.placed.iter().zip(&self.sizes).filter(|(p, s)| p == s).count();
+        if written != self.layout.len() {
             return Err(GgufError::Write {
-                what: format!("only {} of {} tensors were written", self.next, self.layout.len()),
+                what: format!("only {written} of {} tensors were written", self.layout.len()),
             });
         }
         let io = |source| GgufError::Io { path: self.tmp.target.clone(), cause: source };
-        if !self.layout.is_empty() {
-            self.out.pad_to(self.alignment).map_err(io)?;
-        }
         self.out.inner.flush().map_err(io)?;
+        // The file ends with the last tensor in the layout (offsets grow with it), padded to the alignment.
+        if let Some(last) = self.layout.len().checked_sub(1) {
+            let end = (self.data_start + self.offsets[last] + self.sizes[last]).next_multiple_of(self.alignment);
+            self.out.inner.get_ref().set_len(end).map_err(io)?;
+        }
         self.tmp.commit()
     }
 }
@@ -397,5 +412,62 @@ fn put_value<W: Write>(w: &mut CountingWriter<W>, value: &MetaValue) -> io::Resu
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tensors written in parts and out of order come out as the in-memory writer lays them out, padding included.
+    #[test]
+    fn parts_out_of_order_give_the_in_memory_writers_bytes() {
+        let shapes: [(&str, u64); 3] = [("a", 5), ("b", 12), ("c", 3)];
+        let values = |n: u64, k: u64| (0..n).map(|i| (i * 7 + k) as f32 - 4.5).collect::<Vec<f32>>();
+        let mut whole = GgufWriter::new();
+        whole.set_str("general.architecture", "test");
+        for (k, &(name, n)) in shapes.iter().enumerate() {
+            whole.add_f32(name, &[n], &values(n, k as u64)).unwrap();
+        }
+        let want = whole.to_bytes().unwrap();
+
+        let dir = std::env::temp_dir().join(format!("infer-write-at-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out.gguf");
+        let layout = shapes
+            .iter()
+            .map(|&(name, n)| TensorLayout { name: name.into(), dims: vec![n], ty: GgmlType::F32 })
+            .collect();
+        let mut w = GgufStreamWriter::create(&path, whole.metadata(), layout).unwrap();
+        let bytes =
+            |k: usize| -> Vec<u8> { values(shapes[k].1, k as u64).iter().flat_map(|v| v.to_le_bytes()).collect() };
+        // The last tensor first, the middle one in two parts (the second part before the first).
+        w.write_at(2, 0, &bytes(2)).unwrap();
+        w.write_at(1, 20, &bytes(1)[20..]).unwrap();
+        w.sync_data().unwrap();
+        w.write_at(1, 0, &bytes(1)[..20]).unwrap();
+        assert!(w.write_at(1, 0, &bytes(1)[..4]).is_err(), "a tensor's bytes are counted");
+        w.write_at(0, 0, &bytes(0)).unwrap();
+        w.finish().unwrap();
+        let got = std::fs::read(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_tensor_left_out_fails_and_leaves_no_file() {
+        let dir = std::env::temp_dir().join(format!("infer-write-at-missing-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out.gguf");
+        let layout = vec![
+            TensorLayout { name: "a".into(), dims: vec![4], ty: GgmlType::F32 },
+            TensorLayout { name: "b".into(), dims: vec![4], ty: GgmlType::F32 },
+        ];
+        let mut w = GgufStreamWriter::create(&path, &Metadata::default(), layout).unwrap();
+        w.write_at(1, 0, &[0; 16]).unwrap();
+        assert!(w.finish().is_err());
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(left.is_empty(), "{left:?}");
     }
 }

@@ -150,6 +150,11 @@ impl ForwardScratch {
         self.stats = Some(Box::new(ActivationStats::new(&model.config, gram)));
     }
 
+    /// The statistics being gathered, if [`collect_stats`](Self::collect_stats) was called (to attach a sink).
+    pub fn stats_mut(&mut self) -> Option<&mut ActivationStats> {
+        self.stats.as_deref_mut()
+    }
+
     /// Stops gathering and returns what was gathered.
     pub fn take_stats(&mut self) -> Option<ActivationStats> {
         self.stats.take().map(|s| *s)
@@ -556,7 +561,7 @@ impl Model {
             for (o, x) in out_x.chunks_exact_mut(n_embd).zip(s.x.chunks_exact(n_embd)).take(t0) {
                 ops::rmsnorm(o, x, &self.weights.output_norm, c.rms_eps);
             }
-            st.output.add(&out_x[..t0 * n_embd], n_embd);
+            st.add_output(&out_x[..t0 * n_embd]);
         }
         let n_out = s.out_rows.len();
         if n_out > 0 {

@@ -2,6 +2,8 @@
 //! column's square, which is what llama-imatrix collects. A column whose inputs are large matters more to the
 //! matrix's outputs, so `infer quantize --calibrate` weighs the rounding error of its weights by this mean square.
 
+use std::sync::Arc;
+
 use super::config::ModelConfig;
 
 /// Σ x² per column over the rows seen, and the number of rows; optionally the whole Gram matrix Σ xᵀx.
@@ -50,6 +52,60 @@ pub enum Site {
     FfnDownIn = 3,
 }
 
+/// Where the statistics of a GGUF tensor's input are kept (see [`ActivationStats::for_tensor`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputOf {
+    Layer(usize, Site),
+    /// The output projection's input.
+    Output,
+}
+
+impl InputOf {
+    /// The input of the GGUF tensor `name` (`blk.N.attn_q.weight`, `output.weight`, ...), if it is a matrix the
+    /// decoder multiplies. `tied_output`: `token_embd.weight` doubles as the output projection.
+    pub fn of_tensor(name: &str, tied_output: bool) -> Option<InputOf> {
+        if name == "output.weight" || (tied_output && name == "token_embd.weight") {
+            return Some(InputOf::Output);
+        }
+        let rest = name.strip_prefix("blk.")?;
+        let (layer, matrix) = rest.split_once('.')?;
+        let site = match matrix {
+            "attn_q.weight" | "attn_k.weight" | "attn_v.weight" => Site::AttnIn,
+            "attn_output.weight" => Site::AttnOut,
+            "ffn_gate.weight" | "ffn_up.weight" => Site::FfnIn,
+            "ffn_down.weight" => Site::FfnDownIn,
+            _ => return None,
+        };
+        Some(InputOf::Layer(layer.parse::<usize>().ok()?, site))
+    }
+}
+
+/// Hears of each layer's statistics as soon as the forward pass has left that layer, so that a consumer (the
+/// quantizer's self-calibration) can use them while the pass goes on. Only meaningful when the statistics come
+/// from one forward pass: with more, every pass reports its layers again, with the sums so far.
+pub trait StatsSink: Send + Sync {
+    /// Layer `layer`'s four inputs, indexed by [`Site`].
+    fn layer_done(&self, layer: usize, sums: &[ColumnSums; 4]);
+    /// The output projection's input (after the last layer's [`layer_done`](Self::layer_done)).
+    fn output_done(&self, sums: &ColumnSums);
+}
+
+/// A [`StatsSink`] held by [`ActivationStats`] (compared by identity).
+#[derive(Clone)]
+pub struct Sink(pub Arc<dyn StatsSink>);
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Sink")
+    }
+}
+
+impl PartialEq for Sink {
+    fn eq(&self, other: &Sink) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
 /// The statistics of every matrix input of a model, gathered by [`super::ForwardScratch::collect_stats`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct ActivationStats {
@@ -57,6 +113,8 @@ pub struct ActivationStats {
     pub layers: Vec<[ColumnSums; 4]>,
     /// The final normed hidden state, the output projection's input (at every position).
     pub output: ColumnSums,
+    /// Told of each layer as the forward pass leaves it.
+    pub sink: Option<Sink>,
 }
 
 impl ActivationStats {
@@ -70,31 +128,46 @@ impl ActivationStats {
                 ColumnSums::new(c.n_ff, gram),
             ]
         };
-        ActivationStats { layers: (0..c.n_layer).map(|_| layer()).collect(), output: ColumnSums::new(c.n_embd, gram) }
+        ActivationStats {
+            layers: (0..c.n_layer).map(|_| layer()).collect(),
+            output: ColumnSums::new(c.n_embd, gram),
+            sink: None,
+        }
     }
 
+    /// Adds rows of `layer`'s input at `site`. Each layer's first input ([`Site::AttnIn`]) means the pass has left
+    /// the layer before, whose statistics the sink then hears of.
     pub(crate) fn add(&mut self, layer: usize, site: Site, x: &[f32]) {
+        if site == Site::AttnIn
+            && layer > 0
+            && let Some(sink) = &self.sink
+        {
+            sink.0.layer_done(layer - 1, &self.layers[layer - 1]);
+        }
         let sums = &mut self.layers[layer][site as usize];
         let width = sums.sum_sq.len();
         sums.add(x, width);
     }
 
+    /// Adds rows of the output projection's input (the pass has left the last layer).
+    pub(crate) fn add_output(&mut self, x: &[f32]) {
+        let width = self.output.sum_sq.len();
+        self.output.add(x, width);
+        if let Some(sink) = &self.sink {
+            if let Some(last) = self.layers.len().checked_sub(1) {
+                sink.0.layer_done(last, &self.layers[last]);
+            }
+            sink.0.output_done(&self.output);
+        }
+    }
+
     /// The statistics of the input of the GGUF tensor `name` (`blk.N.attn_q.weight`, `output.weight`, ...), if it
     /// is a matrix this model multiplies. `tied_output`: `token_embd.weight` doubles as the output projection.
     pub fn for_tensor(&self, name: &str, tied_output: bool) -> Option<&ColumnSums> {
-        if name == "output.weight" || (tied_output && name == "token_embd.weight") {
-            return Some(&self.output);
+        match InputOf::of_tensor(name, tied_output)? {
+            InputOf::Output => Some(&self.output),
+            InputOf::Layer(layer, site) => self.layers.get(layer).map(|l| &l[site as usize]),
         }
-        let rest = name.strip_prefix("blk.")?;
-        let (layer, matrix) = rest.split_once('.')?;
-        let site = match matrix {
-            "attn_q.weight" | "attn_k.weight" | "attn_v.weight" => Site::AttnIn,
-            "attn_output.weight" => Site::AttnOut,
-            "ffn_gate.weight" | "ffn_up.weight" => Site::FfnIn,
-            "ffn_down.weight" => Site::FfnDownIn,
-            _ => return None,
-        };
-        self.layers.get(layer.parse::<usize>().ok()?).map(|l| &l[site as usize])
     }
 }
 

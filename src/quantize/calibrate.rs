@@ -10,8 +10,8 @@
 //! feedback, 8 chunks of it, 0.207), and round to nearest 0.407.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
@@ -19,7 +19,9 @@ use rayon::prelude::*;
 use super::gptq::Factor;
 
 use crate::eval::{EvalError, Runner};
+use crate::gguf::GgufFile;
 use crate::model::Model;
+use crate::model::stats::{ColumnSums, InputOf, Sink, StatsSink};
 use crate::tokenizer::{TokenType, Tokenizer};
 
 /// Tokens [`self_calibrate`] runs (after BOS): enough to find the large channels, and one pass of the f32 matrix
@@ -88,8 +90,15 @@ pub fn calibrate(
 }
 
 /// Importance without a text: the model run over [`SELF_CALIBRATION_TOKENS`] tokens drawn from its vocabulary
-/// (normal tokens only) by a fixed-seed generator, so the same model always gets the same importance.
-pub fn self_calibrate(model: &Model, tokenizer: &Tokenizer, cancel: &AtomicBool) -> Result<Importance, EvalError> {
+/// (normal tokens only) by a fixed-seed generator, so the same model always gets the same importance. Each layer's
+/// importance goes to `into` as soon as the forward pass has left the layer, so that the quantizer can search that
+/// layer's matrices while the pass goes on ([`Staged`]). Returns the number of tokens run.
+pub fn self_calibrate(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    cancel: &AtomicBool,
+    into: Arc<Staged>,
+) -> Result<usize, EvalError> {
     let normal: Vec<u32> = (0..tokenizer.n_vocab() as u32)
         .filter(|&id| tokenizer.token_type(id).is_none_or(|t| matches!(t, TokenType::Normal | TokenType::Undefined)))
         .collect();
@@ -102,7 +111,113 @@ pub fn self_calibrate(model: &Model, tokenizer: &Tokenizer, cancel: &AtomicBool)
         .into_iter()
         .chain((0..SELF_CALIBRATION_TOKENS).map(|_| normal[rng.random_range(0..normal.len())]))
         .collect();
-    gather(model, &[chunk], SELF_CALIBRATION_TOKENS + 1, false, cancel, &mut |_, _| {})
+    if cancel.load(Ordering::Relaxed) {
+        return Err(EvalError::Cancelled);
+    }
+    let mut runner = Runner::new(model, chunk.len());
+    let scratch = runner.scratch_mut();
+    scratch.collect_stats(model, false);
+    scratch.stats_mut().expect("collect_stats was called above").sink = Some(Sink(into));
+    // One pass (the whole chunk is one prefill piece), so each layer's statistics are final when the sink hears
+    // of them.
+    runner.run_chunk(&chunk, chunk.len(), |_, _| {})?;
+    Ok(chunk.len())
+}
+
+/// A site's importance: the mean square of each column, with a floor under the columns the text never excited
+/// (they still hold weights).
+fn importance_of(sums: &ColumnSums) -> Option<Vec<f32>> {
+    let mut mean = sums.mean_sq()?;
+    let floor = 1e-4 * mean.iter().sum::<f32>() / mean.len() as f32;
+    mean.iter_mut().for_each(|v| *v = v.max(floor));
+    Some(mean)
+}
+
+/// Importance that arrives while the quantizer runs: a [`StatsSink`] for [`self_calibrate`], which fills it in
+/// layer by layer, and a source the quantizer waits on for each tensor ([`Staged::wait`]). The values are those a
+/// finished calibration would give, so the output does not depend on how the two threads interleave.
+pub struct Staged {
+    tied_output: bool,
+    state: Mutex<StagedState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct StagedState {
+    /// Per layer the pass has left, each site's importance (indexed by [`Site`]).
+    layers: Vec<Option<[Option<Vec<f32>>; 4]>>,
+    /// The output projection's input, once the pass has reached it.
+    output: Option<Option<Vec<f32>>>,
+    /// Nothing more will come (the calibration finished, failed or was cancelled).
+    ended: bool,
+}
+
+impl Staged {
+    /// For the tensors of `file` (which tells whether the output projection is tied to the embedding).
+    pub fn new(file: &GgufFile) -> Staged {
+        Staged {
+            tied_output: file.tensor_info("output.weight").is_none(),
+            state: Mutex::new(StagedState::default()),
+            ready: Condvar::new(),
+        }
+    }
+
+    /// When `tensor`'s importance can arrive, to order the work: 0 for a tensor with none to wait for, then by
+    /// layer, the output projection last.
+    pub fn stage(&self, tensor: &str) -> usize {
+        match InputOf::of_tensor(tensor, self.tied_output) {
+            None => 0,
+            Some(InputOf::Layer(layer, _)) => layer.saturating_add(1),
+            Some(InputOf::Output) => usize::MAX,
+        }
+    }
+
+    /// `tensor`'s importance, waiting until the pass has left its layer; `None` if it has none (then or after a
+    /// failed calibration).
+    pub fn wait(&self, tensor: &str) -> Option<Vec<f32>> {
+        let input = InputOf::of_tensor(tensor, self.tied_output)?;
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let got = match input {
+                InputOf::Layer(layer, site) => {
+                    state.layers.get(layer).and_then(Option::as_ref).map(|sites| sites[site as usize].clone())
+                }
+                InputOf::Output => state.output.clone(),
+            };
+            if let Some(v) = got {
+                return v;
+            }
+            if state.ended {
+                return None;
+            }
+            state = self.ready.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Marks the calibration over, whatever its outcome: every wait returns.
+    pub fn end(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).ended = true;
+        self.ready.notify_all();
+    }
+}
+
+impl StatsSink for Staged {
+    fn layer_done(&self, layer: usize, sums: &[ColumnSums; 4]) {
+        let sites = sums.each_ref().map(importance_of);
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.layers.len() <= layer {
+            state.layers.resize(layer + 1, None);
+        }
+        state.layers[layer] = Some(sites);
+        drop(state);
+        self.ready.notify_all();
+    }
+
+    fn output_done(&self, sums: &ColumnSums) {
+        let v = importance_of(sums);
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).output = Some(v);
+        self.ready.notify_all();
+    }
 }
 
 /// Runs each chunk from an empty cache with statistics on, and turns them into per-tensor importance.
@@ -128,12 +243,9 @@ fn gather(
     let tied = model.file().tensor_info("output.weight").is_none();
     let mut by_tensor = HashMap::new();
     for info in model.file().tensors() {
-        if let Some(mut mean) = stats.for_tensor(&info.name, tied).and_then(|s| s.mean_sq())
+        if let Some(mean) = stats.for_tensor(&info.name, tied).and_then(importance_of)
             && mean.len() as u64 == info.ne0()
         {
-            // A column the text never excited still holds weights: keep a floor under its importance.
-            let floor = 1e-4 * mean.iter().sum::<f32>() / mean.len() as f32;
-            mean.iter_mut().for_each(|v| *v = v.max(floor));
             by_tensor.insert(info.name.clone(), mean);
         }
     }

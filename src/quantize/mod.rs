@@ -27,7 +27,7 @@ use rayon::prelude::*;
 
 use crate::gguf::{GgufError, GgufFile, GgufStreamWriter, MetaValue, TensorLayout};
 
-pub use calibrate::{Importance, calibrate, self_calibrate};
+pub use calibrate::{Importance, Staged, calibrate, self_calibrate};
 pub use policy::{Policy, Reason, TARGETS, TensorPlan, parse_target};
 
 /// GGML's quantization version (`GGML_QNT_VERSION`), stored as `general.quantization_version`.
@@ -40,6 +40,18 @@ pub enum Mode {
     Rtn,
     /// Search each block's scale (and minimum) for the least weighted squared error.
     Search,
+}
+
+/// Where the search's column weights come from.
+#[derive(Clone, Copy)]
+pub enum Weighting<'a> {
+    /// Nothing gathered: the search weighs columns by the norm before each matrix (where there is one).
+    Norms,
+    /// Gathered before the run ([`calibrate`]).
+    Gathered(&'a Importance),
+    /// Being gathered while the run goes on ([`self_calibrate`]): tensors are converted as their layer's
+    /// statistics arrive (by layer, the output projection last) and written in place.
+    Staged(&'a Staged),
 }
 
 /// What went wrong, naming the file, tensor or type.
@@ -230,18 +242,21 @@ impl Quantizer {
         Ok(Output { path: output.to_path_buf(), writer: GgufStreamWriter::create(output, &metadata, layout)? })
     }
 
-    /// Writes every tensor into `output` and renames it into place. `importance` (from [`calibrate`]) weights the
-    /// search where it has the tensor; `cancel` is polled between row ranges, and setting it leaves no output;
-    /// `on_tensor` hears of each tensor converted.
+    /// Writes every tensor into `output` and renames it into place, on `pool`'s threads. `weighting` weights the
+    /// search; `cancel` is polled between row ranges, and setting it leaves no output; `on_tensor` hears of each
+    /// tensor converted.
     ///
-    /// A writer thread writes tensor N while the pool converts tensor N+1, so that neither the pool's threads nor
-    /// the disk wait on each other; at most [`BUFFERS`] converted tensors are in memory at once.
+    /// Tensors are converted in slabs of rows, and a writer thread writes each slab while the pool converts the
+    /// next, so that neither the pool's threads nor the disk wait on each other; at most [`BUFFERS`] converted
+    /// slabs are in memory at once. With [`Weighting::Staged`], call this from outside `pool`: this thread waits
+    /// between tensors for the calibration, which may need `pool`'s threads meanwhile.
     pub fn run(
         &self,
+        pool: &rayon::ThreadPool,
         output: Output,
-        importance: Option<&Importance>,
+        weighting: Weighting<'_>,
         cancel: &AtomicBool,
-        on_tensor: &mut dyn FnMut(&TensorDone),
+        on_tensor: &mut (dyn FnMut(&TensorDone) + Send),
     ) -> Result<Summary, QuantizeError> {
         let start = Instant::now();
         let Output { path, writer } = output;
@@ -254,7 +269,15 @@ impl Quantizer {
             tensor_bytes_out: 0,
             elapsed: Duration::ZERO,
         };
-        let (to_writer, writer_rx) = mpsc::sync_channel::<Chunk<'_>>(1);
+        // The order of conversion: the file's, or (staged) each tensor as soon as its statistics can be there.
+        let mut order: Vec<usize> = (0..self.plan.len()).collect();
+        if let Weighting::Staged(staged) = weighting {
+            order.sort_by_key(|&i| {
+                let p = &self.plan[i];
+                if p.from == p.to { 0 } else { staged.stage(&p.name) }
+            });
+        }
+        let (to_writer, writer_rx) = mpsc::sync_channel::<Piece<'_>>(1);
         let (recycle, spare) = mpsc::channel::<Vec<u8>>();
         for _ in 0..BUFFERS {
             let _ = recycle.send(Vec::new());
@@ -262,19 +285,33 @@ impl Quantizer {
         let (converted, written) = std::thread::scope(|scope| {
             let writing = scope.spawn(move || -> Result<GgufStreamWriter, GgufError> {
                 let mut writer = writer;
-                for chunk in writer_rx {
-                    match chunk {
-                        Chunk::Borrowed(bytes) => writer.write_tensor(bytes)?,
-                        Chunk::Owned(buf, n) => {
-                            writer.write_tensor(&buf[..n])?;
-                            // The converter may have finished and dropped its end: then the buffer is just freed.
-                            let _ = recycle.send(buf);
-                        }
+                let mut unsynced = 0;
+                for Piece { tensor, offset, chunk } in writer_rx {
+                    let bytes = match &chunk {
+                        Chunk::Borrowed(bytes) => bytes,
+                        Chunk::Owned(buf, n) => &buf[..*n],
+                    };
+                    writer.write_at(tensor, offset, bytes)?;
+                    unsynced += bytes.len();
+                    if let Chunk::Owned(buf, _) = chunk {
+                        // The converter may have finished and dropped its end: then the buffer is just freed.
+                        let _ = recycle.send(buf);
+                    }
+                    // The disk takes the file as it grows, while the converter works, rather than all at the end
+                    // (finish's fsync was ~0.03-0.05 s of SmolLM2's q4_0 run, with both threads idle).
+                    if unsynced >= SYNC_EVERY {
+                        writer.sync_data()?;
+                        unsynced = 0;
                     }
                 }
                 Ok(writer)
             });
-            let converted = self.convert_all(importance, cancel, on_tensor, &mut summary, &to_writer, &spare);
+            let (order, summary, sender) = (&order, &mut summary, &to_writer);
+            let mut convert =
+                move || self.convert_all(pool, order, weighting, cancel, on_tensor, summary, sender, &spare);
+            // Staged, this thread waits on the calibration, which needs the pool's threads; otherwise it may as well
+            // be one of them.
+            let converted = if matches!(weighting, Weighting::Staged(_)) { convert() } else { pool.install(convert) };
             drop(to_writer);
             (converted, writing.join())
         });
@@ -293,64 +330,85 @@ impl Quantizer {
         Ok(summary)
     }
 
-    /// Converts each planned tensor in turn and hands its bytes to the writer thread (`to_writer`), taking output
-    /// buffers from `spare`. Returns early, without error, if the writer has stopped (it reports why).
+    /// Converts the planned tensors in `order` and hands their bytes to the writer thread (`to_writer`), taking
+    /// output buffers from `spare`. Returns early, without error, if the writer has stopped (it reports why).
+    #[allow(clippy::too_many_arguments)]
     fn convert_all<'a>(
         &'a self,
-        importance: Option<&Importance>,
+        pool: &rayon::ThreadPool,
+        order: &[usize],
+        weighting: Weighting<'_>,
         cancel: &AtomicBool,
-        on_tensor: &mut dyn FnMut(&TensorDone),
+        on_tensor: &mut (dyn FnMut(&TensorDone) + Send),
         summary: &mut Summary,
-        to_writer: &mpsc::SyncSender<Chunk<'a>>,
+        to_writer: &mpsc::SyncSender<Piece<'a>>,
         spare: &mpsc::Receiver<Vec<u8>>,
     ) -> Result<(), QuantizeError> {
         let mut x = Vec::<f32>::new();
-        for p in &self.plan {
+        for &i in order {
+            let p = &self.plan[i];
             if cancel.load(Ordering::Relaxed) {
                 return Err(QuantizeError::Cancelled);
             }
             let t0 = Instant::now();
             let info = &self.input.tensors()[p.index];
             let data = self.input.tensor_data(info);
-            let chunk = if p.from == p.to {
+            let bytes_out = if p.from == p.to {
                 // Already of its type (as llama-quantize, which also copies these): requantizing values that lie
                 // on the type's grid could only lose.
-                Chunk::Borrowed(data)
-            } else {
-                let fallback_imp;
-                let imp = match importance.and_then(|m| m.get(&p.name)) {
-                    Some(v) => Some(v),
-                    None => {
-                        fallback_imp = if self.mode == Mode::Search { self.norm_importance(&p.name) } else { None };
-                        fallback_imp.as_ref()
-                    }
+                if to_writer.send(Piece { tensor: i, offset: 0, chunk: Chunk::Borrowed(data) }).is_err() {
+                    return Ok(());
                 }
-                .filter(|v| v.len() as u64 == info.ne0());
+                data.len() as u64
+            } else {
+                let ne0 = info.ne0();
+                let gathered: Option<std::borrow::Cow<'_, [f32]>> = match weighting {
+                    Weighting::Norms => None,
+                    Weighting::Gathered(m) => m.get(&p.name).map(|v| v.as_slice().into()),
+                    Weighting::Staged(s) => s.wait(&p.name).map(Into::into),
+                };
+                let imp = match gathered.filter(|v| v.len() as u64 == ne0) {
+                    Some(v) => Some(v),
+                    None if self.mode == Mode::Search => self.norm_importance(&p.name).map(Into::into),
+                    None => None,
+                }
+                .filter(|v| v.len() as u64 == ne0);
                 let values = match (p.from, cast_blocks::<f32>(data)) {
                     (GgmlType::F32, Some(v)) => v,
                     _ => {
                         let n = info.n_elements as usize;
                         resize(&mut x, n);
-                        dequantize_par(p, data, info.ne0() as usize, &mut x[..n])?;
+                        pool.install(|| dequantize_par(p, data, ne0 as usize, &mut x[..n]))?;
                         &x[..n]
                     }
                 };
-                let n_out = p.to.row_bytes(info.n_elements).expect("planned types fit the rows") as usize;
-                // Every buffer is out with the writer until it has written one: wait for it (or for its end).
-                let Ok(mut out) = spare.recv() else { return Ok(()) };
-                resize(&mut out, n_out);
                 // Error feedback where the calibration gathered the input's Gram matrix (Q4_0 only).
-                let factor = importance
-                    .and_then(|m| m.factor(&p.name))
-                    .filter(|_| self.mode == Mode::Search && p.to == GgmlType::Q4_0 && imp.is_some());
-                let imp = imp.map(Vec::as_slice);
-                self.quantize_par(p, values, info.ne0() as usize, imp, factor, &mut out[..n_out], cancel)?;
-                Chunk::Owned(out, n_out)
+                let factor = match weighting {
+                    Weighting::Gathered(m) => m.factor(&p.name),
+                    _ => None,
+                }
+                .filter(|_| self.mode == Mode::Search && p.to == GgmlType::Q4_0 && imp.is_some());
+                let imp = imp.as_deref();
+                // In slabs of rows, each written while the next is converted: the last tensor's writing is then
+                // mostly done when its conversion ends.
+                let row_len = ne0 as usize;
+                let row_bytes = p.to.row_bytes(ne0).expect("planned types fit the rows") as usize;
+                let slab_rows = (SLAB_VALUES / row_len.max(1)).max(1);
+                let mut offset = 0;
+                for slab in values.chunks(slab_rows * row_len) {
+                    let n_out = slab.len() / row_len.max(1) * row_bytes;
+                    // Every buffer is out with the writer until it has written one: wait for it (or for its end).
+                    let Ok(mut out) = spare.recv() else { return Ok(()) };
+                    resize(&mut out, n_out);
+                    pool.install(|| self.quantize_par(p, slab, row_len, imp, factor, &mut out[..n_out], cancel))?;
+                    let piece = Piece { tensor: i, offset, chunk: Chunk::Owned(out, n_out) };
+                    if to_writer.send(piece).is_err() {
+                        return Ok(());
+                    }
+                    offset += n_out as u64;
+                }
+                offset
             };
-            let bytes_out = chunk.len() as u64;
-            if to_writer.send(chunk).is_err() {
-                return Ok(());
-            }
             summary.elements += info.n_elements;
             summary.tensor_bytes_in += data.len() as u64;
             summary.tensor_bytes_out += bytes_out;
@@ -424,23 +482,29 @@ impl Quantizer {
     }
 }
 
-/// Output buffers: one being filled, one queued for the writer, one being written.
-const BUFFERS: usize = 3;
+/// Output buffers (of a slab each): one being filled, one queued for the writer, one being written, and a few
+/// more to cover the writer's syncs.
+const BUFFERS: usize = 6;
 
-/// A tensor's bytes on their way to the writer thread: straight from the input, or the first `n` bytes of a
-/// converted buffer (which goes back to the converter once written).
+/// Values converted per slab: 1-4 MB of output for the 4-16-bit types (SmolLM2's 28 M-value embedding is 14
+/// slabs), so that the last slab's writing is a small tail.
+const SLAB_VALUES: usize = 1 << 21;
+
+/// Bytes the writer writes between two syncs.
+const SYNC_EVERY: usize = 16 << 20;
+
+/// Part of a tensor on its way to the writer thread: `chunk` goes at byte `offset` of tensor `tensor`'s data.
+struct Piece<'a> {
+    tensor: usize,
+    offset: u64,
+    chunk: Chunk<'a>,
+}
+
+/// Bytes for the writer: straight from the input, or the first `n` bytes of a converted buffer (which goes back to
+/// the converter once written).
 enum Chunk<'a> {
     Borrowed(&'a [u8]),
     Owned(Vec<u8>, usize),
-}
-
-impl Chunk<'_> {
-    fn len(&self) -> usize {
-        match self {
-            Chunk::Borrowed(b) => b.len(),
-            Chunk::Owned(_, n) => *n,
-        }
-    }
 }
 
 /// Values per parallel task: small enough to spread a 576×576 matrix over two threads, large enough that a task

@@ -57,15 +57,15 @@ pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ4_0]) {
 /// If `x.len() != y.len() * 32`, or `x` is not whole rows of `importance.len()` values.
 pub fn quantize_row_search(x: &[f32], importance: Option<&[f32]>, y: &mut [BlockQ4_0]) {
     assert_eq!(x.len(), y.len() * QK4_0, "Q4_0 quantize: {} values for {} blocks", x.len(), y.len());
-    let mut blocks = vec![super::search::Symmetric::default(); y.len()];
-    super::search_sym::symmetric_blocks(x, importance, -8, 7, &mut blocks);
-    for (b, s) in blocks.iter().enumerate() {
-        y[b].d = s.d;
-        let q = |j: usize| (s.q[j] + 8) as u8;
-        for j in 0..QK4_0 / 2 {
-            y[b].qs[j] = q(j) | (q(j + QK4_0 / 2) << 4);
+    super::search_sym::with_symmetric_blocks(x, importance, -8, 7, |blocks| {
+        for (b, s) in blocks.iter().enumerate() {
+            y[b].d = s.d;
+            let q = |j: usize| (s.q[j] + 8) as u8;
+            for j in 0..QK4_0 / 2 {
+                y[b].qs[j] = q(j) | (q(j + QK4_0 / 2) << 4);
+            }
         }
-    }
+    });
 }
 
 /// Dequantizes `x` into `y` (`x.len() * 32` values): `y = d * (q - 8)`.

@@ -62,19 +62,19 @@ pub fn quantize_row_ref(x: &[f32], y: &mut [BlockQ5_0]) {
 /// If `x.len() != y.len() * 32`, or `x` is not whole rows of `importance.len()` values.
 pub fn quantize_row_search(x: &[f32], importance: Option<&[f32]>, y: &mut [BlockQ5_0]) {
     assert_eq!(x.len(), y.len() * QK5_0, "Q5_0 quantize: {} values for {} blocks", x.len(), y.len());
-    let mut blocks = vec![super::search::Symmetric::default(); y.len()];
-    super::search_sym::symmetric_blocks(x, importance, -16, 15, &mut blocks);
-    for (b, s) in blocks.iter().enumerate() {
-        y[b].d = s.d;
-        let mut qh = 0u32;
-        for j in 0..QK5_0 / 2 {
-            let (q0, q1) = ((s.q[j] + 16) as u8, (s.q[j + QK5_0 / 2] + 16) as u8);
-            y[b].qs[j] = (q0 & 0xF) | ((q1 & 0xF) << 4);
-            qh |= ((q0 >> 4) as u32) << j;
-            qh |= ((q1 >> 4) as u32) << (j + QK5_0 / 2);
+    super::search_sym::with_symmetric_blocks(x, importance, -16, 15, |blocks| {
+        for (b, s) in blocks.iter().enumerate() {
+            y[b].d = s.d;
+            let mut qh = 0u32;
+            for j in 0..QK5_0 / 2 {
+                let (q0, q1) = ((s.q[j] + 16) as u8, (s.q[j + QK5_0 / 2] + 16) as u8);
+                y[b].qs[j] = (q0 & 0xF) | ((q1 & 0xF) << 4);
+                qh |= ((q0 >> 4) as u32) << j;
+                qh |= ((q1 >> 4) as u32) << (j + QK5_0 / 2);
+            }
+            y[b].qh = qh.to_le_bytes();
         }
-        y[b].qh = qh.to_le_bytes();
-    }
+    });
 }
 
 /// The 32 quants of a block, each in 0..=31 (before subtracting 16).
