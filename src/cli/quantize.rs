@@ -209,12 +209,15 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     }
 }
 
-/// The input as a model (on the quantizer's mapping of it) and its tokenizer, built side by side.
-fn load_input(quantizer: &Quantizer) -> anyhow::Result<(Model, Tokenizer)> {
+/// The input as a model (on the quantizer's mapping of it) and its tokenizer, built side by side. With `panels`
+/// false the matrices stay in the file's layout: the self-calibration's 47 tokens would not pay for repacking (on
+/// an F32 input, the whole model), and repacking releases map pages that the quantizer then faults back in.
+fn load_input(quantizer: &Quantizer, panels: bool) -> anyhow::Result<(Model, Tokenizer)> {
     infer_kernels::dispatch::try_isa().context("INFER_ISA")?;
     let file = quantizer.shared_input();
     let path = file.path().display().to_string();
-    let (model, tokenizer) = rayon::join(|| Model::from_file(quantizer.shared_input()), || Tokenizer::from_gguf(&file));
+    let build = if panels { Model::from_file } else { Model::from_file_unpacked };
+    let (model, tokenizer) = rayon::join(|| build(quantizer.shared_input()), || Tokenizer::from_gguf(&file));
     let mut model = model.with_context(|| format!("loading {path}"))?;
     model.set_precision(super::EngineArgs::default().precision());
     Ok((model, tokenizer.with_context(|| format!("loading the tokenizer of {path}"))?))
@@ -233,7 +236,7 @@ fn self_calibration(
     cancel: &AtomicBool,
     staged: Arc<Staged>,
 ) -> anyhow::Result<()> {
-    let (model, tokenizer) = pool.install(|| load_input(quantizer))?;
+    let (model, tokenizer) = pool.install(|| load_input(quantizer, false))?;
     let threads = (pool.current_num_threads() / 2).max(1);
     let own = rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("starting worker threads")?;
     own.install(|| self_calibrate(&model, &tokenizer, cancel, staged))?;
@@ -257,7 +260,8 @@ fn run_calibration(
     cancel: &AtomicBool,
 ) -> anyhow::Result<Importance> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let (model, tokenizer) = load_input(quantizer).context("--calibrate runs the input model, which must load")?;
+    let (model, tokenizer) =
+        load_input(quantizer, true).context("--calibrate runs the input model, which must load")?;
     let bar = progress_bar(0);
     bar.set_message("calibration chunks");
     let mut on_chunk = |done: usize, total: usize| {

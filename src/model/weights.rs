@@ -147,6 +147,15 @@ impl ModelWeights {
     /// variant's extra norm) would quietly give wrong text. Which tensors an architecture consumes is therefore
     /// defined in one place, by what this function looks up for its configuration.
     pub fn load(file: &GgufFile, c: &ModelConfig) -> Result<ModelWeights, GgufError> {
+        let mut w = ModelWeights::load_unpacked(file, c)?;
+        w.pack(file);
+        Ok(w)
+    }
+
+    /// [`ModelWeights::load`] without repacking: every matrix stays in its GGUF layout in the map. For a pass
+    /// over a few tokens, where repacking would cost more than it saves, and where the caller goes on reading the
+    /// file's pages (which repacking releases).
+    pub fn load_unpacked(file: &GgufFile, c: &ModelConfig) -> Result<ModelWeights, GgufError> {
         let t = Consumed::new(file);
         let token_embd = linear(&t, "token_embd.weight", c.n_vocab, c.n_embd)?;
         let output = match t.optional("output.weight") {
@@ -219,9 +228,7 @@ impl ModelWeights {
             });
         }
         t.all_consumed(c.arch.name())?;
-        let mut w = ModelWeights { token_embd, layers, output_norm, output, rope_freqs };
-        w.pack(file);
-        Ok(w)
+        Ok(ModelWeights { token_embd, layers, output_norm, output, rope_freqs })
     }
 
     /// Bytes of the weights held outside the file's map: panels, and BF16 matrices widened to f32.
