@@ -180,10 +180,11 @@ def main():
 
     if args.json:
         Path(args.json).write_text(json.dumps(raw, indent=1))
-    sizes = {}
+    sizes = {}  # the weights' bytes (what a token reads), as infer bench reports them
     for rec in raw:
         if rec["engine"] == "infer" and "model_size" in rec:
             sizes[Path(rec["model_filename"]).name] = rec["model_size"]
+    files = {Path(m).name: os.path.getsize(m) for m in args.models}  # the whole file, for the memory limit
 
     isa = args.isa or "best"
     print(f"infer (INFER_ISA={isa}) and llama.cpp, {args.t} threads, best of {args.rounds} interleaved rounds "
@@ -209,7 +210,7 @@ def main():
 
     keys = sorted(set(ours) | set(theirs), key=order)
     if args.wide:
-        print_wide(args, keys, ours, theirs, rss, sizes, test_name, limit_share, bandwidth)
+        print_wide(args, keys, ours, theirs, rss, files, test_name, limit_share, bandwidth)
         return
     print("| model | test | infer | llama.cpp | infer ÷ llama.cpp |")
     print("|---|---|---|---|---|")
@@ -234,7 +235,7 @@ def main():
                 if bsz > 1 and b1:
                     s = ours.get((name, "batch", bsz), (0.0,))[0]
                     print(f"\n{name}: infer B={bsz} ÷ infer B=1 = {s / b1:.2f}")
-    print_memory(args, rss, sizes)
+    print_memory(args, rss, files)
     if args.bandwidth and bandwidth:
         print(f"\nmemory read probe (infer bench --bandwidth, {args.t} threads, best round): {bandwidth:.1f} GB/s")
         for key, (rate, _) in sorted(ours.items(), key=lambda kv: order(kv[0])):
@@ -244,12 +245,12 @@ def main():
                       f"{limit:.0f} t/s ({sizes[key[0]] / 1e6:.1f} MB per token)")
 
 
-def memory_limit_mib(mem, size_bytes):
+def memory_limit_mib(mem, file_bytes):
     """#19's limit: the file plus the KV cache plus 10%."""
-    return (size_bytes / 2**20 + mem["kv"]) * 1.1
+    return (file_bytes / 2**20 + mem["kv"]) * 1.1
 
 
-def print_memory(args, rss, sizes):
+def print_memory(args, rss, files):
     if not rss:
         return
     print(f"\npeak RSS, MiB (`infer run` and `llama-completion`, -c {args.memory_ctx}, {args.memory_gen} tokens, "
@@ -257,11 +258,11 @@ def print_memory(args, rss, sizes):
     print("| model | infer | llama.cpp | file + KV + 10% |")
     print("|---|---|---|---|")
     for name, mem in rss.items():
-        limit = f"{memory_limit_mib(mem, sizes[name]):.1f}" if name in sizes else "-"
+        limit = f"{memory_limit_mib(mem, files[name]):.1f}"
         print(f"| {name} | {mem['infer']:.1f} | {mem['llama.cpp']:.1f} | {limit} |")
 
 
-def print_wide(args, keys, ours, theirs, rss, sizes, test_name, limit_share, bandwidth):
+def print_wide(args, keys, ours, theirs, rss, files, test_name, limit_share, bandwidth):
     """One row per model: each test's "infer / llama.cpp" and ratio, the tg share of the bandwidth limit, and
     the peak RSS pair."""
     def shares(t):
@@ -301,7 +302,7 @@ def print_wide(args, keys, ours, theirs, rss, sizes, test_name, limit_share, ban
         if rss:
             mem = rss.get(model)
             if mem:
-                limit = f"{memory_limit_mib(mem, sizes[model]):.1f}" if model in sizes else "-"
+                limit = f"{memory_limit_mib(mem, files[model]):.1f}"
                 row += [f"{mem['infer']:.1f} / {mem['llama.cpp']:.1f}", limit]
             else:
                 row += ["-", "-"]
