@@ -202,11 +202,16 @@ def main():
         _, pp, tg, depth = key
         return (f"pp{pp}" if pp else f"tg{tg}") + (f" @ d{depth}" if depth else "")
 
-    def limit_share(key, rate):
-        """A tg rate's share of the bandwidth limit, or None."""
+    def limit_tps(key):
+        """The bandwidth limit of a tg test without depth (t/s: the read rate over the weights' bytes), or None."""
         if not (args.bandwidth and bandwidth) or key[1] == "batch" or not key[2] or key[3] or key[0] not in sizes:
             return None
-        return rate / (bandwidth * 1e9 / sizes[key[0]])
+        return bandwidth * 1e9 / sizes[key[0]]
+
+    def limit_share(key, rate):
+        """A tg rate's share of the bandwidth limit, or None."""
+        limit = limit_tps(key)
+        return rate / limit if limit else None
 
     keys = sorted(set(ours) | set(theirs), key=order)
     if args.wide:
@@ -215,12 +220,7 @@ def main():
     print("| model | test | infer | llama.cpp | infer ÷ llama.cpp |")
     print("|---|---|---|---|---|")
     for key in keys:
-        name = key[0]
-        if key[1] == "batch":
-            test = f"S_TG at B={key[2]} (pp{args.batch_prompt}+tg{args.batch_gen})"
-        else:
-            _, pp, tg, depth = key
-            test = (f"pp{pp}" if pp else f"tg{tg}") + (f" @ d{depth}" if depth else "")
+        name, test = key[0], test_name(key)
         a, b = ours.get(key, (0.0, None))[0], theirs.get(key, (0.0, None))[0]
         ratio = f"{a / b:.2f}" if a and b else "-"
         note = ""
@@ -239,8 +239,8 @@ def main():
     if args.bandwidth and bandwidth:
         print(f"\nmemory read probe (infer bench --bandwidth, {args.t} threads, best round): {bandwidth:.1f} GB/s")
         for key, (rate, _) in sorted(ours.items(), key=lambda kv: order(kv[0])):
-            if key[1] != "batch" and key[2] and not key[3] and key[0] in sizes:
-                limit = bandwidth * 1e9 / sizes[key[0]]
+            limit = limit_tps(key)
+            if limit:
                 print(f"{key[0]} tg{key[2]}: {rate:.1f} t/s = {100 * rate / limit:.0f}% of the limit "
                       f"{limit:.0f} t/s ({sizes[key[0]] / 1e6:.1f} MB per token)")
 
@@ -265,13 +265,14 @@ def print_memory(args, rss, files):
 def print_wide(args, keys, ours, theirs, rss, files, test_name, limit_share, bandwidth):
     """One row per model: each test's "infer / llama.cpp" and ratio, the tg share of the bandwidth limit, and
     the peak RSS pair."""
-    def shares(t):
-        # A share of the bandwidth limit belongs to a tg test without depth (t is (pp, tg, depth) or ("batch", B)).
-        return args.bandwidth and bandwidth and t[0] != "batch" and t[1] and not t[2]
-
     # Rows in the order the files were given, which is the README's order.
     present = {k[0] for k in keys}
     models = [n for n in dict.fromkeys(Path(m).name for m in args.models) if n in present]
+
+    def shares(t):
+        # A test gets a bandwidth-share column when some file has a limit for it (tg without depth, probe run).
+        return any(limit_share((m, *t), 1.0) is not None for m in models)
+
     tests = []
     for key in keys:
         t = key[1:]
