@@ -124,6 +124,7 @@ impl std::fmt::Debug for StrList {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
