@@ -16,7 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use infer::gguf::{GgufFile, GgufWriter, MetaArray, MetaValue};
+use infer::gguf::{GgufFile, GgufWriter, MetaArray, MetaValue, StrList};
 use infer::kernels::GgmlType;
 use infer::kernels::budget::{Bounded, run_bounded};
 use infer::model::Model;
@@ -602,7 +602,7 @@ fn cases() -> Vec<Case> {
             model_meta(|w| {
                 let mut t = gpt2_tokens();
                 t[5] = "a".repeat(70 << 10);
-                w.set("tokenizer.ggml.tokens", MetaValue::Array(MetaArray::String(t)));
+                w.set("tokenizer.ggml.tokens", MetaValue::Array(MetaArray::String(t.into())));
             }),
             Err("token 5 in `tokenizer.ggml.tokens` is 71680 bytes"),
         ),
@@ -628,7 +628,7 @@ fn cases() -> Vec<Case> {
             44,
             "a merge without a space",
             model_meta(|w| {
-                w.set("tokenizer.ggml.merges", MetaValue::Array(MetaArray::String(vec!["ab".into()])));
+                w.set("tokenizer.ggml.merges", MetaValue::Array(MetaArray::String(StrList::from_iter(["ab"]))));
             }),
             Err("merge #0 in `tokenizer.ggml.merges` is malformed"),
         ),
@@ -718,7 +718,7 @@ fn spm_model(text: &str) -> Vec<u8> {
     types[3] = 6;
     model_meta(|w| {
         w.set_str("tokenizer.ggml.model", "llama")
-            .set("tokenizer.ggml.tokens", MetaValue::Array(MetaArray::String(tokens)))
+            .set("tokenizer.ggml.tokens", MetaValue::Array(MetaArray::String(tokens.into())))
             .set("tokenizer.ggml.token_type", MetaValue::Array(MetaArray::I32(types)));
     })
 }
@@ -814,8 +814,12 @@ fn infer_run_refuses_each_case_in_one_line() {
 #[test]
 fn e38_a_tiny_vocabulary_without_special_ids_tokenizes() {
     for model in ["llama", "gpt2"] {
-        let spec =
-            VocabSpec { model: model.into(), tokens: vec!["a".into()], merges: Some(vec![]), ..VocabSpec::default() };
+        let spec = VocabSpec {
+            model: model.into(),
+            tokens: StrList::from_iter(["a"]),
+            merges: Some(StrList::default()),
+            ..VocabSpec::default()
+        };
         let t = Tokenizer::from_spec(spec).unwrap();
         assert_eq!(t.bos(), None);
         let ids = t.encode("a b ä", true, true);

@@ -1,6 +1,6 @@
 //! The GGUF reader and writer: round trips, hostile files, `infer info`.
 
-use infer::gguf::{GgufError, GgufFile, GgufWriter, MetaArray, MetaValue};
+use infer::gguf::{GgufError, GgufFile, GgufWriter, MetaArray, MetaValue, StrList};
 use infer::kernels::GgmlType;
 
 use crate::common::{assert_clean_failure, infer, real_model, tempdir};
@@ -21,7 +21,7 @@ fn sample_writer() -> GgufWriter {
         .set("t.u64", MetaValue::U64(1 << 40))
         .set("t.i64", MetaValue::I64(-(1 << 40)))
         .set("t.f64", MetaValue::F64(0.125))
-        .set("t.strings", MetaValue::Array(MetaArray::String(vec!["a".into(), "".into(), "<|im_end|>".into()])))
+        .set("t.strings", MetaValue::Array(MetaArray::String(StrList::from_iter(["a", "", "<|im_end|>"]))))
         .set("t.f32s", MetaValue::Array(MetaArray::F32(vec![1.0, -2.5, 3.25])))
         .set("t.bools", MetaValue::Array(MetaArray::Bool(vec![true, false])))
         .set("t.empty", MetaValue::Array(MetaArray::I32(vec![])));

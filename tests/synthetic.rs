@@ -1,7 +1,7 @@
 //! Tiny synthetic models, written by the tests with our GGUF writer: a llama-style and a gemma3-style decoder
 //! with random weights in a chosen format and a byte-level vocabulary.
 
-use infer::gguf::{GgufWriter, MetaArray, MetaValue};
+use infer::gguf::{GgufWriter, MetaArray, MetaValue, StrList};
 use infer::kernels::GgmlType;
 use infer::kernels::quant::{self, blocks_as_bytes};
 
@@ -110,9 +110,9 @@ pub fn build(spec: Spec, seed: u64) -> GgufWriter {
     types.extend(std::iter::repeat_n(1i32, 256));
     w.set_str("tokenizer.ggml.model", "gpt2")
         .set_str("tokenizer.ggml.pre", "gpt2")
-        .set("tokenizer.ggml.tokens", MetaValue::Array(MetaArray::String(tokens)))
+        .set("tokenizer.ggml.tokens", MetaValue::Array(MetaArray::String(tokens.into())))
         .set("tokenizer.ggml.token_type", MetaValue::Array(MetaArray::I32(types)))
-        .set("tokenizer.ggml.merges", MetaValue::Array(MetaArray::String(vec![])))
+        .set("tokenizer.ggml.merges", MetaValue::Array(MetaArray::String(StrList::default())))
         .set_u32("tokenizer.ggml.bos_token_id", 1)
         .set_u32("tokenizer.ggml.eos_token_id", 2)
         .set_bool("tokenizer.ggml.add_bos_token", false);

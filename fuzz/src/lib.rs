@@ -96,7 +96,7 @@ impl FuzzValue {
             FuzzValue::Str(v) => MetaValue::String(v),
             FuzzValue::ArrI32(v) => MetaValue::Array(MetaArray::I32(v)),
             FuzzValue::ArrF32(v) => MetaValue::Array(MetaArray::F32(v)),
-            FuzzValue::ArrStr(v) => MetaValue::Array(MetaArray::String(v)),
+            FuzzValue::ArrStr(v) => MetaValue::Array(MetaArray::String(v.into())),
             FuzzValue::ArrU8(v) => MetaValue::Array(MetaArray::U8(v)),
         }
     }
@@ -200,7 +200,7 @@ impl FuzzModel {
         let n_vocab = tokens.len();
         let scores = scores.map(|_| (0..n_vocab).map(|i| -(i as f32)).collect::<Vec<_>>());
         w.set_str("tokenizer.ggml.model", if self.spm { "llama" } else { "gpt2" })
-            .set("tokenizer.ggml.tokens", MetaValue::Array(MetaArray::String(tokens)))
+            .set("tokenizer.ggml.tokens", MetaValue::Array(MetaArray::String(tokens.into())))
             .set("tokenizer.ggml.token_type", MetaValue::Array(MetaArray::I32(types)))
             .set_u32("tokenizer.ggml.bos_token_id", 1)
             .set_u32("tokenizer.ggml.eos_token_id", 2);
@@ -208,7 +208,7 @@ impl FuzzModel {
             w.set("tokenizer.ggml.scores", MetaValue::Array(MetaArray::F32(s)));
         } else {
             w.set_str("tokenizer.ggml.pre", "gpt2")
-                .set("tokenizer.ggml.merges", MetaValue::Array(MetaArray::String(merges)));
+                .set("tokenizer.ggml.merges", MetaValue::Array(MetaArray::String(merges.into())));
         }
         for (key, value) in self.overrides.iter().take(8) {
             let key = KEYS[*key as usize % KEYS.len()].replace("{a}", arch);

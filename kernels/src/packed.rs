@@ -58,7 +58,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::GgmlType;
-use crate::arch::{q4k_scales_mins, unpack_q4_k, unpack_q6_k};
+use crate::arch::{q4k_scales_mins, unpack_q6_k};
 use crate::dispatch::{Act32, OutSink};
 use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, cast_blocks};
 
@@ -354,14 +354,20 @@ impl RowWriter<'_> {
             }
             GgmlType::Q4_K => {
                 for (sb, blk) in cast_blocks::<BlockQ4K>(src)?.iter().enumerate() {
-                    let u = unpack_q4_k(blk);
-                    let (sc, mn) = q4k_scales_mins(&blk.scales);
-                    for j in 0..SUPER {
-                        let b = sb * SUPER + j;
-                        self.quants(b, u[32 * j..32 * j + 32].try_into().unwrap());
-                        self.bytes[self.sections.sc + b * PANEL_ROWS + self.r] = sc[j];
-                        self.bytes[self.sections.mn + b * PANEL_ROWS + self.r] = mn[j];
+                    // Straight from the GGUF nibbles, without unpacking to 256 bytes first: each 32-byte chunk `c`
+                    // of `qs` holds block 2c in its low nibbles and block 2c + 1 in its high ones, and a packed
+                    // byte `i` is weight i low, weight i + 16 high.
+                    // Sixteen bytes at a time in a u128 (a byte loop here cost ~11 instructions a byte).
+                    for (c, q) in blk.qs.chunks_exact(32).enumerate() {
+                        let (a, b) = (u128_at(q, 0), u128_at(q, 16));
+                        let lo = (a & NIB_LO) | (b & NIB_LO) << 4;
+                        let hi = (a >> 4 & NIB_LO) | (b & !NIB_LO);
+                        self.groups(sb * SUPER + 2 * c, &lo.to_le_bytes());
+                        self.groups(sb * SUPER + 2 * c + 1, &hi.to_le_bytes());
                     }
+                    let (sc, mn) = q4k_scales_mins(&blk.scales);
+                    self.column(self.sections.sc, sb * SUPER, &sc);
+                    self.column(self.sections.mn, sb * SUPER, &mn);
                     self.f16s(self.sections.d, sb, blk.d);
                     self.f16s(self.sections.m, sb, blk.dmin);
                 }
@@ -369,14 +375,11 @@ impl RowWriter<'_> {
             GgmlType::Q6_K => {
                 for (sb, blk) in cast_blocks::<BlockQ6K>(src)?.iter().enumerate() {
                     let u = unpack_q6_k(blk);
-                    for j in 0..SUPER {
-                        let b = sb * SUPER + j;
-                        self.quants(b, u[32 * j..32 * j + 32].try_into().unwrap());
-                        for h in 0..2 {
-                            let at = self.sections.sc + (2 * b + h) * PANEL_ROWS + self.r;
-                            self.bytes[at] = blk.scales[2 * j + h] as u8;
-                        }
+                    for (j, u) in u.chunks_exact(32).enumerate() {
+                        self.quants(sb * SUPER + j, u.try_into().ok()?);
                     }
+                    let sc: [u8; 2 * SUPER] = std::array::from_fn(|i| blk.scales[i] as u8);
+                    self.column(self.sections.sc, 2 * sb * SUPER, &sc);
                     self.f16s(self.sections.d, sb, blk.d);
                 }
             }
@@ -411,25 +414,38 @@ impl RowWriter<'_> {
         }
     }
 
-    /// Block `b`'s quants of row `r` for the K formats, from the 32 unsigned values `u` in weight order.
-    fn quants(&mut self, b: usize, u: &[u8; 32]) {
-        // Byte i of the row's 16 nibble bytes: weight i low, weight i + 16 high.
-        let nibbles: [u8; 16] = std::array::from_fn(|i| (u[i] & 0x0F) | (u[i + 16] & 0x0F) << 4);
-        self.groups(b, &nibbles);
-        if self.format == PackedFormat::K6 {
-            // The top two bits of each weight, in the two chunks of bit pairs.
-            let at = b * self.format.qs_bytes() + 4 * self.r;
-            for h in 0..2 {
-                for i in 0..4 {
-                    let mut byte = 0u8;
-                    for (e, j) in [2 * h, 2 * h + 1].into_iter().enumerate() {
-                        byte |= (u[4 * j + i] >> 4) << (4 * e) | (u[16 + 4 * j + i] >> 4) << (4 * e + 2);
-                    }
-                    self.bytes[at + (4 + h) * 64 + i] = byte;
-                }
-            }
+    /// Row `r`'s bytes `v[i]` in lines `line + i` of 16 bytes of the section at `at` (the K formats' integer
+    /// scales and mins), under one bounds check.
+    fn column<const N: usize>(&mut self, at: usize, line: usize, v: &[u8; N]) {
+        let dst = &mut self.bytes[at + line * PANEL_ROWS + self.r..][..PANEL_ROWS * (N - 1) + 1];
+        for (i, &x) in v.iter().enumerate() {
+            dst[PANEL_ROWS * i] = x;
         }
     }
+
+    /// Block `b`'s quants of row `r` for K6, from the 32 unsigned values `u` in weight order.
+    fn quants(&mut self, b: usize, u: &[u8; 32]) {
+        // Byte i of the row's 16 nibble bytes: weight i low, weight i + 16 high (sixteen bytes at a time in a u128).
+        let (lo, hi) = (u128_at(u, 0), u128_at(u, 16));
+        self.groups(b, &((lo & NIB_LO) | (hi & NIB_LO) << 4).to_le_bytes());
+        // The top two bits of each weight (values are below 64), in the two chunks of bit pairs: byte i of chunk h
+        // holds, from the low bits up, weights 8h + i, 16 + 8h + i, 8h + 4 + i and 20 + 8h + i.
+        let top = |at: usize| u32::from_le_bytes([u[at], u[at + 1], u[at + 2], u[at + 3]]) >> 4 & 0x0303_0303;
+        let pairs = |h: usize| top(8 * h) | top(16 + 8 * h) << 2 | top(8 * h + 4) << 4 | top(20 + 8 * h) << 6;
+        let at = b * self.format.qs_bytes() + 4 * self.r + 4 * 64;
+        let dst = &mut self.bytes[at..][..64 + 4];
+        dst[..4].copy_from_slice(&pairs(0).to_le_bytes());
+        dst[64..].copy_from_slice(&pairs(1).to_le_bytes());
+    }
+}
+
+/// The low nibble of every byte of a u128.
+const NIB_LO: u128 = 0x0F0F_0F0F_0F0F_0F0F_0F0F_0F0F_0F0F_0F0F;
+
+/// Bytes `at..at + 16` of `b` as a little-endian u128.
+#[inline]
+fn u128_at(b: &[u8], at: usize) -> u128 {
+    u128::from_le_bytes(b[at..at + 16].try_into().unwrap())
 }
 
 fn lines_as_bytes_mut(lines: &mut [Line]) -> &mut [u8] {

@@ -143,17 +143,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         eprintln_lossy!("{}", timing_line(Some(load_time), &result.timings, args.threads.count(), params.seed));
     }
     if args.verbose {
-        eprintln_lossy!("{}", memory_line(model, Session::kv_bytes(model, n_ctx, args.engine.kv_dtype())));
+        eprintln_lossy!("{}", memory_line(model, tokenizer, Session::kv_bytes(model, n_ctx, args.engine.kv_dtype())));
     }
     Ok(())
 }
 
 /// `-v`'s account of where the resident bytes are: the file's map (its size, and how much of it is resident), the
-/// weights held outside it (panels), the KV cache as reserved, and the rest (the KV cache's touched pages, scratch,
-/// heap, code: the cache comes from zeroed pages that become resident only as positions fill, so it cannot be told
-/// apart from the rest); then the resident set now and at its peak. Figures the platform does not give are left
-/// out.
-fn memory_line(model: &crate::model::Model, kv: Option<u64>) -> String {
+/// weights held outside it (panels), the KV cache as reserved, the vocabulary's text and the tokenizer's tables, and
+/// the rest (the KV cache's touched pages, scratch, heap, code: the cache comes from zeroed pages that become
+/// resident only as positions fill, so it cannot be told apart from the rest); then the resident set now and at its
+/// peak. Figures the platform does not give are left out.
+fn memory_line(model: &crate::model::Model, tokenizer: &crate::tokenizer::Tokenizer, kv: Option<u64>) -> String {
     use crate::memory::bytes;
     let file = model.file();
     let mapped = file.tensor_bytes_total();
@@ -166,8 +166,11 @@ fn memory_line(model: &crate::model::Model, kv: Option<u64>) -> String {
     }];
     parts.push(format!("panels {}", bytes(panels)));
     parts.push(format!("KV {} reserved", bytes(kv)));
+    let (vocab, tables) = tokenizer.heap_bytes();
+    let (vocab, tables) = (vocab as u64, tables as u64);
+    parts.push(format!("vocabulary {}, tokenizer tables {}", bytes(vocab), bytes(tables)));
     if let Some((rss, peak)) = crate::memory::resident() {
-        let known = resident.unwrap_or(0) + panels;
+        let known = resident.unwrap_or(0) + panels + vocab + tables;
         parts.push(format!("KV in use, scratch and the rest {}", bytes(rss.saturating_sub(known))));
         parts.push(format!("RSS {}, peak {}", bytes(rss), bytes(peak)));
     }

@@ -44,6 +44,8 @@ pub enum GgufError {
     InvalidBool { key: String, byte: u8, offset: u64 },
     #[error("{what} at offset {offset}: a string of {len} bytes exceeds the {limit}-byte limit")]
     StringTooLong { what: String, len: u64, limit: u64, offset: u64 },
+    #[error("metadata key '{key}': the strings of the array at offset {offset} pass 4 GiB in total")]
+    StringArrayTooLarge { key: String, offset: u64 },
     #[error("general.alignment = {value} is invalid: must be a power of two between 1 and 1 MiB")]
     InvalidAlignment { value: u64 },
     #[error("missing metadata key '{key}'")]

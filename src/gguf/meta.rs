@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 
 use super::error::GgufError;
+use super::strlist::StrList;
 
 /// The value type ids of GGUF metadata (`gguf_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,7 +111,8 @@ pub enum MetaArray {
     I32(Vec<i32>),
     F32(Vec<f32>),
     Bool(Vec<bool>),
-    String(Vec<String>),
+    /// One text buffer plus offsets, not a `Vec<String>`: vocabularies have 10^5 entries (see [`StrList`]).
+    String(StrList),
     U64(Vec<u64>),
     I64(Vec<i64>),
     F64(Vec<f64>),
@@ -260,10 +262,11 @@ impl MetaValue {
 
     /// A one-line rendering for reports: long arrays and strings are summarised.
     pub fn summary(&self, max_items: usize) -> String {
-        fn list<T: std::fmt::Debug>(v: &[T], max: usize) -> String {
-            let shown: Vec<String> = v.iter().take(max).map(|x| format!("{x:?}")).collect();
-            if v.len() > max {
-                format!("[{}, ... ({} items)]", shown.join(", "), v.len())
+        fn list<T: std::fmt::Debug>(v: impl ExactSizeIterator<Item = T>, max: usize) -> String {
+            let len = v.len();
+            let shown: Vec<String> = v.take(max).map(|x| format!("{x:?}")).collect();
+            if len > max {
+                format!("[{}, ... ({} items)]", shown.join(", "), len)
             } else {
                 format!("[{}]", shown.join(", "))
             }
@@ -277,18 +280,18 @@ impl MetaValue {
                 format!("{out:?}")
             }
             MetaValue::Array(a) => match a {
-                MetaArray::U8(v) => list(v, max_items),
-                MetaArray::I8(v) => list(v, max_items),
-                MetaArray::U16(v) => list(v, max_items),
-                MetaArray::I16(v) => list(v, max_items),
-                MetaArray::U32(v) => list(v, max_items),
-                MetaArray::I32(v) => list(v, max_items),
-                MetaArray::F32(v) => list(v, max_items),
-                MetaArray::Bool(v) => list(v, max_items),
-                MetaArray::String(v) => list(v, max_items),
-                MetaArray::U64(v) => list(v, max_items),
-                MetaArray::I64(v) => list(v, max_items),
-                MetaArray::F64(v) => list(v, max_items),
+                MetaArray::U8(v) => list(v.iter(), max_items),
+                MetaArray::I8(v) => list(v.iter(), max_items),
+                MetaArray::U16(v) => list(v.iter(), max_items),
+                MetaArray::I16(v) => list(v.iter(), max_items),
+                MetaArray::U32(v) => list(v.iter(), max_items),
+                MetaArray::I32(v) => list(v.iter(), max_items),
+                MetaArray::F32(v) => list(v.iter(), max_items),
+                MetaArray::Bool(v) => list(v.iter(), max_items),
+                MetaArray::String(v) => list(v.iter(), max_items),
+                MetaArray::U64(v) => list(v.iter(), max_items),
+                MetaArray::I64(v) => list(v.iter(), max_items),
+                MetaArray::F64(v) => list(v.iter(), max_items),
             },
             MetaValue::U8(v) => v.to_string(),
             MetaValue::I8(v) => v.to_string(),
@@ -332,7 +335,7 @@ impl MetaValue {
                 MetaArray::I32(v) => json!(v),
                 MetaArray::F32(v) => Value::Array(v.iter().map(|x| f(*x as f64)).collect()),
                 MetaArray::Bool(v) => json!(v),
-                MetaArray::String(v) => json!(v),
+                MetaArray::String(v) => Value::Array(v.iter().map(|x| json!(x)).collect()),
                 MetaArray::U64(v) => json!(v),
                 MetaArray::I64(v) => json!(v),
                 MetaArray::F64(v) => Value::Array(v.iter().map(|x| f(*x)).collect()),
@@ -497,7 +500,7 @@ impl Metadata {
         if self.contains(key) { self.get_array(key).map(Some) } else { Ok(None) }
     }
 
-    pub fn get_string_array(&self, key: &str) -> Result<&[String], GgufError> {
+    pub fn get_string_array(&self, key: &str) -> Result<&StrList, GgufError> {
         match self.get_array(key)? {
             MetaArray::String(v) => Ok(v),
             _ => Err(Self::mismatch(key, "array<string>", self.require(key)?)),

@@ -9,9 +9,11 @@
 mod error;
 mod meta;
 mod read;
+mod strlist;
 mod write;
 
 pub use error::GgufError;
 pub use meta::{MetaArray, MetaType, MetaValue, Metadata};
 pub use read::{DEFAULT_ALIGNMENT, GgufFile, TensorInfo, tensor_extent};
+pub use strlist::{StrList, StrListBuilder, StrListFull};
 pub use write::{GgufStreamWriter, GgufWriter, TensorLayout};

@@ -18,6 +18,7 @@ use infer_kernels::GgmlType;
 
 use super::error::GgufError;
 use super::meta::{MetaArray, MetaType, MetaValue, Metadata};
+use super::strlist::StrListBuilder;
 
 /// The four bytes every GGUF file starts with.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
@@ -620,11 +621,14 @@ fn read_array(c: &mut Cursor, key: &str) -> Result<MetaArray, GgufError> {
             MetaArray::Bool(v)
         }
         MetaType::String => {
-            let mut v = Vec::with_capacity(n);
+            // One buffer for all the strings: their text is at most what remains of the file (grown only where
+            // invalid UTF-8 becomes U+FFFD), and each costs 4 bytes of offset instead of a String and an allocation.
+            let mut v = StrListBuilder::with_capacity(n, 0);
             for _ in 0..n {
-                v.push(read_string(c, key)?);
+                let bytes = c.string_bytes(&|| format!("string in metadata key '{key}'"))?;
+                v.push_lossy(bytes).map_err(|_| GgufError::StringArrayTooLarge { key: key.to_string(), offset: at })?;
             }
-            MetaArray::String(v)
+            MetaArray::String(v.finish())
         }
         MetaType::Array => unreachable!("nested arrays rejected above"),
     })

@@ -405,7 +405,7 @@ fn put_value<W: Write>(w: &mut CountingWriter<W>, value: &MetaValue) -> io::Resu
                     Ok(())
                 }
                 MetaArray::String(v) => {
-                    for s in v {
+                    for s in v.iter() {
                         put_str(w, s)?;
                     }
                     Ok(())

@@ -15,6 +15,7 @@ use std::collections::BinaryHeap;
 use super::TokenizerError;
 use super::hash::FxMap;
 use super::unicode::char_to_byte;
+use crate::gguf::StrList;
 
 const NONE: u32 = u32::MAX;
 
@@ -38,7 +39,7 @@ impl BpeModel {
     /// Builds the tables. `mergeable[i]` says whether token `i` takes part in merging (normal and user-defined tokens;
     /// control tokens do not, so their text never comes out of merging).
     #[deny(clippy::indexing_slicing, clippy::arithmetic_side_effects, clippy::unwrap_used, clippy::expect_used)]
-    pub fn new(tokens: &[String], mergeable: &[bool], merges: &[String]) -> Result<BpeModel, TokenizerError> {
+    pub fn new(tokens: &StrList, mergeable: &[bool], merges: &StrList) -> Result<BpeModel, TokenizerError> {
         let mut bytes_to_id: FxMap<Box<[u8]>, u32> = FxMap::default();
         bytes_to_id.reserve(tokens.len());
         for ((id, text), &m) in tokens.iter().enumerate().zip(mergeable) {
@@ -69,13 +70,13 @@ impl BpeModel {
                 Some((left, rest.strip_prefix(' ')?))
             });
             let Some((left, right)) = split else {
-                return Err(TokenizerError::BadMerge { index: rank, text: merge.clone() });
+                return Err(TokenizerError::BadMerge { index: rank, text: merge.to_string() });
             };
             let (Some(lb), Some(rb)) = (token_text_to_bytes(left), token_text_to_bytes(right)) else {
-                return Err(TokenizerError::BadMerge { index: rank, text: merge.clone() });
+                return Err(TokenizerError::BadMerge { index: rank, text: merge.to_string() });
             };
             if lb.is_empty() || rb.is_empty() {
-                return Err(TokenizerError::BadMerge { index: rank, text: merge.clone() });
+                return Err(TokenizerError::BadMerge { index: rank, text: merge.to_string() });
             }
             // A merge whose parts or result are not tokens can never apply to token symbols: skip it.
             let (Some(&l), Some(&r)) = (bytes_to_id.get(&lb[..]), bytes_to_id.get(&rb[..])) else { continue };
@@ -87,6 +88,13 @@ impl BpeModel {
             table.entry(pair_key(l, r)).or_insert((rank as u32, m));
         }
         Ok(BpeModel { byte_ids, merges: table, bytes_to_id })
+    }
+
+    /// Bytes held by the tables (approximate: a hash map slot is counted as its key and value, plus a control byte).
+    pub fn heap_bytes(&self) -> usize {
+        let merges = self.merges.capacity() * (8 + 8 + 1);
+        let keys: usize = self.bytes_to_id.keys().map(|k| k.len()).sum();
+        merges + self.bytes_to_id.capacity() * (16 + 4 + 1) + keys
     }
 
     /// The id of a token given as raw bytes.

@@ -210,9 +210,11 @@ impl ChatTemplate {
         let text_of = |key: &'static str| -> Result<String, TemplateError> {
             match md.opt_u32(key)? {
                 None => Ok(String::new()),
-                Some(id) => {
-                    tokens.get(id as usize).cloned().ok_or(TemplateError::BadTokenId { key, id, n_vocab: tokens.len() })
-                }
+                Some(id) => tokens.get(id as usize).map(str::to_string).ok_or(TemplateError::BadTokenId {
+                    key,
+                    id,
+                    n_vocab: tokens.len(),
+                }),
             }
         };
         let bos = text_of(keys::BOS)?;

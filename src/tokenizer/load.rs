@@ -8,7 +8,7 @@
 use super::bpe::BpeModel;
 use super::special::SpecialMatcher;
 use super::spm::SpmModel;
-use super::{Model, PreTokenizer, TokenType, Tokenizer, TokenizerError, VocabKind, VocabSpec, keys, unicode};
+use super::{Model, Pieces, PreTokenizer, TokenType, Tokenizer, TokenizerError, VocabKind, VocabSpec, keys, unicode};
 use crate::gguf::{GgufFile, Metadata};
 
 /// Token texts that end generation (llama.cpp's list in `llama_vocab::impl::load`).
@@ -62,7 +62,8 @@ pub const MAX_TOKEN_BYTES: usize = 64 << 10;
 impl VocabSpec {
     /// Reads the `tokenizer.ggml.*` keys.
     pub fn from_metadata(md: &Metadata) -> Result<VocabSpec, TokenizerError> {
-        let tokens = md.get_string_array(keys::TOKENS)?.to_vec();
+        // Shares the metadata's buffers: the vocabulary is held once.
+        let tokens = md.get_string_array(keys::TOKENS)?.clone();
         let scores = if md.contains(keys::SCORES) { Some(md.get_f32_array(keys::SCORES)?.to_vec()) } else { None };
         let token_types = match md.opt_array(keys::TOKEN_TYPE)? {
             None => None,
@@ -77,7 +78,7 @@ impl VocabSpec {
                 Some(v)
             }
         };
-        let merges = if md.contains(keys::MERGES) { Some(md.get_string_array(keys::MERGES)?.to_vec()) } else { None };
+        let merges = if md.contains(keys::MERGES) { Some(md.get_string_array(keys::MERGES)?.clone()) } else { None };
         Ok(VocabSpec {
             model: md.get_str(keys::MODEL)?.to_string(),
             pre: md.opt_str(keys::PRE)?.map(str::to_string),
@@ -156,8 +157,20 @@ impl Tokenizer {
         let mut eog: Vec<u32> = Vec::new();
         let mut eot = eot_meta;
         let mut eom = eom_meta;
+        // The first token of each `EOT_TEXTS` entry, found in the same pass (a search per entry scanned the whole
+        // vocabulary when the file names no EOT token).
+        let mut eot_at = [None; EOT_TEXTS.len()];
         for ((id, text), ty) in tokens.iter().enumerate().zip(types.iter_mut()) {
-            if EOG_TEXTS.contains(&text.as_str()) {
+            // Every text looked for here starts with `<` or `_`: most of a 262k vocabulary is skipped at one byte.
+            if !text.starts_with(['<', '_']) {
+                continue;
+            }
+            if let Some(slot) = EOT_TEXTS.iter().position(|t| *t == text).and_then(|k| eot_at.get_mut(k))
+                && slot.is_none()
+            {
+                *slot = Some(id as u32);
+            }
+            if EOG_TEXTS.contains(&text) {
                 eog.push(id as u32);
                 *ty = TokenType::Control;
             }
@@ -166,10 +179,10 @@ impl Tokenizer {
             }
         }
         if eot.is_none() {
-            eot = EOT_TEXTS.iter().find_map(|t| tokens.iter().position(|x| x == t)).map(|i| i as u32);
+            eot = eot_at.into_iter().flatten().next();
         }
         // gpt-oss ("harmony"): `<|end|>` ends a message, not generation, when `<|return|>` and `<|call|>` exist.
-        let text_of = |i: u32| tokens.get(i as usize).map(String::as_str);
+        let text_of = |i: u32| tokens.get(i as usize);
         let has = |t: &str| eog.iter().any(|&i| text_of(i) == Some(t));
         if has("<|return|>") && has("<|call|>") {
             eog.retain(|&i| text_of(i) != Some("<|end|>"));
@@ -186,7 +199,7 @@ impl Tokenizer {
                 let pre_name = spec.pre.clone().unwrap_or_else(|| "default".to_string());
                 let pre = PreTokenizer::from_name(&pre_name)
                     .ok_or_else(|| TokenizerError::UnknownPreTokenizer(pre_name.clone()))?;
-                let merges = spec.merges.as_deref().ok_or(TokenizerError::MissingKey("tokenizer.ggml.merges"))?;
+                let merges = spec.merges.as_ref().ok_or(TokenizerError::MissingKey("tokenizer.ggml.merges"))?;
                 Model::Bpe { model: BpeModel::new(&tokens, &mergeable, merges)?, pre }
             }
             VocabKind::Spm => {
@@ -201,7 +214,7 @@ impl Tokenizer {
                         // A token typed as a byte must spell one: anything else is a broken vocabulary, and
                         // guessing what it stands for would decode to the wrong bytes.
                         if ty == TokenType::Byte && byte.is_none() {
-                            return Err(TokenizerError::BadByteToken { id, text: text.clone() });
+                            return Err(TokenizerError::BadByteToken { id, text: text.to_string() });
                         }
                         if let Some(slot) = byte.and_then(|b| byte_ids.get_mut(usize::from(b)))
                             && *slot == u32::MAX
@@ -211,7 +224,7 @@ impl Tokenizer {
                     }
                 }
                 let scores = spec.scores.unwrap_or_else(|| vec![0.0; n]);
-                Model::Spm(SpmModel::new(&tokens, scores, &mergeable, byte_ids))
+                Model::Spm(SpmModel::new(tokens.clone(), scores, &mergeable, byte_ids))
             }
         };
 
@@ -220,38 +233,52 @@ impl Tokenizer {
             Model::Spm(m) => Some(m.byte_ids()),
             Model::Bpe { .. } => None,
         };
-        let pieces: Vec<Box<[u8]>> = tokens
-            .iter()
-            .zip(&types)
-            .enumerate()
-            .map(|(id, (text, &t))| {
-                let bytes: Vec<u8> = match (kind, t) {
-                    (_, TokenType::Control | TokenType::Unknown | TokenType::UserDefined) => text.as_bytes().to_vec(),
-                    (VocabKind::Bpe, TokenType::Normal) => {
-                        let mut v = Vec::with_capacity(text.len());
-                        for c in text.chars() {
-                            match unicode::char_to_byte(c) {
-                                Some(b) => v.push(b),
-                                None => v.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
-                            }
-                        }
-                        v
-                    }
-                    (VocabKind::Spm, _) => {
-                        let table = byte_table.as_ref();
-                        match (t, parse_byte_token(text)) {
-                            (_, Some(b)) if table.and_then(|tb| tb.get(usize::from(b))) == Some(&(id as u32)) => {
-                                vec![b]
-                            }
-                            (TokenType::Normal, _) => text.replace('\u{2581}', " ").into_bytes(),
-                            _ => Vec::new(),
+        // Built into one buffer (no allocation per token); `▁` becomes a space on the way.
+        let mut pieces = Pieces::with_capacity(n, tokens.heap_bytes());
+        for (id, (text, &t)) in tokens.iter().zip(&types).enumerate() {
+            let out = &mut pieces.bytes;
+            match (kind, t) {
+                (_, TokenType::Control | TokenType::Unknown | TokenType::UserDefined) => {
+                    out.extend_from_slice(text.as_bytes())
+                }
+                (VocabKind::Bpe, TokenType::Normal) => {
+                    for c in text.chars() {
+                        match unicode::char_to_byte(c) {
+                            Some(b) => out.push(b),
+                            None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
                         }
                     }
-                    (VocabKind::Bpe, _) => Vec::new(),
-                };
-                bytes.into_boxed_slice()
-            })
-            .collect();
+                }
+                (VocabKind::Spm, _) => {
+                    let table = byte_table.as_ref();
+                    match (t, parse_byte_token(text)) {
+                        (_, Some(b)) if table.and_then(|tb| tb.get(usize::from(b))) == Some(&(id as u32)) => {
+                            out.push(b)
+                        }
+                        (TokenType::Normal, _) => {
+                            // `▁` (E2 96 81) becomes a space; a byte scan, as `str::replace` cost ~600 instructions
+                            // a token here.
+                            let mut rest = text.as_bytes();
+                            while let Some(p) = rest.iter().position(|&b| b == 0xE2) {
+                                let (head, tail) = rest.split_at_checked(p).unwrap_or((rest, &[]));
+                                out.extend_from_slice(head);
+                                if let Some(after) = tail.strip_prefix("\u{2581}".as_bytes()) {
+                                    out.push(b' ');
+                                    rest = after;
+                                } else {
+                                    out.extend_from_slice(tail.get(..1).unwrap_or_default());
+                                    rest = tail.get(1..).unwrap_or_default();
+                                }
+                            }
+                            out.extend_from_slice(rest);
+                        }
+                        _ => {}
+                    }
+                }
+                (VocabKind::Bpe, _) => {}
+            }
+            pieces.end_piece();
+        }
 
         let specials = SpecialMatcher::new(
             tokens
@@ -261,7 +288,7 @@ impl Tokenizer {
                 .filter(|(_, (text, ty))| {
                     !text.is_empty() && matches!(ty, TokenType::Control | TokenType::Unknown | TokenType::UserDefined)
                 })
-                .map(|(id, (text, &ty))| (id as u32, text.as_str(), ty == TokenType::UserDefined))
+                .map(|(id, (text, &ty))| (id as u32, text, ty == TokenType::UserDefined))
                 .collect(),
         );
 

@@ -37,6 +37,7 @@ pub use chat::{ChatMessage, ChatTemplate, TemplateError};
 pub use pretokenize::PreTokenizer;
 pub use stream::StreamDecoder;
 
+use crate::gguf::StrList;
 use bpe::{BpeModel, BpeScratch};
 use hash::FxMap;
 use special::{Fragment, SpecialMatcher};
@@ -116,10 +117,10 @@ pub struct VocabSpec {
     pub model: String,
     /// `tokenizer.ggml.pre`.
     pub pre: Option<String>,
-    pub tokens: Vec<String>,
+    pub tokens: StrList,
     pub scores: Option<Vec<f32>>,
     pub token_types: Option<Vec<i32>>,
-    pub merges: Option<Vec<String>>,
+    pub merges: Option<StrList>,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub eot: Option<u32>,
@@ -146,10 +147,11 @@ const WORD_CACHE_MAX_ENTRIES: usize = 1 << 17;
 pub struct Tokenizer {
     kind: VocabKind,
     model: Model,
-    tokens: Vec<String>,
+    /// The vocabulary's texts, shared with the file's metadata (cloning a [`StrList`] shares its buffers).
+    tokens: StrList,
     types: Vec<TokenType>,
     /// What each token decodes to with special tokens rendered.
-    pieces: Vec<Box<[u8]>>,
+    pieces: Pieces,
     specials: SpecialMatcher,
     bos: Option<u32>,
     eos: Option<u32>,
@@ -162,6 +164,32 @@ pub struct Tokenizer {
     add_eos: bool,
     add_space_prefix: bool,
     eog: Vec<u32>,
+}
+
+/// What each token decodes to, as one byte buffer plus end offsets (a `Box<[u8]>` per token cost 16 bytes of
+/// header and an allocation each: ~12 MB for Gemma 3's 262,144 tokens).
+#[derive(Default)]
+struct Pieces {
+    bytes: Vec<u8>,
+    ends: Vec<u32>,
+}
+
+impl Pieces {
+    fn with_capacity(n: usize, bytes: usize) -> Pieces {
+        Pieces { bytes: Vec::with_capacity(bytes), ends: Vec::with_capacity(n) }
+    }
+
+    /// Closes the piece made of the bytes pushed since the last one. The vocabulary's text is under 4 GiB (a
+    /// [`StrList`]) and no piece is longer than its token's text, so the offset fits.
+    fn end_piece(&mut self) {
+        self.ends.push(u32::try_from(self.bytes.len()).unwrap_or(u32::MAX));
+    }
+
+    fn get(&self, i: usize) -> Option<&[u8]> {
+        let end = *self.ends.get(i)? as usize;
+        let start = if i == 0 { 0 } else { *self.ends.get(i - 1)? as usize };
+        self.bytes.get(start..end)
+    }
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -360,6 +388,18 @@ impl Tokenizer {
         self.tokens.len()
     }
 
+    /// Bytes of the vocabulary's text (shared with the file's metadata) and of the tokenizer's own tables: decoded
+    /// pieces, token types, merge or piece tables, special-token matchers. Approximate (allocator overhead is not
+    /// counted), for `run -v`'s memory line.
+    pub fn heap_bytes(&self) -> (usize, usize) {
+        let model = match &self.model {
+            Model::Bpe { model, .. } => model.heap_bytes(),
+            Model::Spm(m) => m.heap_bytes(),
+        };
+        let own = self.pieces.bytes.capacity() + self.pieces.ends.capacity() * 4 + self.types.len() + model;
+        (self.tokens.heap_bytes(), own + self.specials.heap_bytes())
+    }
+
     pub fn kind(&self) -> VocabKind {
         self.kind
     }
@@ -374,7 +414,7 @@ impl Tokenizer {
 
     /// A token's text as stored in the vocabulary.
     pub fn token_text(&self, id: u32) -> Option<&str> {
-        self.tokens.get(id as usize).map(String::as_str)
+        self.tokens.get(id as usize)
     }
 
     pub fn token_type(&self, id: u32) -> Option<TokenType> {
@@ -383,7 +423,7 @@ impl Tokenizer {
 
     /// The id of a token by its exact vocabulary text.
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.tokens.iter().position(|t| t == text).map(|i| i as u32)
+        self.tokens.position(text).map(|i| i as u32)
     }
 
     pub fn bos(&self) -> Option<u32> {
@@ -464,8 +504,8 @@ mod tests {
             model: "gpt2".into(),
             pre: Some("gpt2".into()),
             token_types: Some(types),
-            merges: Some(vec!["a b".into(), "ab c".into(), "Ġ a".into()]),
-            tokens,
+            merges: Some(StrList::from_iter(["a b", "ab c", "Ġ a"])),
+            tokens: tokens.into(),
             eos: Some(259),
             ..VocabSpec::default()
         }
@@ -494,7 +534,7 @@ mod tests {
         s.token_types = Some(vec![1; 3]);
         assert!(matches!(Tokenizer::from_spec(s), Err(TokenizerError::LengthMismatch { .. })));
         let mut s = spec();
-        s.merges = Some(vec!["nospace".into()]);
+        s.merges = Some(StrList::from_iter(["nospace"]));
         assert!(matches!(Tokenizer::from_spec(s), Err(TokenizerError::BadMerge { index: 0, .. })));
         let mut s = spec();
         s.merges = None;
@@ -511,8 +551,8 @@ mod tests {
         let spec = VocabSpec {
             model: "gpt2".into(),
             pre: Some("smollm".into()),
-            tokens: vec!["".into(), "a".into(), "a".into(), "<0x41>".into()],
-            merges: Some(vec!["a a".into(), "x y".into(), "é ü".into()]),
+            tokens: StrList::from_iter(["", "a", "a", "<0x41>"]),
+            merges: Some(StrList::from_iter(["a a", "x y", "é ü"])),
             unk: Some(0),
             ..VocabSpec::default()
         };
@@ -522,7 +562,7 @@ mod tests {
         let _ = t.decode(&[0, 1, 2, 3, 99]);
         let spm = VocabSpec {
             model: "llama".into(),
-            tokens: vec!["<unk>".into(), "▁".into(), "a".into()],
+            tokens: StrList::from_iter(["<unk>", "▁", "a"]),
             scores: Some(vec![0.0, f32::NAN, -1.0]),
             unk: Some(0),
             ..VocabSpec::default()

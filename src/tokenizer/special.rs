@@ -49,6 +49,15 @@ pub struct SpecialMatcher {
 }
 
 impl SpecialMatcher {
+    /// Bytes held by the automata and pattern copies (approximate: allocator overhead not counted).
+    pub fn heap_bytes(&self) -> usize {
+        [&self.all, &self.user]
+            .into_iter()
+            .flatten()
+            .map(|m| m.ac.memory_usage() + m.ids.len() * 4 + m.patterns.iter().map(|p| p.len() + 24).sum::<usize>())
+            .sum()
+    }
+
     /// `specials`: (id, text, is_user_defined) of every control, unknown and user-defined token with non-empty text.
     #[deny(clippy::indexing_slicing, clippy::arithmetic_side_effects, clippy::unwrap_used, clippy::expect_used)]
     pub fn new(mut specials: Vec<(u32, &str, bool)>) -> SpecialMatcher {

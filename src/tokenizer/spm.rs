@@ -10,13 +10,16 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::hash::FxMap;
+use std::hash::Hasher;
+
+use super::hash::FxHasher;
+use crate::gguf::StrList;
 
 const NONE: u32 = u32::MAX;
 
 pub struct SpmModel {
     /// Piece text → id, for the tokens merging may produce (normal, user-defined, unused, undefined).
-    pieces: FxMap<Box<str>, u32>,
+    pieces: PieceTable,
     scores: Vec<f32>,
     /// The `<0xXX>` token of each byte.
     byte_ids: [u32; 256],
@@ -24,27 +27,71 @@ pub struct SpmModel {
     bridges: Vec<char>,
 }
 
+/// An open-addressing hash set of token ids, looked up by the token's text in the shared vocabulary. A
+/// `HashMap<Box<str>, u32>` held a second copy of every text plus 24 bytes a slot (~20 MB for Gemma 3's 262,144
+/// tokens); this holds 4 bytes a slot, at most half full (2 MB).
+struct PieceTable {
+    texts: StrList,
+    /// Token ids (`NONE` = empty), indexed by the top bits of the text's hash, probed linearly.
+    slots: Vec<u32>,
+    /// 64 − log2(slots.len()).
+    shift: u32,
+}
+
+impl PieceTable {
+    fn new(texts: StrList, n: usize) -> PieceTable {
+        let size = n.saturating_mul(2).max(16).next_power_of_two();
+        PieceTable { texts, slots: vec![NONE; size], shift: 64 - size.trailing_zeros() }
+    }
+
+    #[inline]
+    fn home(&self, text: &str) -> usize {
+        let mut h = FxHasher::default();
+        h.write(text.as_bytes());
+        // The multiplicative hash's best-mixed bits are its top ones.
+        (h.finish() >> self.shift) as usize
+    }
+
+    /// The slot holding `text`'s id, or the empty slot where it would go.
+    #[inline]
+    fn find(&self, text: &str) -> usize {
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(text);
+        loop {
+            let id = self.slots[i];
+            if id == NONE || self.texts.get(id as usize) == Some(text) {
+                return i;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Adds token `id`; a later token with the same text replaces an earlier one (as a map filled in id order).
+    /// Fewer than half the slots are ever used, so `find` always ends.
+    fn insert(&mut self, id: u32) {
+        let Some(text) = self.texts.get(id as usize) else { return };
+        let i = self.find(text);
+        self.slots[i] = id;
+    }
+
+    #[inline]
+    fn get(&self, text: &str) -> Option<u32> {
+        let id = self.slots[self.find(text)];
+        (id != NONE).then_some(id)
+    }
+}
+
 impl SpmModel {
-    /// `byte_ids`: the `<0xXX>` token of each byte (`u32::MAX` where there is none); an ASCII byte without one falls
-    /// back to the token that is that single character, if any.
-    #[deny(clippy::indexing_slicing, clippy::arithmetic_side_effects, clippy::unwrap_used, clippy::expect_used)]
-    pub fn new(tokens: &[String], scores: Vec<f32>, mergeable: &[bool], mut byte_ids: [u32; 256]) -> SpmModel {
-        let mut pieces: FxMap<Box<str>, u32> = FxMap::default();
-        pieces.reserve(tokens.len());
-        for ((id, text), &m) in tokens.iter().enumerate().zip(mergeable) {
-            if m && !text.is_empty() {
-                pieces.insert(text.as_str().into(), id as u32);
-            }
-        }
-        for (b, slot) in (0..128u8).zip(byte_ids.iter_mut()) {
-            if *slot == NONE
-                && let Some(&id) = pieces.get(char::from(b).encode_utf8(&mut [0; 4]) as &str)
-            {
-                *slot = id;
-            }
-        }
+    /// `tokens`: the vocabulary (shared, not copied). `byte_ids`: the `<0xXX>` token of each byte (`u32::MAX` where
+    /// there is none); an ASCII byte without one falls back to the token that is that single character, if any.
+    pub fn new(tokens: StrList, scores: Vec<f32>, mergeable: &[bool], mut byte_ids: [u32; 256]) -> SpmModel {
         let mut bridges = Vec::new();
-        for text in pieces.keys() {
+        let mut pieces = PieceTable::new(tokens.clone(), tokens.len());
+        for ((id, text), &m) in tokens.iter().enumerate().zip(mergeable) {
+            if !m || text.is_empty() {
+                continue;
+            }
+            pieces.insert(id as u32);
             let mut prev = None;
             for c in text.chars() {
                 if c == '\u{2581}'
@@ -55,6 +102,13 @@ impl SpmModel {
                     bridges.push(p);
                 }
                 prev = Some(c);
+            }
+        }
+        for (b, slot) in (0..128u8).zip(byte_ids.iter_mut()) {
+            if *slot == NONE
+                && let Some(id) = pieces.get(char::from(b).encode_utf8(&mut [0; 4]))
+            {
+                *slot = id;
             }
         }
         SpmModel { pieces, scores, byte_ids, bridges }
@@ -82,6 +136,11 @@ impl SpmModel {
         }
     }
 
+    /// Bytes held by the tables (the vocabulary's text is shared and not counted here).
+    pub fn heap_bytes(&self) -> usize {
+        self.pieces.slots.len() * 4 + self.scores.len() * 4
+    }
+
     /// The token each byte falls back to (`u32::MAX` for none).
     pub fn byte_ids(&self) -> [u32; 256] {
         self.byte_ids
@@ -89,7 +148,7 @@ impl SpmModel {
 
     /// The id of a piece (in `▁` spelling).
     pub fn piece_id(&self, text: &str) -> Option<u32> {
-        self.pieces.get(text).copied()
+        self.pieces.get(text)
     }
 
     /// Appends the tokens of `text`, whose spaces have already been replaced by `▁`.
@@ -139,7 +198,7 @@ impl SpmModel {
             let s = syms[i as usize];
             let piece = &text[s.start as usize..(s.start + s.len) as usize];
             match self.pieces.get(piece) {
-                Some(&id) => out.push(id),
+                Some(id) => out.push(id),
                 None => {
                     for &b in piece.as_bytes() {
                         let id = self.byte_ids[b as usize];
@@ -159,7 +218,7 @@ impl SpmModel {
     fn push_pair(&self, text: &str, syms: &[Sym], heap: &mut BinaryHeap<Candidate>, left: u32, right: u32) {
         let (ls, rs) = (syms[left as usize], syms[right as usize]);
         let joined = &text[ls.start as usize..(rs.start + rs.len) as usize];
-        if let Some(&id) = self.pieces.get(joined) {
+        if let Some(id) = self.pieces.get(joined) {
             let score = self.scores.get(id as usize).copied().unwrap_or(0.0);
             heap.push(Candidate { score, left, right, len: ls.len + rs.len });
         }
@@ -221,12 +280,12 @@ mod tests {
     fn model() -> SpmModel {
         // `b▁` and `>▁<` put `b` and `>` before a `▁`: text must not be cut after them.
         let pieces = ["<unk>", "▁", "a", "b", ">", "<", "▁a", "ab", "▁ab", ">▁<", "▁▁", "b▁", "b▁▁a", "▁b"];
-        let tokens: Vec<String> = pieces.iter().map(|s| s.to_string()).collect();
+        let tokens: StrList = pieces.iter().collect();
         let scores: Vec<f32> =
             (0..tokens.len()).map(|i| -(i as f32) * 0.5 + if i % 3 == 0 { 3.0 } else { 0.0 }).collect();
         let mut mergeable = vec![true; tokens.len()];
         mergeable[0] = false;
-        SpmModel::new(&tokens, scores, &mergeable, [NONE; 256])
+        SpmModel::new(tokens, scores, &mergeable, [NONE; 256])
     }
 
     proptest! {
