@@ -13,6 +13,7 @@ use infer_kernels::GgmlType;
 use super::args::ThreadArgs;
 use crate::cli::output::eprintln_lossy;
 use crate::model::Model;
+use crate::quantize::timeline;
 use crate::quantize::{
     Importance, Mode, Policy, Quantizer, Staged, TARGETS, Weighting, calibrate, parse_target, self_calibrate,
 };
@@ -80,6 +81,7 @@ pub struct QuantizeArgs {
 }
 
 pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
+    timeline::start();
     let input = super::resolve_model_arg(Some(&args.input))?;
     let policy = Policy {
         target: args.target,
@@ -97,6 +99,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         let _ = ctrlc::set_handler(move || cancel.store(true, Ordering::SeqCst));
     }
     let output = quantizer.create_output(&args.output)?;
+    timeline::mark!("opened input, created output");
 
     let file = quantizer.input();
     let in_type = file.metadata().get("general.file_type").and_then(crate::gguf::MetaValue::as_u64);
@@ -199,6 +202,9 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         );
         Ok(())
     })();
+    timeline::mark!("dropping the input");
+    drop(quantizer);
+    timeline::mark!("input dropped");
     match result {
         // Whatever step noticed the Ctrl-C, the temporary output is gone: status 130, as the other commands.
         Err(_) if cancel.load(Ordering::SeqCst) => {
@@ -217,7 +223,18 @@ fn load_input(quantizer: &Quantizer, panels: bool) -> anyhow::Result<(Model, Tok
     let file = quantizer.shared_input();
     let path = file.path().display().to_string();
     let build = if panels { Model::from_file } else { Model::from_file_unpacked };
-    let (model, tokenizer) = rayon::join(|| build(quantizer.shared_input()), || Tokenizer::from_gguf(&file));
+    let (model, tokenizer) = rayon::join(
+        || {
+            let m = build(quantizer.shared_input());
+            timeline::mark!("model loaded");
+            m
+        },
+        || {
+            let t = Tokenizer::from_gguf(&file);
+            timeline::mark!("tokenizer built");
+            t
+        },
+    );
     let mut model = model.with_context(|| format!("loading {path}"))?;
     model.set_precision(super::EngineArgs::default().precision());
     Ok((model, tokenizer.with_context(|| format!("loading the tokenizer of {path}"))?))
@@ -240,6 +257,7 @@ fn self_calibration(
     let threads = (pool.current_num_threads() / 2).max(1);
     let own = rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("starting worker threads")?;
     own.install(|| self_calibrate(&model, &tokenizer, cancel, staged))?;
+    timeline::mark!("calibration returned");
     Ok(())
 }
 

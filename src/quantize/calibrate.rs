@@ -210,12 +210,14 @@ impl StatsSink for Staged {
         }
         state.layers[layer] = Some(sites);
         drop(state);
+        super::timeline::mark!("calibration left layer {layer}");
         self.ready.notify_all();
     }
 
     fn output_done(&self, sums: &ColumnSums) {
         let v = importance_of(sums);
         self.state.lock().unwrap_or_else(|e| e.into_inner()).output = Some(v);
+        super::timeline::mark!("calibration done");
         self.ready.notify_all();
     }
 }
