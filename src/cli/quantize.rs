@@ -18,7 +18,7 @@ use crate::quantize::{
     Importance, Mode, Policy, Quantizer, Staged, TARGETS, Weighting, calibrate, parse_target, self_calibrate,
 };
 use crate::registry::human_size;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{TokenTypes, Tokenizer};
 
 /// Type names as the command line spells them, for clap's list of possible values.
 fn target_names() -> Vec<&'static str> {
@@ -215,29 +215,18 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     }
 }
 
-/// The input as a model (on the quantizer's mapping of it) and its tokenizer, built side by side. With `panels`
-/// false the matrices stay in the file's layout: the self-calibration's 47 tokens would not pay for repacking (on
-/// an F32 input, the whole model), and repacking releases map pages that the quantizer then faults back in.
-fn load_input(quantizer: &Quantizer, panels: bool) -> anyhow::Result<(Model, Tokenizer)> {
+/// The input as a model, on the quantizer's mapping of it. With `panels` false the matrices stay in the file's
+/// layout: the self-calibration's 47 tokens would not pay for repacking (on an F32 input, the whole model), and
+/// repacking releases map pages that the quantizer then faults back in.
+fn load_model(quantizer: &Quantizer, panels: bool) -> anyhow::Result<Model> {
     infer_kernels::dispatch::try_isa().context("INFER_ISA")?;
     let file = quantizer.shared_input();
     let path = file.path().display().to_string();
     let build = if panels { Model::from_file } else { Model::from_file_unpacked };
-    let (model, tokenizer) = rayon::join(
-        || {
-            let m = build(quantizer.shared_input());
-            timeline::mark!("model loaded");
-            m
-        },
-        || {
-            let t = Tokenizer::from_gguf(&file);
-            timeline::mark!("tokenizer built");
-            t
-        },
-    );
-    let mut model = model.with_context(|| format!("loading {path}"))?;
+    let mut model = build(file).with_context(|| format!("loading {path}"))?;
     model.set_precision(super::EngineArgs::default().precision());
-    Ok((model, tokenizer.with_context(|| format!("loading the tokenizer of {path}"))?))
+    timeline::mark!("model loaded");
+    Ok(model)
 }
 
 /// Runs IN over pseudo-random tokens of its vocabulary for the columns' importance, handing each layer's to
@@ -253,10 +242,14 @@ fn self_calibration(
     cancel: &AtomicBool,
     staged: Arc<Staged>,
 ) -> anyhow::Result<()> {
-    let (model, tokenizer) = pool.install(|| load_input(quantizer, false))?;
+    // Drawing tokens needs only their types, not a tokenizer (whose BPE merge table took longer to build than the
+    // model to load, and the pass waited for both).
+    let vocab = TokenTypes::from_metadata(quantizer.input().metadata())
+        .with_context(|| format!("reading the vocabulary of {}", quantizer.input().path().display()))?;
+    let model = pool.install(|| load_model(quantizer, false))?;
     let threads = (pool.current_num_threads() / 2).max(1);
     let own = rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("starting worker threads")?;
-    own.install(|| self_calibrate(&model, &tokenizer, cancel, staged))?;
+    own.install(|| self_calibrate(&model, &vocab, cancel, staged))?;
     timeline::mark!("calibration returned");
     Ok(())
 }
@@ -278,8 +271,10 @@ fn run_calibration(
     cancel: &AtomicBool,
 ) -> anyhow::Result<Importance> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let (model, tokenizer) =
-        load_input(quantizer, true).context("--calibrate runs the input model, which must load")?;
+    let (model, tokenizer) = rayon::join(|| load_model(quantizer, true), || Tokenizer::from_gguf(quantizer.input()));
+    let model = model.context("--calibrate runs the input model, which must load")?;
+    let tokenizer =
+        tokenizer.with_context(|| format!("loading the tokenizer of {}", quantizer.input().path().display()))?;
     let bar = progress_bar(0);
     bar.set_message("calibration chunks");
     let mut on_chunk = |done: usize, total: usize| {
