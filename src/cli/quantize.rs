@@ -91,6 +91,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     };
     let mode = if args.rtn { Mode::Rtn } else { Mode::Search };
     let quantizer = Quantizer::open(&input, &args.output, &policy, mode, args.allow_requantize)?;
+    timeline::mark!("opened input");
     let cancel = Arc::new(AtomicBool::new(false));
     {
         let cancel = cancel.clone();
