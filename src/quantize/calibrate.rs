@@ -90,9 +90,10 @@ pub fn calibrate(
 }
 
 /// Importance without a text: the model run over [`SELF_CALIBRATION_TOKENS`] tokens drawn from its vocabulary
-/// (normal tokens only, by their types in `vocab`) by a fixed-seed generator, so the same model always gets the same importance. Each layer's
-/// importance goes to `into` as soon as the forward pass has left the layer, so that the quantizer can search that
-/// layer's matrices while the pass goes on ([`Staged`]). Returns the number of tokens run.
+/// (normal tokens only, by their types in `vocab`) by a fixed-seed generator, so the same model always gets the
+/// same importance. Each layer's importance goes to `into` as soon as the forward pass has left the layer, so that
+/// the quantizer can search that layer's matrices while the pass goes on ([`Staged`]). Returns the number of tokens
+/// run.
 pub fn self_calibrate(
     model: &Model,
     vocab: &TokenTypes,

@@ -394,14 +394,13 @@ impl Quantizer {
                 .filter(|v| v.len() as u64 == ne0);
                 // Read in place (F32), each slab's input is done with once that slab is converted; dequantized, the
                 // whole tensor's is, once in `x`.
-                let in_place = p.from == GgmlType::F32 && cast_blocks::<f32>(data).is_some();
-                let values = match (p.from, cast_blocks::<f32>(data)) {
-                    (GgmlType::F32, Some(v)) => v,
+                let (values, in_place) = match (p.from, cast_blocks::<f32>(data)) {
+                    (GgmlType::F32, Some(v)) => (v, true),
                     _ => {
                         let n = info.n_elements as usize;
                         resize(&mut x, n);
                         pool.install(|| dequantize_par(p, data, ne0 as usize, &mut x[..n]))?;
-                        &x[..n]
+                        (&x[..n], false)
                     }
                 };
                 // Error feedback where the calibration gathered the input's Gram matrix (Q4_0 only).
