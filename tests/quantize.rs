@@ -331,3 +331,21 @@ fn perplexity_agrees_with_llamacpp_within_one_percent() {
         assert_eq!(j["tokens_scored"].as_u64(), Some(g["chunks"].as_u64().unwrap() * 255));
     }
 }
+
+/// The self-calibration draws tokens by the types it reads without building a tokenizer: they must be the
+/// tokenizer's own, and its BOS, or the default quantizer's bytes would change with how the vocabulary is read. (Both
+/// vocabularies type their end-of-generation tokens as control already, so the retyping by text is not exercised.)
+#[test]
+fn token_types_read_without_a_tokenizer_are_the_tokenizers() {
+    use infer::tokenizer::{TokenType, TokenTypes, Tokenizer};
+    for name in ["smollm2", "gemma3"] {
+        let Some(path) = real_model(name) else { continue };
+        let file = GgufFile::open(&path).expect("open the model");
+        let tokenizer = Tokenizer::from_gguf(&file).expect("the tokenizer builds");
+        let read = TokenTypes::from_metadata(file.metadata()).expect("the token types read");
+        let built: Vec<TokenType> =
+            (0..tokenizer.n_vocab() as u32).map(|id| tokenizer.token_type(id).expect("an id in range")).collect();
+        assert_eq!(read.types, built, "{name}: token types");
+        assert_eq!(read.bos, tokenizer.add_bos().then(|| tokenizer.bos()).flatten(), "{name}: BOS");
+    }
+}

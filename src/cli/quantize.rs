@@ -13,11 +13,12 @@ use infer_kernels::GgmlType;
 use super::args::ThreadArgs;
 use crate::cli::output::eprintln_lossy;
 use crate::model::Model;
+use crate::quantize::timeline;
 use crate::quantize::{
     Importance, Mode, Policy, Quantizer, Staged, TARGETS, Weighting, calibrate, parse_target, self_calibrate,
 };
 use crate::registry::human_size;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{TokenTypes, Tokenizer};
 
 /// Type names as the command line spells them, for clap's list of possible values.
 fn target_names() -> Vec<&'static str> {
@@ -80,6 +81,7 @@ pub struct QuantizeArgs {
 }
 
 pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
+    timeline::start();
     let input = super::resolve_model_arg(Some(&args.input))?;
     let policy = Policy {
         target: args.target,
@@ -89,6 +91,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     };
     let mode = if args.rtn { Mode::Rtn } else { Mode::Search };
     let quantizer = Quantizer::open(&input, &args.output, &policy, mode, args.allow_requantize)?;
+    timeline::mark!("opened input");
     let cancel = Arc::new(AtomicBool::new(false));
     {
         let cancel = cancel.clone();
@@ -97,6 +100,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         let _ = ctrlc::set_handler(move || cancel.store(true, Ordering::SeqCst));
     }
     let output = quantizer.create_output(&args.output)?;
+    timeline::mark!("opened input, created output");
 
     let file = quantizer.input();
     let in_type = file.metadata().get("general.file_type").and_then(crate::gguf::MetaValue::as_u64);
@@ -199,6 +203,9 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         );
         Ok(())
     })();
+    timeline::mark!("dropping the input");
+    drop(quantizer);
+    timeline::mark!("input dropped");
     match result {
         // Whatever step noticed the Ctrl-C, the temporary output is gone: status 130, as the other commands.
         Err(_) if cancel.load(Ordering::SeqCst) => {
@@ -209,18 +216,18 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     }
 }
 
-/// The input as a model (on the quantizer's mapping of it) and its tokenizer, built side by side. With `panels`
-/// false the matrices stay in the file's layout: the self-calibration's 47 tokens would not pay for repacking (on
-/// an F32 input, the whole model), and repacking releases map pages that the quantizer then faults back in.
-fn load_input(quantizer: &Quantizer, panels: bool) -> anyhow::Result<(Model, Tokenizer)> {
+/// The input as a model, on the quantizer's mapping of it. With `panels` false the matrices stay in the file's
+/// layout: the self-calibration's 47 tokens would not pay for repacking (on an F32 input, the whole model), and
+/// repacking releases map pages that the quantizer then faults back in.
+fn load_model(quantizer: &Quantizer, panels: bool) -> anyhow::Result<Model> {
     infer_kernels::dispatch::try_isa().context("INFER_ISA")?;
     let file = quantizer.shared_input();
     let path = file.path().display().to_string();
     let build = if panels { Model::from_file } else { Model::from_file_unpacked };
-    let (model, tokenizer) = rayon::join(|| build(quantizer.shared_input()), || Tokenizer::from_gguf(&file));
-    let mut model = model.with_context(|| format!("loading {path}"))?;
+    let mut model = build(file).with_context(|| format!("loading {path}"))?;
     model.set_precision(super::EngineArgs::default().precision());
-    Ok((model, tokenizer.with_context(|| format!("loading the tokenizer of {path}"))?))
+    timeline::mark!("model loaded");
+    Ok(model)
 }
 
 /// Runs IN over pseudo-random tokens of its vocabulary for the columns' importance, handing each layer's to
@@ -236,10 +243,15 @@ fn self_calibration(
     cancel: &AtomicBool,
     staged: Arc<Staged>,
 ) -> anyhow::Result<()> {
-    let (model, tokenizer) = pool.install(|| load_input(quantizer, false))?;
+    // Drawing tokens needs only their types, not a tokenizer (whose BPE merge table took longer to build than the
+    // model to load, and the pass waited for both).
+    let vocab = TokenTypes::from_metadata(quantizer.input().metadata())
+        .with_context(|| format!("reading the vocabulary of {}", quantizer.input().path().display()))?;
+    let model = pool.install(|| load_model(quantizer, false))?;
     let threads = (pool.current_num_threads() / 2).max(1);
     let own = rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("starting worker threads")?;
-    own.install(|| self_calibrate(&model, &tokenizer, cancel, staged))?;
+    own.install(|| self_calibrate(&model, &vocab, cancel, staged))?;
+    timeline::mark!("calibration returned");
     Ok(())
 }
 
@@ -260,8 +272,10 @@ fn run_calibration(
     cancel: &AtomicBool,
 ) -> anyhow::Result<Importance> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let (model, tokenizer) =
-        load_input(quantizer, true).context("--calibrate runs the input model, which must load")?;
+    let (model, tokenizer) = rayon::join(|| load_model(quantizer, true), || Tokenizer::from_gguf(quantizer.input()));
+    let model = model.context("--calibrate runs the input model, which must load")?;
+    let tokenizer =
+        tokenizer.with_context(|| format!("loading the tokenizer of {}", quantizer.input().path().display()))?;
     let bar = progress_bar(0);
     bar.set_message("calibration chunks");
     let mut on_chunk = |done: usize, total: usize| {

@@ -22,7 +22,7 @@ use crate::eval::{EvalError, Runner};
 use crate::gguf::GgufFile;
 use crate::model::Model;
 use crate::model::stats::{ColumnSums, InputOf, Sink, StatsSink};
-use crate::tokenizer::{TokenType, Tokenizer};
+use crate::tokenizer::{TokenType, TokenTypes, Tokenizer};
 
 /// Tokens [`self_calibrate`] runs (after BOS): enough to find the large channels, and one pass of the f32 matrix
 /// kernel over the weights (it takes 48 activation rows at a time). 256 gave no lower KLD than 128 on SmolLM2; 32
@@ -90,24 +90,25 @@ pub fn calibrate(
 }
 
 /// Importance without a text: the model run over [`SELF_CALIBRATION_TOKENS`] tokens drawn from its vocabulary
-/// (normal tokens only) by a fixed-seed generator, so the same model always gets the same importance. Each layer's
-/// importance goes to `into` as soon as the forward pass has left the layer, so that the quantizer can search that
-/// layer's matrices while the pass goes on ([`Staged`]). Returns the number of tokens run.
+/// (normal tokens only, by their types in `vocab`) by a fixed-seed generator, so the same model always gets the
+/// same importance. Each layer's importance goes to `into` as soon as the forward pass has left the layer, so that
+/// the quantizer can search that layer's matrices while the pass goes on ([`Staged`]). Returns the number of tokens
+/// run.
 pub fn self_calibrate(
     model: &Model,
-    tokenizer: &Tokenizer,
+    vocab: &TokenTypes,
     cancel: &AtomicBool,
     into: Arc<Staged>,
 ) -> Result<usize, EvalError> {
-    let normal: Vec<u32> = (0..tokenizer.n_vocab() as u32)
-        .filter(|&id| tokenizer.token_type(id).is_none_or(|t| matches!(t, TokenType::Normal | TokenType::Undefined)))
+    let normal: Vec<u32> = (0..vocab.types.len() as u32)
+        .filter(|&id| matches!(vocab.types[id as usize], TokenType::Normal | TokenType::Undefined))
         .collect();
     if normal.is_empty() {
         return Err(EvalError::TooFewTokens { have: 0, need: 1, n_ctx: SELF_CALIBRATION_TOKENS });
     }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x5eed);
-    let bos = tokenizer.add_bos().then(|| tokenizer.bos()).flatten();
-    let chunk: Vec<u32> = bos
+    let chunk: Vec<u32> = vocab
+        .bos
         .into_iter()
         .chain((0..SELF_CALIBRATION_TOKENS).map(|_| normal[rng.random_range(0..normal.len())]))
         .collect();
@@ -210,12 +211,14 @@ impl StatsSink for Staged {
         }
         state.layers[layer] = Some(sites);
         drop(state);
+        super::timeline::mark!("calibration left layer {layer}");
         self.ready.notify_all();
     }
 
     fn output_done(&self, sums: &ColumnSums) {
         let v = importance_of(sums);
         self.state.lock().unwrap_or_else(|e| e.into_inner()).output = Some(v);
+        super::timeline::mark!("calibration done");
         self.ready.notify_all();
     }
 }

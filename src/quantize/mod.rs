@@ -13,6 +13,7 @@
 pub mod calibrate;
 pub mod gptq;
 pub mod policy;
+pub mod timeline;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -282,25 +283,32 @@ impl Quantizer {
         for _ in 0..BUFFERS {
             let _ = recycle.send(Vec::new());
         }
+        let input = &*self.input;
         let (converted, written) = std::thread::scope(|scope| {
             let writing = scope.spawn(move || -> Result<GgufStreamWriter, GgufError> {
                 let mut writer = writer;
                 let mut unsynced = 0;
-                for Piece { tensor, offset, chunk } in writer_rx {
+                for Piece { tensor, offset, chunk, done_with } in writer_rx {
                     let bytes = match &chunk {
                         Chunk::Borrowed(bytes) => bytes,
                         Chunk::Owned(buf, n) => &buf[..*n],
                     };
                     writer.write_at(tensor, offset, bytes)?;
+                    timeline::mark!("wrote {} bytes of tensor {tensor}", bytes.len());
                     unsynced += bytes.len();
                     if let Chunk::Owned(buf, _) = chunk {
                         // The converter may have finished and dropped its end: then the buffer is just freed.
                         let _ = recycle.send(buf);
                     }
+                    // Input nothing reads again leaves the process's page tables here, beside the conversion,
+                    // rather than all at once when the map is dropped at the end: that took ~25 ms of SmolLM2's f32
+                    // (540 MB) after the output was complete, with both threads otherwise idle.
+                    input.release(done_with);
                     // The disk takes the file as it grows, while the converter works, rather than all at the end
                     // (finish's fsync was ~0.03-0.05 s of SmolLM2's q4_0 run, with both threads idle).
                     if unsynced >= SYNC_EVERY {
                         writer.sync_data()?;
+                        timeline::mark!("synced");
                         unsynced = 0;
                     }
                 }
@@ -313,7 +321,10 @@ impl Quantizer {
             // be one of them.
             let converted = if matches!(weighting, Weighting::Staged(_)) { convert() } else { pool.install(convert) };
             drop(to_writer);
-            (converted, writing.join())
+            timeline::mark!("converted all");
+            let written = writing.join();
+            timeline::mark!("writer done");
+            (converted, written)
         });
         // A failed write stops the converter (its channel closes), so the writer's error is the one to report.
         let writer = match written {
@@ -325,6 +336,7 @@ impl Quantizer {
             return Err(QuantizeError::Cancelled);
         }
         writer.finish()?;
+        timeline::mark!("finished (synced, renamed)");
         summary.file_bytes_out = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         summary.elapsed = start.elapsed();
         Ok(summary)
@@ -353,10 +365,14 @@ impl Quantizer {
             let t0 = Instant::now();
             let info = &self.input.tensors()[p.index];
             let data = self.input.tensor_data(info);
+            // `data`'s place in the map, for releasing it once converted.
+            let start = (self.input.data_offset() + info.offset) as usize;
+            let range = start..start + data.len();
             let bytes_out = if p.from == p.to {
                 // Already of its type (as llama-quantize, which also copies these): requantizing values that lie
                 // on the type's grid could only lose.
-                if to_writer.send(Piece { tensor: i, offset: 0, chunk: Chunk::Borrowed(data) }).is_err() {
+                let piece = Piece { tensor: i, offset: 0, chunk: Chunk::Borrowed(data), done_with: range.clone() };
+                if to_writer.send(piece).is_err() {
                     return Ok(());
                 }
                 data.len() as u64
@@ -365,7 +381,10 @@ impl Quantizer {
                 let gathered: Option<std::borrow::Cow<'_, [f32]>> = match weighting {
                     Weighting::Norms => None,
                     Weighting::Gathered(m) => m.get(&p.name).map(|v| v.as_slice().into()),
-                    Weighting::Staged(s) => s.wait(&p.name).map(Into::into),
+                    Weighting::Staged(s) => {
+                        timeline::mark!("waiting for {}", p.name);
+                        s.wait(&p.name).map(Into::into)
+                    }
                 };
                 let imp = match gathered.filter(|v| v.len() as u64 == ne0) {
                     Some(v) => Some(v),
@@ -373,13 +392,15 @@ impl Quantizer {
                     None => None,
                 }
                 .filter(|v| v.len() as u64 == ne0);
-                let values = match (p.from, cast_blocks::<f32>(data)) {
-                    (GgmlType::F32, Some(v)) => v,
+                // Read in place (F32), each slab's input is done with once that slab is converted; dequantized, the
+                // whole tensor's is, once in `x`.
+                let (values, in_place) = match (p.from, cast_blocks::<f32>(data)) {
+                    (GgmlType::F32, Some(v)) => (v, true),
                     _ => {
                         let n = info.n_elements as usize;
                         resize(&mut x, n);
                         pool.install(|| dequantize_par(p, data, ne0 as usize, &mut x[..n]))?;
-                        &x[..n]
+                        (&x[..n], false)
                     }
                 };
                 // Error feedback where the calibration gathered the input's Gram matrix (Q4_0 only).
@@ -395,13 +416,20 @@ impl Quantizer {
                 let row_bytes = p.to.row_bytes(ne0).expect("planned types fit the rows") as usize;
                 let slab_rows = (SLAB_VALUES / row_len.max(1)).max(1);
                 let mut offset = 0;
+                let mut read = 0;
                 for slab in values.chunks(slab_rows * row_len) {
                     let n_out = slab.len() / row_len.max(1) * row_bytes;
                     // Every buffer is out with the writer until it has written one: wait for it (or for its end).
                     let Ok(mut out) = spare.recv() else { return Ok(()) };
                     resize(&mut out, n_out);
                     pool.install(|| self.quantize_par(p, slab, row_len, imp, factor, &mut out[..n_out], cancel))?;
-                    let piece = Piece { tensor: i, offset, chunk: Chunk::Owned(out, n_out) };
+                    let done_with = match (in_place, offset) {
+                        (true, _) => start + read..start + read + std::mem::size_of_val(slab),
+                        (false, 0) => range.clone(),
+                        (false, _) => 0..0,
+                    };
+                    read += std::mem::size_of_val(slab);
+                    let piece = Piece { tensor: i, offset, chunk: Chunk::Owned(out, n_out), done_with };
                     if to_writer.send(piece).is_err() {
                         return Ok(());
                     }
@@ -409,6 +437,7 @@ impl Quantizer {
                 }
                 offset
             };
+            timeline::mark!("converted {}", p.name);
             summary.elements += info.n_elements;
             summary.tensor_bytes_in += data.len() as u64;
             summary.tensor_bytes_out += bytes_out;
@@ -490,14 +519,17 @@ const BUFFERS: usize = 6;
 /// slabs), so that the last slab's writing is a small tail.
 const SLAB_VALUES: usize = 1 << 21;
 
-/// Bytes the writer writes between two syncs.
-const SYNC_EVERY: usize = 16 << 20;
+/// Bytes the writer writes between two syncs: what finish's fsync may still have to write, after the last
+/// conversion. SmolLM2's tied embedding, converted last, is 16 MB of q4_0: at 16 MB it was all left to that fsync.
+const SYNC_EVERY: usize = 4 << 20;
 
-/// Part of a tensor on its way to the writer thread: `chunk` goes at byte `offset` of tensor `tensor`'s data.
+/// Part of a tensor on its way to the writer thread: `chunk` goes at byte `offset` of tensor `tensor`'s data, and
+/// then the input's bytes `done_with` (offsets into the file) are not needed any more.
 struct Piece<'a> {
     tensor: usize,
     offset: u64,
     chunk: Chunk<'a>,
+    done_with: std::ops::Range<usize>,
 }
 
 /// Bytes for the writer: straight from the input, or the first `n` bytes of a converted buffer (which goes back to

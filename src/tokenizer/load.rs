@@ -318,3 +318,69 @@ impl Tokenizer {
         })
     }
 }
+
+/// A vocabulary's token types and BOS, read from the metadata without building the tokenizer, for a caller that
+/// only draws tokens (the quantizer's self-calibration): most of building one is its BPE merge table (~2% of a
+/// default `infer quantize` of SmolLM2, on the path before the calibration can start). The types are those
+/// [`Tokenizer::token_type`] gives (end-of-generation texts typed as control), and `bos` is what encoding puts
+/// first ([`Tokenizer::add_bos`]). The vocabulary is checked as [`Tokenizer::from_spec`] checks it, except that
+/// nothing is built from the texts and merges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenTypes {
+    pub types: Vec<TokenType>,
+    /// The BOS id, if encoding adds one.
+    pub bos: Option<u32>,
+}
+
+impl TokenTypes {
+    pub fn from_metadata(md: &Metadata) -> Result<TokenTypes, TokenizerError> {
+        let tokens = md.get_string_array(keys::TOKENS)?;
+        let n = tokens.len();
+        if n == 0 {
+            return Err(TokenizerError::EmptyVocab);
+        }
+        if n >= u32::MAX as usize {
+            return Err(TokenizerError::VocabTooLarge(n));
+        }
+        let add_bos_default = match md.get_str(keys::MODEL)? {
+            "gpt2" => {
+                let name = md.opt_str(keys::PRE)?.unwrap_or("default");
+                let pre = PreTokenizer::from_name(name)
+                    .ok_or_else(|| TokenizerError::UnknownPreTokenizer(name.to_string()))?;
+                if !md.contains(keys::MERGES) {
+                    return Err(TokenizerError::MissingKey("tokenizer.ggml.merges"));
+                }
+                pre.ignore_merges
+            }
+            "llama" => true,
+            other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
+        };
+        let mut types = match md.opt_array(keys::TOKEN_TYPE)? {
+            None => vec![TokenType::Normal; n],
+            Some(arr) if arr.len() != n => {
+                return Err(TokenizerError::LengthMismatch {
+                    key: "tokenizer.ggml.token_type",
+                    got: arr.len(),
+                    expected: n,
+                });
+            }
+            Some(arr) => (0..n)
+                .map(|i| {
+                    let v = arr
+                        .get_i64(i)
+                        .ok_or(TokenizerError::WrongType { key: keys::TOKEN_TYPE, expected: "array of integers" })?;
+                    Ok(TokenType::from_i32(i32::try_from(v).unwrap_or(0)))
+                })
+                .collect::<Result<Vec<_>, TokenizerError>>()?,
+        };
+        for (ty, text) in types.iter_mut().zip(tokens.iter()) {
+            let text: &str = text.as_ref();
+            if EOG_TEXTS.contains(&text) {
+                *ty = TokenType::Control;
+            }
+        }
+        let bos = check_id("tokenizer.ggml.bos_token_id", md.opt_u32(keys::BOS)?, n)?;
+        let add_bos = md.opt_bool(keys::ADD_BOS)?.unwrap_or(add_bos_default);
+        Ok(TokenTypes { types, bos: bos.filter(|_| add_bos) })
+    }
+}

@@ -34,6 +34,7 @@ pub mod unicode;
 use thiserror::Error;
 
 pub use chat::{ChatMessage, ChatTemplate, TemplateError};
+pub use load::TokenTypes;
 pub use pretokenize::PreTokenizer;
 pub use stream::StreamDecoder;
 

@@ -192,12 +192,12 @@ fn group<V: Wide>(
 ) {
     let z = V::splat(0.0);
     let xv = V::load_blocks(x, ix);
-    let (mut wv, mut wxv) = ([z; QK], [z; QK]);
+    // The weights are broadcast where used and `w·x` is formed in each pass that needs it, rather than kept in
+    // arrays: arrays of vectors are zeroed before they are filled (three 2 KB memsets per group, ~3% of the
+    // search's time in perf), and a broadcast or a multiply costs less than that. (No closure for the broadcast:
+    // a closure would be compiled without the caller's target features.)
     let (mut amax, mut max) = (z, z);
-    for j in 0..QK {
-        let (xj, wj) = (xv[j], V::splat(w[j]));
-        wv[j] = wj;
-        wxv[j] = wj.mul(xj);
+    for &xj in &xv {
         // The first value of largest magnitude, its sign kept.
         let a = xj.abs();
         let m = a.gt(amax);
@@ -221,11 +221,13 @@ fn group<V: Wide>(
     // infinite value makes a candidate's sums NaN with or without them, and it is never taken.)
     let (mut sxq, mut sqq) = ([z; CANDIDATES], [z; CANDIDATES]);
     for j in 0..QK {
+        let wj = V::splat(w[j]);
+        let wxj = wj.mul(xv[j]);
         for c in 0..CANDIDATES {
             let v = xv[j].mul(ids[c]);
             let q = if c < CANDIDATES / 2 { v.round_min(hiv) } else { v.round() };
-            sxq[c] = sxq[c].add(wxv[j].mul(q));
-            sqq[c] = sqq[c].add(wv[j].mul(q).mul(q));
+            sxq[c] = sxq[c].add(wxj.mul(q));
+            sqq[c] = sqq[c].add(wj.mul(q).mul(q));
         }
     }
     // Best candidate so far by Σwxq² / Σwq² (the error it removes), and its least-squares scale.
@@ -243,11 +245,12 @@ fn group<V: Wide>(
     let id0 = one.div(d0);
     let (mut sxq, mut sqq, mut e0) = (z, z, z);
     for j in 0..QK {
+        let wj = V::splat(w[j]);
         let q = xv[j].mul(id0).round_clamp(lov, hiv);
-        sxq = sxq.add(wxv[j].mul(q));
-        sqq = sqq.add(wv[j].mul(q).mul(q));
+        sxq = sxq.add(wj.mul(xv[j]).mul(q));
+        sqq = sqq.add(wj.mul(q).mul(q));
         let r = xv[j].sub(d0.mul(q));
-        e0 = e0.add(wv[j].mul(r).mul(r));
+        e0 = e0.add(wj.mul(r).mul(r));
     }
     let d1 = V::select(sqq.gt(z), sxq.div(sqq), z).f16_round();
     let id1 = one.div(d1);
@@ -255,7 +258,7 @@ fn group<V: Wide>(
     for j in 0..QK {
         let q = xv[j].mul(id1).round_clamp(lov, hiv);
         let r = xv[j].sub(d1.mul(q));
-        e1 = e1.add(wv[j].mul(r).mul(r));
+        e1 = e1.add(V::splat(w[j]).mul(r).mul(r));
     }
     let take1 = V::and(V::and(d1.finite_nonzero(), d1.ne(d0)), e1.lt(e0));
     let (d, id) = (V::select(take1, d1, d0), V::select(take1, id1, id0));
@@ -443,6 +446,7 @@ mod x86 {
     /// [`Wide`] with 512-bit vectors and mask registers; made only by [`blocks_avx512`], on CPUs with the
     /// AVX-512 level's features.
     #[derive(Clone, Copy)]
+    #[repr(transparent)]
     pub struct A5(__m512);
 
     impl Wide for A5 {
@@ -466,19 +470,12 @@ mod x86 {
         /// this runs on, perf put a third of the search's time on the gathers.
         #[inline(always)]
         fn load_blocks(base: &[f32], idx: &[i32; 16]) -> [A5; QK] {
-            let mut out = [A5::splat(0.0); QK];
-            for half in 0..2 {
-                let mut rows = [out[0].0; 16];
-                for (l, row) in rows.iter_mut().enumerate() {
-                    // SAFETY: each block `base[idx[l]..][..QK]` is in bounds (see `blocks`), features as `A5` says.
-                    *row = unsafe { _mm512_loadu_ps(base.as_ptr().add(idx[l] as usize + 16 * half)) };
-                }
-                let cols = transpose16(rows);
-                for (c, v) in cols.into_iter().enumerate() {
-                    out[16 * half + c] = A5(v);
-                }
-            }
-            out
+            // Both halves side by side, with no zero-filled array of the whole to copy them into (its memset was
+            // a call per group).
+            let halves = [half_blocks(base, idx, 0), half_blocks(base, idx, 16)];
+            // SAFETY: `[[__m512; 16]; 2]` and `[A5; 32]` have the same size and layout (`A5` is a transparent
+            // `__m512`, arrays are contiguous); every bit pattern is a valid `__m512`.
+            unsafe { std::mem::transmute::<[[__m512; 16]; 2], [A5; QK]>(halves) }
         }
         #[inline(always)]
         fn add(self, o: A5) -> A5 {
@@ -583,6 +580,18 @@ mod x86 {
             unsafe { _mm512_storeu_si512(r.as_mut_ptr().cast(), _mm512_cvtps_epi32(self.0)) };
             r
         }
+    }
+
+    /// Values `off..off + 16` of the 16 blocks at `idx`, one vector per value (lane `l` from block `l`).
+    #[inline(always)]
+    fn half_blocks(base: &[f32], idx: &[i32; 16], off: usize) -> [__m512; 16] {
+        // SAFETY (both blocks): only called from `A5::load_blocks`, under the AVX-512 level's features; each block
+        // `base[idx[l]..][..QK]` is in bounds (see `blocks`) and `off + 16 <= QK`.
+        let mut rows = [unsafe { _mm512_setzero_ps() }; 16];
+        for (l, row) in rows.iter_mut().enumerate() {
+            *row = unsafe { _mm512_loadu_ps(base.as_ptr().add(idx[l] as usize + off)) };
+        }
+        transpose16(rows)
     }
 
     /// Transposes 16 rows of 16 floats: element `c` of output `r` is element `r` of input `c`.
