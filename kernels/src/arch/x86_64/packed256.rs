@@ -128,9 +128,15 @@ impl Act16 {
 /// computed with `wrapping_add` and may lie past the matrix. Both panel kernels' decode streams use it.
 #[inline(always)]
 pub(crate) fn prefetch_lines(at: *const u8, lines: Range<usize>) {
+    prefetch_hint::<_MM_HINT_T0>(at, lines);
+}
+
+/// [`prefetch_lines`] with the cache level as a parameter (`_MM_HINT_T0` L1, `_MM_HINT_T1` L2).
+#[inline(always)]
+fn prefetch_hint<const HINT: i32>(at: *const u8, lines: Range<usize>) {
     for line in lines {
         // SAFETY: a prefetch is a hint that never faults; SSE is part of x86-64.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * line).cast()) };
+        unsafe { _mm_prefetch::<HINT>(at.wrapping_add(64 * line).cast()) };
     }
 }
 
@@ -449,7 +455,16 @@ unsafe fn tile<F: Quants, const C: usize, const S: usize>(
                 // quants but are read from its first block on, and the instruction after their load held 30%
                 // (Q4) and 27% (Q8) of the tile's cpu-clock samples. So each block fetches its share of the *next*
                 // panel's lines, all of them, in order: 1.4-1.6× decode tokens per CPU-second on SmolLM2 Q4_0.
-                prefetch_lines(next, 0..per_block);
+                // Q8 panels go to L2, not L1: one of the FFN-down matrix is 26 KB, which with the panel in use
+                // overflows Zen 4's 32 KB L1D (the AVX-512 kernel's finding too); perf put ~22% of the Q8_0 decode
+                // tile's cpu-clock samples on the `prefetcht0`s. SmolLM2 Q8_0 tg64, 2 threads, per CPU-second,
+                // 4 interleaved pairs on a loaded host: +12% to +36% in every pair. The 4-bit panels (15 KB) fit:
+                // into L2, Q4_1 lost in 3 of 4 pairs, so they stay in L1.
+                if matches!(F::FORMAT, PackedFormat::Q8) {
+                    prefetch_hint::<_MM_HINT_T1>(next, 0..per_block);
+                } else {
+                    prefetch_hint::<_MM_HINT_T0>(next, 0..per_block);
+                }
                 next = next.wrapping_add(64 * per_block);
             }
             let extra: [__m256i; S] = std::array::from_fn(|s| F::extra(qp[s]));
