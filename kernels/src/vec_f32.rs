@@ -5,16 +5,17 @@ use half::f16;
 
 use crate::dispatch::kernels;
 
-/// Asks the CPU to bring `data` into its L1 cache ahead of use. A hint: it changes no result, and does nothing
-/// where there is no such instruction.
-pub fn prefetch<T>(data: &[T]) {
+/// Asks the CPU to bring `data` into its L2 cache ahead of use (`prefetcht1`). A hint: it changes no result, and
+/// does nothing where there is no such instruction. L2, not L1: data wanted some microseconds later would hold the
+/// L1's few miss buffers all that time and stall the loads of the work in between.
+pub fn prefetch_l2<T>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
         let base = data.as_ptr().cast::<i8>();
         for off in (0..std::mem::size_of_val(data)).step_by(64) {
-            // SAFETY: `prefetcht0` is SSE, which every x86-64 CPU has, and cannot fault; the address lies inside
+            // SAFETY: `prefetcht1` is SSE, which every x86-64 CPU has, and cannot fault; the address lies inside
             // `data`.
-            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(base.add(off)) };
+            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(base.add(off)) };
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -189,11 +189,6 @@ pub(crate) struct AttentionParts {
     buf: Vec<f32>,
 }
 
-/// How many KV blocks ahead of the one it reads a decoding token's attention prefetches (see
-/// [`KvPool::prefetch`]). Measured with 16 sequences decoding at 512-528 cached positions: 714-719 t/s without,
-/// 842-854 with 2 blocks (4: no better); one sequence at 1024-1056: 145-160 → 185-200 t/s.
-const PREFETCH_BLOCKS: usize = 2;
-
 /// Runs of attention tasks per thread over a prompt: enough to even out tokens with different cache lengths.
 const ATTENTION_TASKS_PER_THREAD: usize = 8;
 
@@ -781,8 +776,8 @@ impl Model {
             };
             // A prompt's tokens read the same blocks one after another, which stay cached; a decoding token
             // reads its sequence's blocks once per step, from memory.
-            let fetch_ahead = (items[slot.item].tokens.len() == 1).then_some(slot.pos);
-            run.span(qh, range, fetch_ahead, out, st)
+            let fetch = items[slot.item].tokens.len() == 1;
+            run.span(qh, range, fetch, out, st)
         };
         if whole_tokens {
             let heads = (1..=MAX_HEADS.min(group)).rev().find(|h| group.is_multiple_of(*h)).unwrap_or(1);
@@ -944,13 +939,19 @@ impl SpanRun<'_> {
     /// (heads × hdv) gets each head's weighted sum of values under its softmax state in `states`. Positions go in
     /// chunks of up to CHUNK blocks: their scores first (one row of CHUNK·BS per head), one softmax step per head
     /// over the whole chunk, then the values; per-block softmax steps of 16 scores were mostly overhead. With
-    /// `fetch_ahead = Some(last position)` (decode, which reads the cache from memory), each block's key and
-    /// value rows two blocks ahead are prefetched.
+    /// `fetch` (decode, which reads the cache from memory), the task first asks for this key head's share of every
+    /// block of the span (at most [`SPAN`] positions: 64 KB on SmolLM2's f16 cache) into L2.
+    ///
+    /// Prefetch history: two blocks ahead into L1 took 16 sequences at 512-528 cached positions from 714-719 to
+    /// 842-854 t/s, one at 1024-1056 from 145-160 to 185-200. At 4,096 positions that still waited on memory
+    /// (perf: half of `span`'s own samples on the prefetches, which stall when the L1's miss buffers are full,
+    /// and most of `dot_cols`/`axpy_rows` on their loads); the whole span into L2 at the start measured 2-6%
+    /// faster per decode step, alternated token by token with the old scheme in one process (see the commit).
     fn span(
         &self,
         qh: &[f32],
         range: Range<usize>,
-        fetch_ahead: Option<usize>,
+        fetch: bool,
         out: &mut [f32],
         states: &mut [vec_f32::SoftmaxState],
     ) {
@@ -967,6 +968,13 @@ impl SpanRun<'_> {
         let tile = &mut tile[..heads * BS];
         out.fill(0.0);
         states.fill(vec_f32::SoftmaxState::EMPTY);
+        if fetch {
+            let mut at = range.start - range.start % BS;
+            while at < range.end {
+                self.pool.prefetch(self.kv, self.il, at, kvh * hd..(kvh + 1) * hd, kvh * hdv..(kvh + 1) * hdv);
+                at += BS;
+            }
+        }
         let mut p = range.start;
         while p < range.end {
             // (lane, length, column in the chunk) per block, and the blocks themselves.
@@ -975,18 +983,6 @@ impl SpanRun<'_> {
             let (mut nb, mut width) = (0, 0);
             while nb < CHUNK && p < range.end {
                 let (kt, v, lane) = self.pool.block(self.kv, self.il, p);
-                if let Some(last) = fetch_ahead {
-                    let ahead = p - lane + PREFETCH_BLOCKS * BS;
-                    if ahead <= last {
-                        self.pool.prefetch(
-                            self.kv,
-                            self.il,
-                            ahead,
-                            kvh * hd..(kvh + 1) * hd,
-                            kvh * hdv..(kvh + 1) * hdv,
-                        );
-                    }
-                }
                 let n = (BS - lane).min(range.end - p);
                 match kt {
                     KvRow::F32(k) => vec_f32::dot_cols(qh, &k[kvh * hd * BS..(kvh + 1) * hd * BS], BS, tile),

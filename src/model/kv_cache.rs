@@ -30,7 +30,7 @@ use std::ops::Range;
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use infer_kernels::vec_f32::prefetch;
+use infer_kernels::vec_f32::prefetch_l2;
 
 use super::config::ModelConfig;
 
@@ -73,11 +73,11 @@ pub enum KvRow<'a> {
 }
 
 impl KvRow<'_> {
-    /// Asks the CPU to fetch elements `range` (see [`infer_kernels::vec_f32::prefetch`]).
+    /// Asks the CPU to fetch elements `range` into L2 (see [`infer_kernels::vec_f32::prefetch_l2`]).
     fn prefetch(&self, range: Range<usize>) {
         match self {
-            KvRow::F32(s) => prefetch(&s[range]),
-            KvRow::F16(s) => prefetch(&s[range]),
+            KvRow::F32(s) => prefetch_l2(&s[range]),
+            KvRow::F16(s) => prefetch_l2(&s[range]),
         }
     }
 }
@@ -719,7 +719,7 @@ impl KvPool {
         (g.k.slice(tile * bs * g.k_row, bs * g.k_row), g.v.slice(tile * bs * g.v_row, bs * g.v_row), lane)
     }
 
-    /// Asks the CPU to fetch part of the block holding position `pos` of `layer`: key rows `keys` of its
+    /// Asks the CPU to fetch (into L2) part of the block holding position `pos` of `layer`: key rows `keys` of its
     /// transposed key tile and value columns `values` (whole key heads) of its value tile: one key head's share.
     /// A sequence's blocks need not follow one another in the pool (freed and shared blocks), where the hardware
     /// prefetcher does not follow, so attention asks for the blocks it will read next.
