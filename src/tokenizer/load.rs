@@ -374,7 +374,6 @@ impl TokenTypes {
                 .collect::<Result<Vec<_>, TokenizerError>>()?,
         };
         for (ty, text) in types.iter_mut().zip(tokens.iter()) {
-            let text: &str = text.as_ref();
             if EOG_TEXTS.contains(&text) {
                 *ty = TokenType::Control;
             }
