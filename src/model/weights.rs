@@ -148,7 +148,9 @@ impl ModelWeights {
     /// defined in one place, by what this function looks up for its configuration.
     pub fn load(file: &GgufFile, c: &ModelConfig) -> Result<ModelWeights, GgufError> {
         let mut w = ModelWeights::load_unpacked(file, c)?;
+        crate::timeline::mark!("tensors looked up");
         w.pack(file);
+        crate::timeline::mark!("matrices packed");
         Ok(w)
     }
 
