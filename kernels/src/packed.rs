@@ -518,9 +518,20 @@ impl RowWriter<'_> {
                 }
             }
             GgmlType::Q8_0 => {
-                for (b, blk) in cast_blocks::<BlockQ8_0>(src)?.iter().enumerate() {
-                    self.groups(b, &blk.qs.map(|q| (q as u8) ^ 0x80));
-                    self.f16s(self.sections.d, b, blk.d);
+                // Straight from each block's bytes (d, then the 32 quants), sixteen quants at a time in a u128 biased
+                // with one xor: a map over the `i8` quants compiled to byte loads, shifts and ors, ~4 instructions
+                // a byte, and Q8_0 is most of what a model with a Q8_0 output head packs (Gemma 3: 170 of 235 MB).
+                const BLOCK: usize = size_of::<BlockQ8_0>();
+                if !src.len().is_multiple_of(BLOCK) {
+                    return None;
+                }
+                for (b, blk) in src.chunks_exact(BLOCK).enumerate() {
+                    let (lo, hi) = (u128_at(blk, 2) ^ BIAS8, u128_at(blk, 18) ^ BIAS8);
+                    let mut q = [0u8; 32];
+                    q[..16].copy_from_slice(&lo.to_le_bytes());
+                    q[16..].copy_from_slice(&hi.to_le_bytes());
+                    self.groups(b, &q);
+                    self.f16s(self.sections.d, b, f16::from_le_bytes([blk[0], blk[1]]));
                 }
             }
             GgmlType::Q4_K => {
@@ -612,6 +623,9 @@ impl RowWriter<'_> {
 
 /// The low nibble of every byte of a u128.
 const NIB_LO: u128 = 0x0F0F_0F0F_0F0F_0F0F_0F0F_0F0F_0F0F_0F0F;
+
+/// The top bit of every byte of a u128: xored in, it turns signed bytes into unsigned ones biased by 128.
+const BIAS8: u128 = 0x8080_8080_8080_8080_8080_8080_8080_8080;
 
 /// Bytes `at..at + 16` of `b` as a little-endian u128.
 #[inline]
