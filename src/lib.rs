@@ -17,6 +17,7 @@ pub mod sampling;
 pub mod server;
 pub mod session;
 pub mod stop;
+pub mod timeline;
 pub mod tokenizer;
 
 pub use infer_kernels as kernels;

@@ -11,6 +11,7 @@ use clap::Parser;
 static ALLOC: infer::kernels::budget::BudgetAlloc = infer::kernels::budget::BudgetAlloc;
 
 fn main() -> ExitCode {
+    infer::timeline::start();
     infer::kernels::signals::exit_on_sigbus(
         "error: the model file shrank or changed on disk while infer was reading it (SIGBUS); stopped. Replace a \
          model only while no infer uses it, or run with --no-mmap\n",

@@ -223,6 +223,7 @@ impl<'m> Session<'m> {
             let logits = if i + 1 == chunks.len() { Logits::Last } else { Logits::None };
             let mut items = [SeqStep { tokens: chunk, kv: &mut self.kv, logits }];
             self.model.forward(&mut items, &mut self.pool, &mut self.scratch)?;
+            crate::timeline::mark!("prefilled {} tokens", chunk.len());
             self.cached.extend_from_slice(chunk);
         }
         timings.prompt_tokens = todo.len();
@@ -250,6 +251,7 @@ impl<'m> Session<'m> {
             }
             let next = sampler.sample(self.scratch.logits(0, n_vocab), &history)?;
             if timings.first_token.is_none() {
+                crate::timeline::mark!("first token sampled");
                 timings.first_token = Some(began.elapsed());
             }
             if !req.ignore_eos && self.tokenizer.is_eog(next) {
@@ -282,6 +284,7 @@ impl<'m> Session<'m> {
             let step = [next];
             let mut items = [SeqStep { tokens: &step, kv: &mut self.kv, logits: Logits::Last }];
             self.model.forward(&mut items, &mut self.pool, &mut self.scratch)?;
+            crate::timeline::mark!("decoded a token");
             self.cached.push(next);
         }
         if finish != FinishReason::Stop {

@@ -5,6 +5,7 @@
 //! AVX-512 variants chosen once at run time, and the rayon-parallel matrix drivers.
 
 pub mod budget;
+pub mod clock;
 pub mod dequant;
 pub mod ggml_type;
 pub mod quant;

@@ -160,8 +160,13 @@ fn pack_refuses_what_it_cannot_hold() {
     assert!(packed::pack(GgmlType::Q4_1, &b[..b.len() - 20], 31, 64).is_none(), "rows not a multiple of 16");
     assert!(packed::pack(GgmlType::Q4_1, &b[..b.len() - 20], 32, 64).is_none(), "short data");
     assert!(packed::pack(GgmlType::Q2_K, &[0u8; 16 * 84], 16, 256).is_none(), "no panel form for Q2_K");
-    assert!(packed::pack(GgmlType::Q6_K, &[0u8; 16 * 210], 16, 256).is_some());
-    assert!(packed::pack(GgmlType::Q6_K, &[0u8; 16 * 210], 16, 288).is_none(), "K-quant rows are whole super-blocks");
+    // Zeros as f16s: the Q6_K blocks need their f16's alignment (a `[u8; N]` on the stack may start at an odd address).
+    let q6k = vec![f16::ZERO; 16 * 210 / 2];
+    assert!(packed::pack(GgmlType::Q6_K, blocks_as_bytes(&q6k), 16, 256).is_some());
+    assert!(
+        packed::pack(GgmlType::Q6_K, blocks_as_bytes(&q6k), 16, 288).is_none(),
+        "K-quant rows are whole super-blocks"
+    );
     // A Q4_0 scale whose offset −8·d overflows f16 keeps the GGUF layout.
     let mut blocks = vec![BlockQ4_0::default(); 32];
     quant::q4_0::quantize_row_ref(&vec![1.0; 32 * 32], &mut blocks);
@@ -385,4 +390,68 @@ fn pack_then_hands_back_every_source_byte_once() {
     assert_eq!(at, data.len());
     let q = packed::pack(ty, data, rows, cols).unwrap();
     assert_eq!(p.view().bytes, q.view().bytes);
+}
+
+#[test]
+fn pack_all_equals_packing_each_alone() {
+    // Every type, small (a heap buffer alone) and together over 2 MB (a mapped one), with an unpackable type and a
+    // Q4_0 matrix whose offset overflows f16 in between: each job's panels equal its own `pack`'s, and its source
+    // ranges tile its data.
+    let mut sources = Vec::new();
+    for (i, ty) in TYPES.into_iter().chain(FLOATS).enumerate() {
+        let (rows, cols) = (32 + 16 * i, cols_for(ty, 80));
+        let (bytes, deq) = weights(ty, rows, cols, 20 + i as u64);
+        sources.push((ty, rows, cols, aligned(&bytes), bytes.len(), deq));
+    }
+    let mut overflow = vec![BlockQ4_0::default(); 32];
+    quant::q4_0::quantize_row_ref(&vec![1.0; 32 * 32], &mut overflow);
+    overflow[5].d = f16::from_f32(60000.0);
+    let overflow = aligned(blocks_as_bytes(&overflow));
+    let q2k = [0u8; 16 * 84];
+    let mut jobs: Vec<packed::PackJob<'_>> = sources
+        .iter()
+        .map(|(ty, rows, cols, al, len, _)| packed::PackJob {
+            ty: *ty,
+            data: as_bytes(al, *len),
+            rows: *rows,
+            cols: *cols,
+        })
+        .collect();
+    let bad = [
+        packed::PackJob { ty: GgmlType::Q4_0, data: blocks_as_bytes(&overflow), rows: 16, cols: 64 },
+        packed::PackJob { ty: GgmlType::Q2_K, data: &q2k, rows: 16, cols: 256 },
+    ];
+    jobs.splice(3..3, bad);
+    let total: usize = jobs.iter().map(|j| j.data.len()).sum();
+    assert!(total > 2 << 20, "the shared buffer should be a mapped one: {total} bytes");
+    let seen = std::sync::Mutex::new(vec![Vec::new(); jobs.len()]);
+    let all = packed::pack_all(&jobs, |j, r| seen.lock().unwrap()[j].push(r));
+    assert_eq!(all.len(), jobs.len());
+    assert!(all[3].is_none() && all[4].is_none(), "the overflowing Q4_0 and the Q2_K have no panels");
+    for (j, (job, got)) in jobs.iter().zip(&all).enumerate() {
+        let alone = packed::pack(job.ty, job.data, job.rows, job.cols);
+        assert_eq!(got.is_some(), alone.is_some(), "job {j}");
+        let (Some(got), Some(alone)) = (got, alone) else { continue };
+        assert_eq!(got.view().bytes, alone.view().bytes, "job {j} ({})", job.ty);
+        assert_eq!(got.bytes(), alone.bytes());
+        let mut ranges = seen.lock().unwrap()[j].clone();
+        ranges.sort_by_key(|r| r.start);
+        let mut at = 0;
+        for r in &ranges {
+            assert_eq!(r.start, at, "job {j}: ranges must tile the source: {ranges:?}");
+            at = r.end;
+        }
+        assert_eq!(at, job.data.len(), "job {j}");
+    }
+    // The shared (mapped) buffer holds the weights themselves, not only the same bytes as a lone packing.
+    for (got, (ty, rows, cols, _, _, deq)) in all.iter().filter_map(Option::as_ref).zip(&sources) {
+        let v = got.view();
+        for row in (0..*rows).step_by(7) {
+            for k in (0..*cols).step_by(5) {
+                let w = v.weight(row / PANEL_ROWS, k / 32, row % PANEL_ROWS, k % 32);
+                let want = deq[row * cols + k];
+                assert!((w - want).abs() <= 1e-6 * (1.0 + want.abs()), "{ty} ({row},{k}): {w} vs {want}");
+            }
+        }
+    }
 }

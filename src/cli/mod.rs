@@ -178,14 +178,20 @@ pub fn load(spec: Option<&str>, engine: &EngineArgs) -> anyhow::Result<Loaded> {
     infer_kernels::dispatch::try_isa().context("INFER_ISA")?;
     let path = resolve_model_arg(spec)?;
     let file = open_gguf(&path, engine)?;
+    crate::timeline::mark!("opened {} (header, metadata and tensor table parsed)", path.display());
     let (model, tokenizer) = std::thread::scope(|s| {
         let for_tokenizer = std::sync::Arc::clone(&file);
-        let tokenizer = s.spawn(move || crate::tokenizer::Tokenizer::from_gguf(&for_tokenizer));
+        let tokenizer = std::thread::Builder::new().name("tokenizer".into()).spawn_scoped(s, move || {
+            let built = crate::tokenizer::Tokenizer::from_gguf(&for_tokenizer);
+            crate::timeline::mark!("tokenizer built");
+            built
+        });
         let model = model_from(file, &path, engine);
-        (model, tokenizer.join())
+        crate::timeline::mark!("model loaded");
+        (model, tokenizer.map(|t| t.join()))
     });
     let model = model?;
-    let tokenizer = match tokenizer {
+    let tokenizer = match tokenizer.context("starting the tokenizer thread")? {
         Ok(built) => built.with_context(|| format!("loading the tokenizer of {}", path.display()))?,
         Err(panic) => std::panic::resume_unwind(panic),
     };

@@ -112,7 +112,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let cancel = super::cancel_on_ctrl_c();
     let pool = args.threads.build_pool().context("starting worker threads")?;
+    crate::timeline::mark!("prompt tokenized ({} tokens), worker threads started", req.prompt.len());
     let mut session = Session::new(model, tokenizer, n_ctx, args.engine.kv_dtype());
+    crate::timeline::mark!("session made (KV cache reserved)");
     let json_mode = args.json;
     let mut wrote_any = false;
     let result = pool.install(|| {
@@ -124,6 +126,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             Ok(())
         })
     })?;
+    crate::timeline::mark!("generation done");
     if !json_mode && wrote_any && std::io::stdout().is_terminal() {
         print_flush("\n")?;
     }

@@ -296,6 +296,7 @@ impl Model {
         load: fn(&GgufFile, &ModelConfig) -> Result<ModelWeights, GgufError>,
     ) -> Result<Model, GgufError> {
         let config = ModelConfig::from_metadata(file.metadata())?;
+        crate::timeline::mark!("configuration read");
         let weights = load(&file, &config)?;
         let mut rope_freqs = [
             ops::rope_freqs(config.n_rot, config.rope_base),

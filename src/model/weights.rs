@@ -11,7 +11,6 @@ use std::sync::Arc;
 use infer_kernels::GgmlType;
 use infer_kernels::matmul::WeightMatrix;
 use infer_kernels::packed::{self, PackedMatrix};
-use rayon::prelude::*;
 
 use crate::gguf::{GgufError, GgufFile, TensorInfo};
 
@@ -47,20 +46,10 @@ impl Linear {
         WeightMatrix::new(self.ty, data, self.rows, self.cols).expect("shape checked at load")
     }
 
-    /// Repacks the matrix into panels if the kernel level has a panel kernel for its format.
-    fn pack(&mut self, file: &GgufFile) {
+    /// Whether the kernel level has a panel kernel for this matrix's format.
+    fn packable(&self) -> bool {
         let has_kernel = |f| infer_kernels::dispatch::kernels().packed_formats.contains(&f);
-        if !packed::PackedFormat::for_type(self.ty).is_some_and(has_kernel) {
-            return;
-        }
-        let data = &file_bytes(file)[self.bytes.clone()];
-        // The kernels read the panels from now on: the map's pages of this matrix would be a second resident copy,
-        // so each part is let go as soon as it is packed (a tied token embedding's rows are still looked up in the
-        // map, and fault back in one by one). If the matrix turns out not to be packable, its pages fault back in
-        // from the file when the kernels read them.
-        let start = self.bytes.start;
-        let release = |r: Range<usize>| file.release(start + r.start..start + r.end);
-        self.packed = packed::pack_then(self.ty, data, self.rows, self.cols, release).map(Arc::new);
+        packed::PackedFormat::for_type(self.ty).is_some_and(has_kernel)
     }
 
     /// Rows `r` of this matrix as a matrix of their own (a fused matrix's part: phi3's `attn_qkv`), still zero-copy
@@ -148,7 +137,9 @@ impl ModelWeights {
     /// defined in one place, by what this function looks up for its configuration.
     pub fn load(file: &GgufFile, c: &ModelConfig) -> Result<ModelWeights, GgufError> {
         let mut w = ModelWeights::load_unpacked(file, c)?;
+        crate::timeline::mark!("tensors looked up");
         w.pack(file);
+        crate::timeline::mark!("matrices packed");
         Ok(w)
     }
 
@@ -261,7 +252,8 @@ impl ModelWeights {
     }
 
     /// Repacks every matrix the kernels read (not the token embedding, which is only looked up by row, unless it
-    /// doubles as the output projection: then `output` gets its own panels).
+    /// doubles as the output projection: then `output` gets its own panels), all into one buffer (see
+    /// [`packed::pack_all`]).
     fn pack(&mut self, file: &GgufFile) {
         let mut all: Vec<&mut Linear> = vec![&mut self.output];
         for l in &mut self.layers {
@@ -274,7 +266,21 @@ impl ModelWeights {
                 }
             }
         }
-        all.par_iter_mut().for_each(|l| l.pack(file));
+        all.retain(|l| l.packable());
+        let jobs: Vec<packed::PackJob<'_>> = all
+            .iter()
+            .map(|l| packed::PackJob { ty: l.ty, data: &file_bytes(file)[l.bytes.clone()], rows: l.rows, cols: l.cols })
+            .collect();
+        // The kernels read the panels from now on: the map's pages of a matrix would be a second resident copy, so
+        // each part is let go as soon as it is packed (a tied token embedding's rows are still looked up in the
+        // map, and fault back in one by one). If a matrix turns out not to be packable, its pages fault back in
+        // from the file when the kernels read them.
+        let starts: Vec<usize> = all.iter().map(|l| l.bytes.start).collect();
+        let release = |j: usize, r: Range<usize>| file.release(starts[j] + r.start..starts[j] + r.end);
+        let packed = packed::pack_all(&jobs, release);
+        for (l, p) in all.into_iter().zip(packed) {
+            l.packed = p.map(Arc::new);
+        }
     }
 }
 
