@@ -19,7 +19,7 @@ mod reference_dequant;
 mod reference_quantize;
 mod registry;
 mod run;
-mod serve;
 mod sampling;
+mod serve;
 mod synthetic;
 mod tokenizer;
