@@ -1,29 +1,23 @@
 //! A timeline of a quantize run for finding its critical path: with `INFER_QUANTIZE_TIMELINE` set, each [`mark!`]
-//! prints the milliseconds since [`start`] and the thread's name to stderr. Unset, a mark costs one load.
+//! prints the milliseconds since [`start`] and the thread's name to stderr. Unset, a mark costs one load. The
+//! mechanism is the start-up timeline's ([`crate::timeline`]), on a clock of its own.
 
-use std::sync::OnceLock;
-use std::time::Instant;
+use crate::timeline::Clock;
 
-static START: OnceLock<Option<Instant>> = OnceLock::new();
+/// The quantize timeline's clock.
+pub static CLOCK: Clock = Clock::new("INFER_QUANTIZE_TIMELINE");
 
 /// Starts the clock (if `INFER_QUANTIZE_TIMELINE` is set); marks before this print nothing.
 pub fn start() {
-    START.get_or_init(|| std::env::var_os("INFER_QUANTIZE_TIMELINE").map(|_| Instant::now()));
-}
-
-/// When the clock started, if it runs.
-pub fn started() -> Option<Instant> {
-    START.get().copied().flatten()
+    CLOCK.start();
 }
 
 /// Prints one line of the timeline: `mark!("tensor {name} converted")`.
 #[macro_export]
 macro_rules! quantize_mark {
     ($($arg:tt)*) => {
-        if let Some(t0) = $crate::quantize::timeline::started() {
-            let thread = std::thread::current();
-            let name = thread.name().map_or_else(|| format!("{:?}", thread.id()), str::to_string);
-            eprintln!("{:8.1} ms  {name:<16} {}", t0.elapsed().as_secs_f64() * 1e3, format_args!($($arg)*));
+        if let Some(t0) = $crate::quantize::timeline::CLOCK.started() {
+            $crate::timeline::print(t0, 1, false, format_args!($($arg)*));
         }
     };
 }
