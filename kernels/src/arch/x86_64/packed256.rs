@@ -171,9 +171,9 @@ trait Quants {
         // SAFETY: 16 bytes of f16 scales (and offsets) per block and half, 16-byte aligned, by the caller's
         // contract.
         unsafe {
-            let d = _mm256_cvtph_ps(_mm_load_si128(panel.add(sec.d + 32 * b + 16 * half).cast()));
+            let d = _mm256_cvtph_ps(_mm_load_si128(panel.add(sec.d(b) + 16 * half).cast()));
             let m = if Self::FORMAT.has_min() {
-                _mm256_cvtph_ps(_mm_load_si128(panel.add(sec.m + 32 * b + 16 * half).cast()))
+                _mm256_cvtph_ps(_mm_load_si128(panel.add(sec.m(b) + 16 * half).cast()))
             } else {
                 _mm256_setzero_ps()
             };
@@ -195,14 +195,14 @@ unsafe fn scale8<const SIGNED: bool>(p: *const u8) -> __m256 {
     }
 }
 
-/// A K format's f16 super-block scale line for block `b`, half `half`, as f32.
+/// Half `half` of a K format's f16 super-block scale line (at byte `at` of the panel), as f32.
 ///
 /// # Safety
-/// As [`Quants::scales`]; `at` is the section's offset.
+/// As [`Quants::scales`]; `at` is a line of the panel's [`Sections`].
 #[inline(always)]
-unsafe fn super_scale(panel: *const u8, at: usize, b: usize, half: usize) -> __m256 {
-    // SAFETY: the caller's contract.
-    unsafe { _mm256_cvtph_ps(_mm_load_si128(panel.add(at + 32 * (b / 8) + 16 * half).cast())) }
+unsafe fn super_scale(panel: *const u8, at: usize, half: usize) -> __m256 {
+    // SAFETY: the caller's contract: a 32-byte aligned line of 16 f16, of which this half is 16 bytes.
+    unsafe { _mm256_cvtph_ps(_mm_load_si128(panel.add(at + 16 * half).cast())) }
 }
 
 struct Q4;
@@ -278,14 +278,8 @@ impl Quants for K4 {
         // SAFETY: the super-block lines and the 16-byte lines of integer scales and mins of block b, by the
         // caller's contract; this half's 8 bytes start at 8·half.
         unsafe {
-            let d = _mm256_mul_ps(
-                super_scale(panel, sec.d, b, half),
-                scale8::<false>(panel.add(sec.sc + 16 * b + 8 * half)),
-            );
-            let m = _mm256_mul_ps(
-                super_scale(panel, sec.m, b, half),
-                scale8::<false>(panel.add(sec.mn + 16 * b + 8 * half)),
-            );
+            let d = _mm256_mul_ps(super_scale(panel, sec.d(b), half), scale8::<false>(panel.add(sec.sc(b) + 8 * half)));
+            let m = _mm256_mul_ps(super_scale(panel, sec.m(b), half), scale8::<false>(panel.add(sec.mn(b) + 8 * half)));
             // −(dmin·mn), negated exactly (a sign flip, as the reference's unary minus).
             ([d, d], _mm256_xor_ps(m, _mm256_set1_ps(-0.0)))
         }
@@ -320,8 +314,8 @@ impl Quants for K6 {
         // SAFETY: the super-block line and the two 16-byte lines of block b's half-block scales, by the
         // caller's contract.
         unsafe {
-            let d = super_scale(panel, sec.d, b, half);
-            let sc = |part: usize| scale8::<true>(panel.add(sec.sc + 16 * (2 * b + part) + 8 * half));
+            let d = super_scale(panel, sec.d(b), half);
+            let sc = |part: usize| scale8::<true>(panel.add(sec.sc(b) + 16 * part + 8 * half));
             ([_mm256_mul_ps(d, sc(0)), _mm256_mul_ps(d, sc(1))], _mm256_setzero_ps())
         }
     }
@@ -423,9 +417,8 @@ unsafe fn tile<F: Quants, const C: usize, const S: usize>(
     const { assert!(C >= 1 && C <= 4 && (S == 1 || S == 2 || S == 4)) };
     let nb = w.nb;
     let cols = nb * 32;
-    let qsb = F::FORMAT.qs_bytes();
-    // SAFETY: all pointer arithmetic stays inside the halves' panels (nb blocks of quants, then nb·16 scales and,
-    // for Q4/Q5, nb·16 offsets: `panel_bytes` covers them, checked by `check_args`) and inside rows o..o + C of
+    // SAFETY: all pointer arithmetic stays inside the halves' panels (the offsets of `Sections` for nb blocks:
+    // `panel_bytes` covers them, checked by `check_args`) and inside rows o..o + C of
     // the activation buffer, which the caller filled.
     unsafe {
         // Half h of the matrix is rows 8·(h % 2).. of panel h / 2: its quants start 32·(h % 2) bytes into each
@@ -433,7 +426,8 @@ unsafe fn tile<F: Quants, const C: usize, const S: usize>(
         let panel: [*const u8; S] = std::array::from_fn(|s| w.bytes.as_ptr().add((sp + s) / 2 * w.panel_bytes));
         let half: [usize; S] = std::array::from_fn(|s| (sp + s) % 2);
         let base: [*const u8; S] = std::array::from_fn(|s| panel[s].add(32 * half[s]));
-        let sec = w.sections();
+        // From the format constant, so that every offset below is a few operations on constants.
+        let sec = Sections::of(F::FORMAT, nb);
         let aq: [*const i16; C] = std::array::from_fn(|c| a16.q.as_ptr().add((o + c) * cols));
         let ad: [*const f32; C] = std::array::from_fn(|c| a16.d.as_ptr().add((o + c) * nb));
         let asum: [*const f32; C] = std::array::from_fn(|c| a16.s.as_ptr().add((o + c) * nb));
@@ -443,7 +437,6 @@ unsafe fn tile<F: Quants, const C: usize, const S: usize>(
         let split = F::FORMAT.split_halves();
         let low = _mm256_set1_epi16(0x00FF);
         let mut acc = [[_mm256_setzero_ps(); C]; S];
-        let mut qp = base;
         // Lines of the next panel each block fetches: enough that the nb blocks cover it (the last blocks may reach
         // into the panel after it, a harmless hint).
         let per_block = (w.panel_bytes / 64).div_ceil(nb);
@@ -467,6 +460,7 @@ unsafe fn tile<F: Quants, const C: usize, const S: usize>(
                 }
                 next = next.wrapping_add(64 * per_block);
             }
+            let qp: [*const u8; S] = std::array::from_fn(|s| base[s].add(sec.qs(b)));
             let extra: [__m256i; S] = std::array::from_fn(|s| F::extra(qp[s]));
             // One 32-bit lane per row: the exact integer sum of the block's products (of each half block's, for
             // formats that scale them separately).
@@ -508,9 +502,6 @@ unsafe fn tile<F: Quants, const C: usize, const S: usize>(
                         acc[s][c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*asum[c].add(b)), acc[s][c]);
                     }
                 });
-            }
-            for q in qp.iter_mut() {
-                *q = q.add(qsb);
             }
         }
         for (s, half_acc) in acc.iter().enumerate() {
@@ -595,9 +586,10 @@ unsafe fn widen<F: Quants>(w: &PackedView<'_>, p: usize, blocks: Range<usize>, d
     // SAFETY: the block's quants lie inside panel p (checked by `check_args`); dst has room by the contract.
     unsafe {
         let panel = w.bytes.as_ptr().add(p * w.panel_bytes);
+        let sec = Sections::of(F::FORMAT, w.nb);
         for (i, b) in blocks.enumerate() {
             for half in 0..2 {
-                let qp = panel.add(b * F::FORMAT.qs_bytes() + 32 * half);
+                let qp = panel.add(sec.qs(b) + 32 * half);
                 let extra = F::extra(qp);
                 let d = dst.add(i * WIDE_PER_BLOCK + 16 * half);
                 for jj in 0..4 {
@@ -641,7 +633,7 @@ unsafe fn tile_w<F: Quants, const C: usize>(
     // blocks inside `wide` (asserted), and the scale reads inside panel p (checked by `check_args`).
     unsafe {
         let panel = w.bytes.as_ptr().add(p * w.panel_bytes);
-        let sec = w.sections();
+        let sec = Sections::of(F::FORMAT, nb);
         let aq: [*const i16; C] = std::array::from_fn(|c| a16.q.as_ptr().add((o + c) * cols));
         let ad: [*const f32; C] = std::array::from_fn(|c| a16.d.as_ptr().add((o + c) * nb));
         let asum: [*const f32; C] = std::array::from_fn(|c| a16.s.as_ptr().add((o + c) * nb));

@@ -65,9 +65,9 @@ trait Quants {
     unsafe fn scales(panel: *const u8, sec: &Sections, b: usize) -> [__m512; 2] {
         // SAFETY: a line of 16 f16 scales (and offsets) per block, 32-byte aligned, by the caller's contract.
         unsafe {
-            let d = _mm512_cvtph_ps(_mm256_load_si256(panel.add(sec.d + 32 * b).cast()));
+            let d = _mm512_cvtph_ps(_mm256_load_si256(panel.add(sec.d(b)).cast()));
             let m = if Self::FORMAT.has_min() {
-                _mm512_cvtph_ps(_mm256_load_si256(panel.add(sec.m + 32 * b).cast()))
+                _mm512_cvtph_ps(_mm256_load_si256(panel.add(sec.m(b)).cast()))
             } else {
                 _mm512_setzero_ps()
             };
@@ -89,14 +89,14 @@ unsafe fn scale16<const SIGNED: bool>(p: *const u8) -> __m512 {
     }
 }
 
-/// A K format's f16 super-block scale line for block `b` (section at `at`), as f32.
+/// A K format's f16 super-block scale line (at byte `at` of the panel), as f32.
 ///
 /// # Safety
-/// As [`Quants::scales`].
+/// As [`Quants::scales`]; `at` is a line of the panel's [`Sections`].
 #[inline(always)]
-unsafe fn super_scale(panel: *const u8, at: usize, b: usize) -> __m512 {
-    // SAFETY: the caller's contract: one 32-byte line per super-block of 8 blocks.
-    unsafe { _mm512_cvtph_ps(_mm256_load_si256(panel.add(at + 32 * (b / 8)).cast())) }
+unsafe fn super_scale(panel: *const u8, at: usize) -> __m512 {
+    // SAFETY: the caller's contract: one 32-byte aligned line of 16 f16.
+    unsafe { _mm512_cvtph_ps(_mm256_load_si256(panel.add(at).cast())) }
 }
 
 struct Q4;
@@ -171,8 +171,8 @@ impl Quants for K4 {
         // SAFETY: the super-block lines and the 16-byte lines of block b's integer scales and mins, by the
         // caller's contract.
         unsafe {
-            let d = _mm512_mul_ps(super_scale(panel, sec.d, b), scale16::<false>(panel.add(sec.sc + 16 * b)));
-            let m = _mm512_mul_ps(super_scale(panel, sec.m, b), scale16::<false>(panel.add(sec.mn + 16 * b)));
+            let d = _mm512_mul_ps(super_scale(panel, sec.d(b)), scale16::<false>(panel.add(sec.sc(b))));
+            let m = _mm512_mul_ps(super_scale(panel, sec.m(b)), scale16::<false>(panel.add(sec.mn(b))));
             // −(dmin·mn), negated exactly (a sign flip, as the reference's unary minus).
             [d, _mm512_xor_ps(m, _mm512_set1_ps(-0.0))]
         }
@@ -208,8 +208,8 @@ impl Quants for K6 {
         // SAFETY: the super-block line and the two 16-byte lines of block b's half-block scales, by the
         // caller's contract.
         unsafe {
-            let d = super_scale(panel, sec.d, b);
-            let sc = |part: usize| scale16::<true>(panel.add(sec.sc + 16 * (2 * b + part)));
+            let d = super_scale(panel, sec.d(b));
+            let sc = |part: usize| scale16::<true>(panel.add(sec.sc(b) + 16 * part));
             [_mm512_mul_ps(d, sc(0)), _mm512_mul_ps(d, sc(1))]
         }
     }
@@ -363,7 +363,7 @@ unsafe fn rows_cached<F: Quants, const G: usize, const P: usize>(
 ) {
     let nb = w.nb;
     assert!(nb <= SCALE_CACHE_BLOCKS);
-    let sec = w.sections();
+    let sec = Sections::of(F::FORMAT, nb);
     // Left uninitialised: zeroing 16 KB per call would cost more than it saves; only what is written is read.
     let mut cache = std::mem::MaybeUninit::<[[f32; PANEL_ROWS * 2 * SCALE_CACHE_BLOCKS]; P]>::uninit();
     let base = cache.as_mut_ptr().cast::<f32>();
@@ -399,7 +399,7 @@ const fn two_scales<F: Quants>() -> bool {
 struct Ahead {
     /// First panel of the next group.
     from: usize,
-    /// Its size in 64-byte lines: quants, scales and offsets, which lie one after another.
+    /// Its size in 64-byte lines.
     lines: usize,
 }
 
@@ -515,15 +515,15 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
 ) {
     const { assert!(C >= 1 && C <= 8 && (G == 1 || G == 2) && (P == 1 || P == 2)) };
     let nb = w.nb;
-    let qsb = F::FORMAT.qs_bytes();
     let row_q = nb * 32; // bytes of one activation row's quants
-    // SAFETY: all pointer arithmetic stays inside panels `p..p + P` (nb blocks of quants, then nb·16 scales and,
-    // for Q4/Q5, nb·16 offsets: `panel_bytes` covers them, checked by `check_args`) and inside the activation
+    // SAFETY: all pointer arithmetic stays inside panels `p..p + P` (the offsets of `Sections` for nb blocks:
+    // `panel_bytes` covers them, checked by `check_args`) and inside the activation
     // rows `o·G..(o + C)·G` of `nb` blocks each, which the caller guarantees exist. In the block loop offsets
     // are shifts and pointer steps, not checked multiplications (overflow checks are on in release builds).
     unsafe {
         let base: [*const u8; P] = std::array::from_fn(|i| w.bytes.as_ptr().add((p + i) * w.panel_bytes));
-        let sec = w.sections();
+        // From the format constant, so that every offset below is a few operations on constants.
+        let sec = Sections::of(F::FORMAT, nb);
         let halves = F::FORMAT.split_halves();
         // Output row c's first activation row: quants, Σq (of half blocks with `halves`) and s; its last row's
         // scale d (the residual's for Q8x2).
@@ -536,8 +536,8 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
         let ad: [*const f32; C] = std::array::from_fn(|c| a.d.as_ptr().add((first(c) + G - 1) * nb));
         let off = F::FORMAT.offset();
         let mut acc = [[_mm512_setzero_ps(); C]; P];
-        let mut qp = base;
         for b in 0..nb {
+            let qp: [*const u8; P] = std::array::from_fn(|i| base[i].add(sec.qs(b)));
             // Decode streams the weights from DRAM once, and batches read each group from memory in their first
             // tile: the hardware prefetcher alone leaves the cores waiting. A distance counted from the quants (4 KB
             // ahead, as decode did before) never reached a panel's scale and offset lines in time, since they lie
@@ -616,9 +616,6 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
                         acc[i][c] = _mm512_fmadd_ps(sv[1], _mm512_set1_ps(*asum[c].add(b)), acc[i][c]);
                     }
                 });
-            }
-            for q in qp.iter_mut() {
-                *q = q.add(qsb);
             }
         }
         for (i, panel_acc) in acc.iter().enumerate() {
