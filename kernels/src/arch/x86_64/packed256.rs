@@ -452,7 +452,11 @@ unsafe fn tile<F: Quants, const C: usize, const S: usize>(
                 // overflows Zen 4's 32 KB L1D (the AVX-512 kernel's finding too); perf put ~22% of the Q8_0 decode
                 // tile's cpu-clock samples on the `prefetcht0`s. SmolLM2 Q8_0 tg64, 2 threads, per CPU-second,
                 // 4 interleaved pairs on a loaded host: +12% to +36% in every pair. The 4-bit panels (15 KB) fit:
-                // into L2, Q4_1 lost in 3 of 4 pairs, so they stay in L1.
+                // into L2, Q4_1 lost in 3 of 4 pairs, so they stay in L1. With the panel one stream (Zen 5, 48 KB
+                // L1D, tg128 on 2 threads, median of 5-8 interleaved rounds on a loaded host) this stayed the
+                // choice: no prefetch lost everywhere (Q8_0 177 t/s against 203, Gemma 3 84 against 104), the
+                // panel after next gained nothing, and Q8_0 into L1 (201-206 against 172-203) was within the noise
+                // on this core, whose L1D is not the 32 KB of the Zen 2/3 cores this level is for.
                 if matches!(F::FORMAT, PackedFormat::Q8) {
                     prefetch_hint::<_MM_HINT_T1>(next, 0..per_block);
                 } else {

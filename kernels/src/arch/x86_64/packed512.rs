@@ -265,19 +265,19 @@ unsafe fn run<F: Quants, const G: usize>(
         let mut p = panels.start;
         let decode = o1 - o0 == 1;
         if decode {
-            // Decode: the task's first two panels are fetched here, and each tile fetches the panel after next.
-            let first = w.bytes.as_ptr().wrapping_add(p * w.panel_bytes);
-            prefetch_lines(first, 0..(panels.end - p).min(2) * w.panel_bytes / 64);
+            // Decode: the task's first panel is fetched here, and each tile fetches the next one into L1 (see
+            // `tile`).
+            prefetch_lines(w.bytes.as_ptr().wrapping_add(p * w.panel_bytes), 0..w.panel_bytes / 64);
         }
         // Decode runs one panel per tile: with two, the two panels in use and the two being fetched overflowed L1
         // (4 × 26 KB for the Q8 FFN-down panels of SmolLM2); one panel per tile measured faster for Q4_1 and Q8_0.
-        let (most, skip, ahead) = if decode { (1, 1, 1) } else { (2, 0, 2) };
+        let most = if decode { 1 } else { 2 };
         while p < panels.end {
             let n = (panels.end - p).min(most);
-            // The panels this group's tiles fetch as they go: decode the one after next (the next was asked for
-            // during the previous tile), batches the next group.
-            let from = p + n + skip;
-            let next = Ahead { lines: panels.end.saturating_sub(from).min(ahead) * w.panel_bytes / 64, from };
+            // The panels this group's tiles fetch as they go: the next group (decode: the next panel).
+            let from = p + n;
+            let lines = panels.end.saturating_sub(from).min(most) * w.panel_bytes / 64;
+            let next = Ahead { from, lines, l1: decode };
             // SAFETY (both): p + n ≤ panels.end; the rest is the caller's.
             if n == 2 {
                 unsafe { rows::<F, G, 2>(w, p, act, o0..o1, next, out) };
@@ -401,6 +401,8 @@ struct Ahead {
     from: usize,
     /// Its size in 64-byte lines.
     lines: usize,
+    /// Into L1 rather than L2 (decode).
+    l1: bool,
 }
 
 /// Output rows in the next tile when `left` remain: as many as fit the registers, falling back to 4, 3, 2, 1.
@@ -445,7 +447,7 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
     let share = |rows: Range<usize>| {
         let at = |o: usize| (o - outs.start) * next.lines / outs.len();
         let (lo, hi) = (at(rows.start), at(rows.end));
-        Prefetch { first: ahead.wrapping_add(64 * lo), count: hi - lo }
+        Prefetch { first: ahead.wrapping_add(64 * lo), count: hi - lo, l1: next.l1 }
     };
     let mut o = outs.start;
     // SAFETY (all): o + C ≤ outs.end in every call; the rest is the caller's.
@@ -469,13 +471,16 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
 struct Prefetch {
     first: *const u8,
     count: usize,
+    /// Into L1 (`prefetcht0`) rather than L2 (`prefetcht1`).
+    l1: bool,
 }
 
-/// Prefetches cache lines `lines` from `at` into L2 (`prefetcht1`), as [`prefetch_lines`] does into L1. The tiles
-/// fetch a whole panel or group ahead; into L1 that evicted the lines in use before they were read (Zen 4's L1D
-/// holds 32 KB, one Q8 group of SmolLM2's FFN-down matrix 52 KB). Single-thread decode per CPU-second on SmolLM2's
-/// layer matmuls, L1 → L2, best of 4 interleaved rounds on a loaded host: Q4_1 181.6 → 220.4, Q8_0 106.8 → 147.6
-/// tokens (P = 2); with 2 and 4 activation rows Q8_0 211 → 327 and 317 → 410; with 16 unchanged.
+/// Prefetches cache lines `lines` from `at` into L2 (`prefetcht1`), as [`prefetch_lines`] does into L1. The batch
+/// tiles fetch a whole group of two panels ahead; into L1 that evicted the lines in use before they were read
+/// (Zen 4's L1D holds 32 KB, one Q8 group of SmolLM2's FFN-down matrix 52 KB). Single-thread decode per CPU-second
+/// on SmolLM2's layer matmuls, L1 → L2, best of 4 interleaved rounds on a loaded host, when decode also ran two
+/// panels per tile: Q4_1 181.6 → 220.4, Q8_0 106.8 → 147.6 tokens; with 2 and 4 activation rows Q8_0 211 → 327 and
+/// 317 → 410; with 16 unchanged. (Decode, one panel per tile and one panel ahead, now fetches into L1.)
 #[inline(always)]
 fn prefetch_l2(at: *const u8, lines: Range<usize>) {
     for line in lines {
@@ -539,11 +544,19 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
         for b in 0..nb {
             let qp: [*const u8; P] = std::array::from_fn(|i| base[i].add(sec.qs(b)));
             // Decode streams the weights from DRAM once, and batches read each group from memory in their first
-            // tile: the hardware prefetcher alone leaves the cores waiting. A distance counted from the quants (4 KB
-            // ahead, as decode did before) never reached a panel's scale and offset lines in time, since they lie
-            // after its quants but are read from its first block on (the same stall as in `packed256.rs`).
+            // tile: the hardware prefetcher alone leaves the cores waiting, even now that a panel is one stream
+            // (SmolLM2 and Gemma 3 tg128 on 2 threads, Zen 5, interleaved rounds on a loaded host: no software
+            // prefetch was the slowest of all choices, e.g. Q5_0 median 208 t/s against 277). For decode, the
+            // next panel into L1 measured best: median t/s of 8 rounds, Q4_1 306 / Q8_0 207 / Gemma 3 122,
+            // against 294 / 184 / 107 for the panel after next into L2 (what the split layout wanted), 302 / 195
+            // / 118 for the next into L2, 297 / 195 / 117 for the one after next into L1.
             let per_block = pf.count.div_ceil(nb);
-            prefetch_l2(pf.first, b * per_block..((b + 1) * per_block).min(pf.count));
+            let lines = b * per_block..((b + 1) * per_block).min(pf.count);
+            if pf.l1 {
+                prefetch_lines(pf.first, lines)
+            } else {
+                prefetch_l2(pf.first, lines)
+            }
             let extra: [__m512i; P] = std::array::from_fn(|i| F::extra(qp[i]));
             // The integer dot products of all P·C·G (panel, activation row) pairs advance together, weight group
             // by weight group: consecutive `vpdpbusd` are independent, so their latency hides behind each other.
