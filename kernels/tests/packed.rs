@@ -455,3 +455,51 @@ fn pack_all_equals_packing_each_alone() {
         }
     }
 }
+
+#[test]
+fn sections_tile_each_panel_in_aligned_pieces_read_in_order() {
+    use packed::{PackedFormat, Sections};
+    for format in PackedFormat::ALL {
+        let step = Sections::group_blocks(format);
+        for nb in (step..=9 * step).step_by(step).chain([1, 3, 7].into_iter().filter(|_| step == 2)) {
+            let sec = Sections::of(format, nb);
+            let end = sec.end();
+            assert!(end.is_multiple_of(64), "{format:?} nb={nb}: {end}");
+            // Every piece a block reads: (offset, bytes, alignment its load needs).
+            let mut pieces = Vec::new();
+            for b in 0..nb {
+                let first = pieces.len();
+                pieces.push((sec.qs(b), format.qs_bytes(), 64));
+                let k_first = !format.is_k() || b % 8 == 0;
+                if !format.is_float() && k_first {
+                    pieces.push((sec.d(b), 32, 32));
+                }
+                if format.has_min() && k_first {
+                    pieces.push((sec.m(b), 32, 32));
+                }
+                match format {
+                    PackedFormat::K4 => pieces.extend([(sec.sc(b), 16, 16), (sec.mn(b), 16, 16)]),
+                    PackedFormat::K6 => pieces.push((sec.sc(b), 32, 16)),
+                    _ => {}
+                }
+                // A block's scales lie in its group, after the group's quants: the panel is read front to back.
+                let group = sec.qs(b) / sec.group_bytes() * sec.group_bytes();
+                for &(off, len, _) in &pieces[first..] {
+                    assert!(off >= group && off + len <= group + sec.group_bytes(), "{format:?} nb={nb} block {b}");
+                }
+            }
+            // Aligned, inside the panel, disjoint.
+            pieces.sort();
+            // Only a partial last group (Q8 with an odd nb) leaves room, that of its missing block's quants.
+            let most_gap = if nb.is_multiple_of(step) { 63 } else { format.qs_bytes() };
+            let mut at = 0;
+            for &(off, len, align) in &pieces {
+                assert!(off.is_multiple_of(align), "{format:?} nb={nb}: piece at {off} not {align}-aligned");
+                assert!(off >= at, "{format:?} nb={nb}: piece at {off} overlaps the one before (ends at {at})");
+                assert!(off - at <= most_gap, "{format:?} nb={nb}: a gap at {at}..{off}");
+                at = off + len;
+            }
+            assert!(at <= end && end - at < 64, "{format:?} nb={nb}: pieces end at {at}, panel at {end}");
+        }
+    }
+}
