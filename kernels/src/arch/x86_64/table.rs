@@ -90,6 +90,10 @@ macro_rules! x86_table {
                 // SAFETY: see KERNELS.
                 unsafe { $ar16(a, v, out) }
             },
+            f16_to_f32: |src, dst| {
+                // SAFETY: see KERNELS.
+                unsafe { f16_to_f32(src, dst) }
+            },
             softmax_block: |x, scale, state| {
                 // SAFETY: see KERNELS.
                 unsafe { softmax_block(x, scale, state) }
