@@ -90,6 +90,21 @@ pub fn dot_cols_ref<T: Copy>(q: &[f32], kt: &[T], lanes: usize, out: &mut [f32],
     }
 }
 
+/// Converts `src` (e.g. a block of an f16 KV cache) to f32 in `dst`. Every f16 is exactly an f32, so all levels
+/// give the same values. Tiled prefill attention converts a block once and then uses it for every query row of the
+/// tile, where the f16 kernels would convert it again for each few rows. Panics if the lengths differ.
+pub fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
+    (kernels().f16_to_f32)(src, dst)
+}
+
+/// The scalar statement of [`f16_to_f32`].
+pub fn f16_to_f32_ref(src: &[f16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "f16_to_f32: {} values into {}", src.len(), dst.len());
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = s.to_f32();
+    }
+}
+
 /// The weighted sums of a run of `n` cached values for one or more heads that share them: for each head `h`,
 /// `out[h·width..][..width] += Σ_j w[h·w_stride + j] · v[j·v_stride..][..width]`, `j` in `0..n`. Each value row is
 /// loaded once for all heads. Per element, fused multiply-adds in row order, as one [`axpy`] per row would do.

@@ -614,6 +614,19 @@ fn attention_kernels_equal_their_scalar_statements() {
                 }
             }
         }
+        // f16 → f32 conversion: exact, so equal to the scalar statement at every length (8-wide body, tails),
+        // including infinities, NaN, subnormals and signed zeros.
+        for n in [0, 1, 7, 8, 9, 16, 63, 64, 1024] {
+            let mut src: Vec<f16> = randv(&mut rng, n, 100.0).iter().map(|&v| f16::from_f32(v)).collect();
+            let special = [f16::INFINITY, f16::NEG_INFINITY, f16::NAN, f16::from_bits(1), f16::NEG_ZERO, f16::MAX];
+            for (x, s) in src.iter_mut().zip(special) {
+                *x = s;
+            }
+            let (mut got, mut want) = (vec![f32::NAN; n], vec![0f32; n]);
+            (k.f16_to_f32)(&src, &mut got);
+            vec_f32::f16_to_f32_ref(&src, &mut want);
+            assert_eq!(bits(&got), bits(&want), "{} f16_to_f32 n={n}", k.isa);
+        }
         // Softmax blocks: weights e^(x·scale − max) to about an ulp, tails to exactly 0, the running state's
         // rescaling, and bit-equal results on every level.
         let scale = 0.125;

@@ -35,6 +35,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     dot_cols_f16: |q, kt, lanes, out| crate::vec_f32::dot_cols_ref(q, kt, lanes, out, f16::to_f32),
     axpy_rows_f32: |a, v, out| crate::vec_f32::axpy_rows_ref(a, v, out, |x| x),
     axpy_rows_f16: |a, v, out| crate::vec_f32::axpy_rows_ref(a, v, out, f16::to_f32),
+    f16_to_f32: crate::vec_f32::f16_to_f32_ref,
     softmax_block: crate::vec_f32::softmax_block_impl,
     swiglu: crate::vec_f32::swiglu_impl,
     geglu: crate::vec_f32::geglu_impl,

@@ -211,6 +211,26 @@ macro_rules! x86_attention {
             unsafe { axpy_rows::<f16>(a, v, out) }
         }
 
+        /// [`crate::vec_f32::f16_to_f32`]: eight values per conversion instruction (F16C, which both levels have;
+        /// the conversion is a small share of tiled attention, so the 512-bit level does not need its own form).
+        #[target_feature(enable = $feat)]
+        fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
+            assert_eq!(src.len(), dst.len(), "f16_to_f32: {} values into {}", src.len(), dst.len());
+            let n = src.len();
+            let mut i = 0;
+            while i + 8 <= n {
+                // SAFETY: i + 8 ≤ n, the length of both slices; unaligned loads and stores.
+                unsafe {
+                    let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
+                    _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+                }
+                i += 8;
+            }
+            for (d, s) in dst[i..].iter_mut().zip(&src[i..]) {
+                *d = s.to_f32();
+            }
+        }
+
         /// [`crate::vec_f32::softmax_block`], vectorised for this level.
         #[target_feature(enable = $feat)]
         fn softmax_block(x: &mut [f32], scale: f32, state: &mut crate::vec_f32::SoftmaxState) -> f32 {

@@ -47,7 +47,7 @@ x86_kernels!(
         unsafe { crate::arch::packed256::panel_f(w, panels, x, n, out) }
     }),
     packed_formats = &crate::packed::PackedFormat::ALL,
-    attention = [dot_cols_f32, dot_cols_f16, axpy_rows_f32, axpy_rows_f16],
+    attention = [dot_cols_f32, dot_cols_f16, axpy_rows_f32, axpy_rows_f16, f16_to_f32],
     quantize32 = quantize32
 );
 

@@ -53,7 +53,7 @@ x86_kernels!(
         crate::packed::PackedFormat::F32,
         crate::packed::PackedFormat::F16,
     ],
-    attention = [dot_cols_f32_zmm, dot_cols_f16_zmm, axpy_rows_f32_zmm, axpy_rows_f16_zmm],
+    attention = [dot_cols_f32_zmm, dot_cols_f16_zmm, axpy_rows_f32_zmm, axpy_rows_f16_zmm, f16_to_f32_zmm],
     quantize32 = quantize32_zmm
 );
 
@@ -163,6 +163,19 @@ fn dot_cols_f16_zmm(q: &[f32], kt: &[f16], lanes: usize, out: &mut [f32]) {
     } else {
         dot_cols_f16(q, kt, lanes, out)
     }
+}
+
+/// [`crate::vec_f32::f16_to_f32`], sixteen values per conversion (tiled prefill attention converts every block it
+/// reads; the 256-bit form took 8-10% of a prefill at 4,096 positions); the 256-bit form finishes the tail.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn f16_to_f32_zmm(src: &[f16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "f16_to_f32: {} values into {}", src.len(), dst.len());
+    let body = src.len() - src.len() % 16;
+    for (s, d) in src[..body].chunks_exact(16).zip(dst[..body].chunks_exact_mut(16)) {
+        // SAFETY: both chunks hold 16 values; unaligned load and store.
+        unsafe { _mm512_storeu_ps(d.as_mut_ptr(), _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().cast()))) };
+    }
+    f16_to_f32(&src[body..], &mut dst[body..]);
 }
 
 /// [`crate::vec_f32::dot_cols`] for `lanes` a multiple of 16: tiles of up to 4 heads × 16 lanes, both partial

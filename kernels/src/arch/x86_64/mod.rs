@@ -16,7 +16,8 @@
 //! - `madd16_acc(acc, p, s)`: `acc` plus the pairwise products of the i16 lanes of `p` and `s`.
 //!
 //! `quantize32 = ..` names the level's activation quantizer (the macro's 256-bit `quantize32`, or a wider one).
-//! `attention = [..]` names the level's four attention kernels (`dot_cols` and `axpy_rows`, f32 and f16 caches):
+//! `attention = [..]` names the level's attention kernels (`dot_cols` and `axpy_rows`, f32 and f16 caches, and the
+//! f16 → f32 conversion):
 //! the 256-bit ones the macro defines, or wider ones of the level's own that fall back on them.
 
 #[macro_use]
@@ -40,7 +41,7 @@ macro_rules! x86_kernels {
         packed = $packed:expr,
         packed_f = $packed_f:expr,
         packed_formats = $pf:expr,
-        attention = [$dc32:ident, $dc16:ident, $ar32:ident, $ar16:ident],
+        attention = [$dc32:ident, $dc16:ident, $ar32:ident, $ar16:ident, $cvt:ident],
         quantize32 = $q32:ident
     ) => {
         use std::ops::Range;
@@ -57,7 +58,7 @@ macro_rules! x86_kernels {
             packed = $packed,
             packed_f = $packed_f,
             packed_formats = $pf,
-            attention = [$dc32, $dc16, $ar32, $ar16],
+            attention = [$dc32, $dc16, $ar32, $ar16, $cvt],
             quantize32 = $q32
         );
         x86_attention!($feat);

@@ -8,7 +8,7 @@ macro_rules! x86_table {
         packed = $packed:expr,
         packed_f = $packed_f:expr,
         packed_formats = $pf:expr,
-        attention = [$dc32:ident, $dc16:ident, $ar32:ident, $ar16:ident],
+        attention = [$dc32:ident, $dc16:ident, $ar32:ident, $ar16:ident, $cvt:ident],
         quantize32 = $q32:ident
     ) => {
         /// This level's table. Only [`crate::dispatch`] hands it out, after checking the CPU has every feature in
@@ -89,6 +89,10 @@ macro_rules! x86_table {
             axpy_rows_f16: |a, v, out| {
                 // SAFETY: see KERNELS.
                 unsafe { $ar16(a, v, out) }
+            },
+            f16_to_f32: |src, dst| {
+                // SAFETY: see KERNELS.
+                unsafe { $cvt(src, dst) }
             },
             softmax_block: |x, scale, state| {
                 // SAFETY: see KERNELS.
