@@ -177,22 +177,35 @@ impl PackedFormat {
 
 /// Where everything of a panel lies, as byte offsets from the panel's start: the one place that knows the layout
 /// (see the module documentation). A panel is a sequence of groups of [`Sections::group_blocks`] blocks, each its
-/// blocks' quants followed by their scales; every offset is a few operations on constants once the format is known
-/// (the kernels make theirs from their format constant).
+/// blocks' quants followed by their scales. The sizes are kept here so that an offset is a shift, a mask and two
+/// multiplications, without a division (packing asks for several per row and block); the kernels make theirs from
+/// their format constant, where every size folds to a constant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sections {
     format: PackedFormat,
     /// Groups per panel (a partial last group takes a whole group's bytes).
     groups: usize,
+    /// log2 of [`Sections::group_blocks`].
+    shift: u32,
+    /// [`Sections::group_bytes`], and the quant bytes per block.
+    group_bytes: usize,
+    qs_bytes: usize,
 }
 
 impl Sections {
     pub const fn of(format: PackedFormat, nb: usize) -> Sections {
-        Sections { format, groups: nb.div_ceil(Self::group_blocks(format)) }
+        let blocks = Self::group_blocks(format);
+        Sections {
+            format,
+            groups: nb.div_ceil(blocks),
+            shift: blocks.trailing_zeros(),
+            group_bytes: (blocks * format.qs_bytes() + Self::scale_bytes(format)).next_multiple_of(64),
+            qs_bytes: format.qs_bytes(),
+        }
     }
 
-    /// Blocks per group: as many as make quants plus scales a whole number of 64-byte lines (Q8: 2 × 544 bytes), or
-    /// a K super-block, whose scales come together.
+    /// Blocks per group (a power of two): as many as make quants plus scales a whole number of 64-byte lines (Q8:
+    /// 2 × 544 bytes), or a K super-block, whose scales come together.
     pub const fn group_blocks(format: PackedFormat) -> usize {
         match format {
             PackedFormat::Q8 => 2,
@@ -218,27 +231,27 @@ impl Sections {
     }
 
     /// Bytes per group: quants, then scales, padded to whole lines (only K6's 3360 needs padding, to 3392).
+    #[inline(always)]
     pub const fn group_bytes(&self) -> usize {
-        let f = self.format;
-        (Self::group_blocks(f) * f.qs_bytes() + Self::scale_bytes(f)).next_multiple_of(64)
+        self.group_bytes
     }
 
     /// Block `b`'s group.
     #[inline(always)]
     const fn group(&self, b: usize) -> usize {
-        b / Self::group_blocks(self.format) * self.group_bytes()
+        (b >> self.shift) * self.group_bytes
     }
 
     /// Block `b`'s group's scales.
     #[inline(always)]
     const fn scales(&self, b: usize) -> usize {
-        self.group(b) + Self::group_blocks(self.format) * self.format.qs_bytes()
+        self.group(b) + (self.qs_bytes << self.shift)
     }
 
     /// Block `b`'s quants: `qs_bytes()` bytes, 64-byte aligned.
     #[inline(always)]
     pub const fn qs(&self, b: usize) -> usize {
-        self.group(b) + b % Self::group_blocks(self.format) * self.format.qs_bytes()
+        self.group(b) + (b & ((1 << self.shift) - 1)) * self.qs_bytes
     }
 
     /// The line of 16 f16 `d` that scales block `b` (the K formats: its super-block's).
@@ -273,7 +286,7 @@ impl Sections {
 
     /// Bytes of a panel (a multiple of 64).
     pub const fn end(&self) -> usize {
-        self.groups * self.group_bytes()
+        self.groups * self.group_bytes
     }
 }
 
@@ -666,6 +679,7 @@ impl RowWriter<'_> {
     }
 
     /// Row `r`'s entry of the line of 16 f16 at `at`.
+    #[inline]
     fn f16s(&mut self, at: usize, v: f16) {
         let i = at + self.r * 2;
         self.bytes[i..i + 2].copy_from_slice(&v.to_le_bytes());
@@ -673,6 +687,7 @@ impl RowWriter<'_> {
 
     /// Row `r`'s bytes of block `b` in its chunks: bytes `4j..4j + 4` of `src` (16 nibble bytes, or Q8's 32
     /// bytes) go to chunk `j`.
+    #[inline]
     fn groups<const M: usize>(&mut self, b: usize, src: &[u8; M]) {
         let at = self.sections.qs(b) + 4 * self.r;
         // One bounds check for the block, then a loop of known length over it (packing a 178 MB output head spent
