@@ -195,7 +195,7 @@ pub(crate) struct AttentionParts {
     tile_of: Vec<u32>,
 }
 
-/// Runs of attention tasks per thread over a prompt: enough to even out tokens with different cache lengths.
+/// Runs of few-token attention tasks per thread: enough to even out spans of different lengths.
 const ATTENTION_TASKS_PER_THREAD: usize = 8;
 
 /// Below this many rows, elementwise work runs on the calling thread: spreading a single token's few thousand
@@ -740,6 +740,9 @@ impl Model {
     /// merged in order ([`vec_f32::SoftmaxState::merge`]). A query head's arithmetic is therefore the same whoever
     /// computes it, so results do not depend on the batch, the split into tasks or the thread count.
     ///
+    /// A prompt (more tokens than sequences, enough for every thread) goes by tiles of tokens
+    /// ([`Model::attention_tiles`]), with the same arithmetic per token.
+    ///
     /// With enough tokens for every thread, a task takes whole tokens (all their heads and spans) and also
     /// quantizes each finished row for the output projection `wo` (see [`MatmulScratch::prequantize`]), which then
     /// skips its own quantization pass. With fewer (decode), a task takes one span of one token's run of query
@@ -793,12 +796,10 @@ impl Model {
             let heads = (1..=MAX_HEADS.min(group)).rev().find(|h| group.is_multiple_of(*h)).unwrap_or(1);
             let width = c.n_head * hdv;
             let quant = mm.prequantize(&[wo], att, width);
-            // With one new token per sequence (decode), one contiguous run of tokens per thread: the rows then stay
-            // on the thread that reads them next (small runs interleaved them and cost 5% of a 16-sequence step).
-            // A prompt's tokens differ in cost (each sees one more position than the one before), so there threads
-            // claim small runs and the late, expensive tokens spread over all of them.
-            let tasks = if plan.len() > items.len() { threads * ATTENTION_TASKS_PER_THREAD } else { threads };
-            for_rows_in(att, width, quant, tasks, |t, row| {
+            // One new token per sequence here (prompts go to `attention_tiles`): one contiguous run of tokens per
+            // thread, so the rows stay on the thread that reads them next (small runs interleaved them and cost 5%
+            // of a 16-sequence step).
+            for_rows_in(att, width, quant, threads, |t, row| {
                 let mut spare = SPARE.take();
                 spare.resize(MAX_HEADS * (hdv + 2), 0.0);
                 for (r, out) in row.chunks_exact_mut(heads * hdv).enumerate() {
