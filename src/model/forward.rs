@@ -773,16 +773,7 @@ impl Model {
         let span = |t: usize, h0: usize, heads: usize, range: Range<usize>, out: &mut [f32], st: &mut [_]| {
             let slot = plan[t];
             let qh = &q[t * c.q_dim() + h0 * hd..t * c.q_dim() + (h0 + heads) * hd];
-            let run = SpanRun {
-                il,
-                kv: &*items[slot.item].kv,
-                pool,
-                kvh: h0 / group,
-                hd,
-                hdv,
-                scale: c.attn_scale,
-                softcap: c.attn_softcap,
-            };
+            let run = self.span_run(il, items[slot.item].kv, pool, h0 / group);
             // A prompt's tokens read the same blocks one after another, which stay cached; a decoding token
             // reads its sequence's blocks once per step, from memory.
             let fetch = items[slot.item].tokens.len() == 1;
@@ -793,7 +784,7 @@ impl Model {
             return;
         }
         if whole_tokens {
-            let heads = (1..=MAX_HEADS.min(group)).rev().find(|h| group.is_multiple_of(*h)).unwrap_or(1);
+            let heads = shared_heads(group);
             let width = c.n_head * hdv;
             let quant = mm.prequantize(&[wo], att, width);
             // One new token per sequence here (prompts go to `attention_tiles`): one contiguous run of tokens per
@@ -825,7 +816,7 @@ impl Model {
         // each key once for all of them; with too few tasks that way, single heads keep the threads busy.
         let span_count = |t: usize| spans(seen(t)).count();
         let total_spans: usize = (0..plan.len()).map(span_count).sum();
-        let shared = (1..=MAX_HEADS.min(group)).rev().find(|h| group.is_multiple_of(*h)).unwrap_or(1);
+        let shared = shared_heads(group);
         let heads = if total_spans * (c.n_head / shared) >= 2 * threads { shared } else { 1 };
         let runs = c.n_head / heads;
         parts.tasks.clear();
@@ -880,6 +871,12 @@ impl Model {
         }
     }
 
+    /// Attention of layer `il`'s query heads that share key head `kvh`, over sequence `kv` (see [`SpanRun`]).
+    fn span_run<'a>(&self, il: usize, kv: &'a SeqKv, pool: &'a KvPool, kvh: usize) -> SpanRun<'a> {
+        let c = &self.config;
+        SpanRun { il, kv, pool, kvh, hd: c.head_dim, hdv: c.head_dim_v, scale: c.attn_scale, softcap: c.attn_softcap }
+    }
+
     /// Prompt attention in tiles: up to [`TILE_TOKENS`] consecutive tokens of one sequence × the query heads that
     /// share a key head form one task's query rows, and every key and value block of the positions they see is
     /// read (and for an f16 cache, converted to f32) once for all of them: the scores are a rows × 16 product per
@@ -906,7 +903,7 @@ impl Model {
         let c = &self.config;
         let (hd, hdv, group) = (c.head_dim, c.head_dim_v, c.gqa_group());
         let window = pool.window(il);
-        let heads = (1..=MAX_HEADS.min(group)).rev().find(|h| group.is_multiple_of(*h)).unwrap_or(1);
+        let heads = shared_heads(group);
         let runs = c.n_head / heads;
         let tile_tokens = (TILE_ROWS / heads).clamp(1, TILE_TOKENS);
         // Tiles: runs of consecutive positions of one sequence.
@@ -940,16 +937,7 @@ impl Model {
         for_each_row_in(Chunks::new(&mut parts.buf[..n * slot], slot), n, |i, out| {
             let (t0, tn) = (tiles[i / runs].0 as usize, tiles[i / runs].1 as usize);
             let h0 = (i % runs) * heads;
-            let run = SpanRun {
-                il,
-                kv: &*items[plan[t0].item].kv,
-                pool,
-                kvh: h0 / group,
-                hd,
-                hdv,
-                scale: c.attn_scale,
-                softcap: c.attn_softcap,
-            };
+            let run = self.span_run(il, items[plan[t0].item].kv, pool, h0 / group);
             let seen: [Range<usize>; TILE_TOKENS] =
                 std::array::from_fn(|tt| if tt < tn { seen_by(window, plan[t0 + tt].pos) } else { 0..0 });
             let rows = tn * heads;
@@ -979,6 +967,12 @@ impl Model {
 
 /// Most query heads one attention task takes (those sharing a key head).
 const MAX_HEADS: usize = 8;
+
+/// Query heads one attention task takes together: the most (up to [`MAX_HEADS`]) that divide the GQA `group`, so
+/// that they share one key head and each key and value is read once for all of them.
+fn shared_heads(group: usize) -> usize {
+    (1..=MAX_HEADS.min(group)).rev().find(|h| group.is_multiple_of(*h)).unwrap_or(1)
+}
 
 /// Most tokens per prompt tile (see [`Model::attention_tiles`]).
 const TILE_TOKENS: usize = 16;
@@ -1126,20 +1120,7 @@ impl SpanRun<'_> {
                 p += n;
             }
             for (h, state) in states.iter_mut().enumerate() {
-                let sc = &mut scores[h * row..h * row + width];
-                // Soft-capping (gemma2) bends the scaled scores, so the softmax then takes them unscaled.
-                let scale = match self.softcap {
-                    Some(cap) => {
-                        sc.iter_mut().for_each(|v| *v = cap * (*v * self.scale / cap).tanh());
-                        1.0
-                    }
-                    None => self.scale,
-                };
-                // Scores become softmax weights in place; what was summed under an older maximum is rescaled.
-                let r = vec_f32::softmax_block(sc, scale, state);
-                if r != 1.0 {
-                    vec_f32::scale(r, &mut out[h * hdv..(h + 1) * hdv]);
-                }
+                self.softmax_step(&mut scores[h * row..h * row + width], state, &mut out[h * hdv..(h + 1) * hdv]);
             }
             for (&(lane, n, col), v) in runs[..nb].iter().zip(&blocks[..nb]) {
                 let w = &scores[col..];
@@ -1152,6 +1133,23 @@ impl SpanRun<'_> {
             }
         }
         SCORES.set(scores);
+    }
+
+    /// One softmax step of a query row over the scores `sc` of a chunk, into its softmax `state`: the scores become
+    /// weights in place, and the row's output so far (`out`, summed under an older maximum) is rescaled.
+    fn softmax_step(&self, sc: &mut [f32], state: &mut vec_f32::SoftmaxState, out: &mut [f32]) {
+        // Soft-capping (gemma2) bends the scaled scores, so the softmax then takes them unscaled.
+        let scale = match self.softcap {
+            Some(cap) => {
+                sc.iter_mut().for_each(|v| *v = cap * (*v * self.scale / cap).tanh());
+                1.0
+            }
+            None => self.scale,
+        };
+        let r = vec_f32::softmax_block(sc, scale, state);
+        if r != 1.0 {
+            vec_f32::scale(r, out);
+        }
     }
 
     /// f32 scratch [`SpanRun::tile`] needs for `rows` query rows.
@@ -1263,18 +1261,7 @@ impl SpanRun<'_> {
                 let a = seen.start.clamp(first, first + width) - first;
                 let b = (seen.end.clamp(first, first + width) - first).max(a);
                 if a < b {
-                    let part = &mut sc[a..b];
-                    let scale = match self.softcap {
-                        Some(cap) => {
-                            part.iter_mut().for_each(|v| *v = cap * (*v * self.scale / cap).tanh());
-                            1.0
-                        }
-                        None => self.scale,
-                    };
-                    let f = vec_f32::softmax_block(part, scale, state);
-                    if f != 1.0 {
-                        vec_f32::scale(f, &mut out[r * hdv..(r + 1) * hdv]);
-                    }
+                    self.softmax_step(&mut sc[a..b], state, &mut out[r * hdv..(r + 1) * hdv]);
                 }
                 // (Most rows see the whole chunk: skip the empty fills' calls.)
                 if a > 0 {

@@ -211,8 +211,8 @@ macro_rules! x86_attention {
             unsafe { axpy_rows::<f16>(a, v, out) }
         }
 
-        /// [`crate::vec_f32::f16_to_f32`]: eight values per conversion instruction (F16C, which both levels have;
-        /// the conversion is a small share of tiled attention, so the 512-bit level does not need its own form).
+        /// [`crate::vec_f32::f16_to_f32`]: eight values per conversion instruction (F16C, which both levels have).
+        /// The 512-bit level has its own form (`f16_to_f32_zmm`), which finishes its tail with this one.
         #[target_feature(enable = $feat)]
         fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
             assert_eq!(src.len(), dst.len(), "f16_to_f32: {} values into {}", src.len(), dst.len());
