@@ -9,7 +9,9 @@ so that a neighbour's burst of load on a shared machine hurts both sides alike a
 prints a markdown table: per model and test, the best t/s of each side and their ratio. `-d 0,4096` adds the
 depth tests (llama-bench's -d; llama.cpp's best over --fa settings), `--batch 1,16` the batched-decode curve
 (S_TG of `infer bench --batch` against llama-batched-bench), `--bandwidth` infer's memory read probe, which
-turns each tg rate into a share of the bandwidth limit (model bytes per token over the read rate), and `--memory`
+turns each tg rate into a share of the bandwidth limit (model bytes per token over the read rate), `--peak` its
+compute-peak probe, which turns each pp rate into a share of the peak of the multiply-add its kernels run on, and
+`--memory`
 the peak resident memory of a short `infer run` against `llama-completion` with the same file, context and prompt
 (each side's lowest over the rounds, next to the limit "file + KV cache + 10%"). `--wide` prints one row per model
 and one column pair per test, the layout of the README's speed tables.
@@ -100,6 +102,8 @@ def main():
     ap.add_argument("--batch-prompt", type=int, default=16)
     ap.add_argument("--batch-gen", type=int, default=24)
     ap.add_argument("--bandwidth", action="store_true", help="run infer's memory read probe in each round")
+    ap.add_argument("--peak", action="store_true",
+                    help="run infer's compute-peak probe in each round (each pp rate's share of the peak it runs on)")
     ap.add_argument("--memory", action="store_true",
                     help="also compare peak RSS: `infer run` against llama-completion, same file, context and prompt")
     ap.add_argument("--memory-ctx", type=int, default=4096, help="context size of the --memory runs (-c)")
@@ -130,18 +134,21 @@ def main():
     ours, theirs, raw = {}, {}, []
     rss = {}  # model name -> {"infer": MiB, "llama.cpp": MiB, "kv": MiB}, the lowest peak of the rounds
     bandwidth = 0.0
+    per_rate = {}  # pp key -> share of the compute peak per token/s (lowest: the round with the highest peak)
     for rnd in range(args.rounds):
         for model in args.models:
             name = Path(model).name
             print(f"round {rnd + 1}/{args.rounds}: {name}", file=sys.stderr, flush=True)
             common = ["-p", args.p, "-n", args.n, "-d", args.d, "-t", str(args.t), "-r", str(args.r), "-o", "json"]
-            extra = ["--bandwidth"] if args.bandwidth else []
+            extra = (["--bandwidth"] if args.bandwidth else []) + (["--peak"] if args.peak else [])
             for rec in run_json([args.infer, "bench", model, *common, *extra], env):
                 raw.append({"engine": "infer", **rec})
                 key = (name, rec["n_prompt"], rec["n_gen"], rec["n_depth"])
                 keep_best(ours, key, rec["avg_ts"], rec.get("mem_read_gbs"))
                 progress("infer", rec, rec["avg_ts"])
                 bandwidth = max(bandwidth, rec.get("mem_read_gbs") or 0.0)
+                if rec.get("peak_share") and rec["avg_ts"]:
+                    per_rate[key] = min(per_rate.get(key, 1e9), rec["peak_share"] / rec["avg_ts"])
             for rec in run_json([llama_bench, "-m", model, *common, "-fa", fa_flag]):
                 raw.append({"engine": "llama.cpp", **rec})
                 key = (name, rec["n_prompt"], rec["n_gen"], rec["n_depth"])
@@ -213,9 +220,13 @@ def main():
         limit = limit_tps(key)
         return rate / limit if limit else None
 
+    def peak_share(key, rate):
+        """A pp rate's share of the compute peak its kernels run on, or None."""
+        return rate * per_rate[key] if key in per_rate else None
+
     keys = sorted(set(ours) | set(theirs), key=order)
     if args.wide:
-        print_wide(args, keys, ours, theirs, rss, files, test_name, limit_share, bandwidth)
+        print_wide(args, keys, ours, theirs, rss, files, test_name, limit_share, bandwidth, peak_share)
         return
     print("| model | test | infer | llama.cpp | infer ÷ llama.cpp |")
     print("|---|---|---|---|---|")
@@ -243,6 +254,12 @@ def main():
             if limit:
                 print(f"{key[0]} tg{key[2]}: {rate:.1f} t/s = {100 * rate / limit:.0f}% of the limit "
                       f"{limit:.0f} t/s ({sizes[key[0]] / 1e6:.1f} MB per token)")
+    if per_rate:
+        print("\ncompute peak (infer bench --peak: the f32 FMA for float weights, the level's integer multiply-add "
+              "for quantized ones; best round):")
+        for key in sorted(per_rate, key=order):
+            rate = ours[key][0]
+            print(f"{key[0]} {test_name(key)}: {rate:.1f} t/s = {100 * peak_share(key, rate):.0f}% of the peak")
 
 
 def memory_limit_mib(mem, file_bytes):
@@ -262,9 +279,9 @@ def print_memory(args, rss, files):
         print(f"| {name} | {mem['infer']:.1f} | {mem['llama.cpp']:.1f} | {limit} |")
 
 
-def print_wide(args, keys, ours, theirs, rss, files, test_name, limit_share, bandwidth):
-    """One row per model: each test's "infer / llama.cpp" and ratio, the tg share of the bandwidth limit, and
-    the peak RSS pair."""
+def print_wide(args, keys, ours, theirs, rss, files, test_name, limit_share, bandwidth, peak_share):
+    """One row per model: each test's "infer / llama.cpp" and ratio, the tg share of the bandwidth limit, the pp
+    share of the compute peak, and the peak RSS pair."""
     # Rows in the order the files were given, which is the README's order.
     present = {k[0] for k in keys}
     models = [n for n in dict.fromkeys(Path(m).name for m in args.models) if n in present]
@@ -272,6 +289,10 @@ def print_wide(args, keys, ours, theirs, rss, files, test_name, limit_share, ban
     def shares(t):
         # A test gets a bandwidth-share column when some file has a limit for it (tg without depth, probe run).
         return any(limit_share((m, *t), 1.0) is not None for m in models)
+
+    def peaks(t):
+        # A pp test gets a compute-share column when some file has a probe for it.
+        return any(peak_share((m, *t), 1.0) is not None for m in models)
 
     tests = []
     for key in keys:
@@ -286,6 +307,9 @@ def print_wide(args, keys, ours, theirs, rss, files, test_name, limit_share, ban
         if shares(t):
             head.append(f"{name} share of the bandwidth limit")
             rule.append("---")
+        if peaks(t):
+            head.append(f"{name} share of the compute peak")
+            rule.append("---")
     if rss:
         head += [f"peak RSS -c {args.memory_ctx}, MiB, infer / llama.cpp", "file + KV + 10%"]
         rule += ["---", "---"]
@@ -299,6 +323,9 @@ def print_wide(args, keys, ours, theirs, rss, files, test_name, limit_share, ban
             row += [f"{a:.1f} / {b:.1f}", f"{a / b:.2f}" if a and b else "-"]
             if shares(t):
                 share = limit_share(key, a)
+                row.append(f"{100 * share:.0f}%" if share is not None else "-")
+            if peaks(t):
+                share = peak_share(key, a)
                 row.append(f"{100 * share:.0f}%" if share is not None else "-")
         if rss:
             mem = rss.get(model)

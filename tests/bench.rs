@@ -147,6 +147,42 @@ fn bandwidth_probe_is_reported_with_the_tests() {
 }
 
 #[test]
+fn compute_peak_is_reported_with_the_prompt_tests() {
+    let dir = tempdir();
+    let model = tiny_model(dir.path());
+    let m = model.to_str().unwrap();
+    let args = ["bench", m, "-p", "8", "-n", "2", "-r", "1", "-t", "1", "--peak", "-o", "json"];
+    let records: Vec<serde_json::Value> = serde_json::from_str(&run_ok(&args)).expect("a JSON array");
+    assert_eq!(records.len(), 2, "{records:?}");
+    for r in &records {
+        let fma = r["peak_fma_gflops"].as_f64().unwrap_or_else(|| panic!("no peak_fma_gflops: {r}"));
+        let int = r["peak_int_gmacs"].as_f64().unwrap_or_else(|| panic!("no peak_int_gmacs: {r}"));
+        // Any CPU this runs on does between a tenth of a billion and a few thousand billion per second.
+        assert!((0.1..1e5).contains(&fma) && (0.1..1e5).contains(&int), "{r}");
+        let isa = r["isa"].as_str().unwrap();
+        if r["n_prompt"].as_u64() == Some(8) {
+            let matrix = r["matrix_gflops"].as_f64().unwrap_or_else(|| panic!("no matrix_gflops: {r}"));
+            assert!(matrix > 0.0, "{r}");
+            match r["peak_share"].as_f64() {
+                // The share is the products' rate over the peak of one of the two instructions (the integer one
+                // counting one or two parts per weight), so it must match one of those quotients.
+                Some(share) => {
+                    let candidates = [matrix / fma, matrix / 2.0 / int, matrix / int];
+                    assert!(candidates.iter().any(|c| (c - share).abs() <= 1e-9 * c.max(1.0)), "{r}");
+                }
+                None => assert_eq!(isa, "scalar", "only the scalar level has no share: {r}"),
+            }
+        } else {
+            assert!(r.get("matrix_gflops").is_none() && r.get("peak_share").is_none(), "tg has no share: {r}");
+        }
+    }
+    let md = run_ok(&["bench", m, "-p", "8", "-n", "0", "-r", "1", "-t", "1", "--peak"]);
+    assert!(md.contains("compute peak on 1 threads") && md.contains("f32 FMA"), "{md}");
+    let plain = run_ok(&["bench", m, "-p", "8", "-n", "0", "-r", "1", "-t", "1", "-o", "json"]);
+    assert!(!plain.contains("peak_fma_gflops"), "the probe runs only when asked: {plain}");
+}
+
+#[test]
 fn batching_curve_records_and_plot() {
     let dir = tempdir();
     let model = tiny_model(dir.path());

@@ -15,6 +15,7 @@ pub mod dispatch;
 pub mod matmul;
 pub mod packed;
 pub mod parallel;
+pub mod peak;
 pub mod signals;
 pub mod vec_f32;
 

@@ -17,6 +17,7 @@ pub mod list;
 pub mod logits;
 pub mod membw;
 pub mod output;
+pub mod peak;
 pub mod perplexity;
 pub mod pull;
 pub mod quantize;

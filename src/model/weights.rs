@@ -222,6 +222,26 @@ impl ModelWeights {
         Ok(ModelWeights { token_embd, layers, output_norm, output, rope_freqs })
     }
 
+    /// Multiply-adds of the layers' matrix products per token, each token through `experts_used` experts where
+    /// the model has them, without the output head: what a prompt token costs when only the last token's logits
+    /// are wanted (as in `bench`'s pp tests). Attention's own products are not counted.
+    pub fn layer_macs(&self, experts_used: usize) -> u64 {
+        let macs = |l: &Linear| (l.rows * l.cols) as u64;
+        self.layers
+            .iter()
+            .map(|l| {
+                let ffn = match &l.ffn {
+                    Ffn::Dense { gate, up, down } => macs(gate) + macs(up) + macs(down),
+                    Ffn::Experts(x) => {
+                        let one = x.gate.first().map_or(0, |g| macs(g) + macs(&x.up[0]) + macs(&x.down[0]));
+                        macs(&x.router) + one * experts_used as u64
+                    }
+                };
+                macs(&l.wq) + macs(&l.wk) + macs(&l.wv) + macs(&l.wo) + ffn
+            })
+            .sum()
+    }
+
     /// Bytes of the weights held outside the file's map: panels, and BF16 matrices widened to f32.
     pub fn owned_bytes(&self) -> usize {
         let mut all: Vec<&Linear> = vec![&self.token_embd, &self.output];

@@ -23,6 +23,9 @@ pub(crate) mod packed256;
 #[cfg(target_arch = "x86_64")]
 #[path = "x86_64/packed512.rs"]
 pub(crate) mod packed512;
+#[cfg(target_arch = "x86_64")]
+#[path = "x86_64/peak.rs"]
+pub(crate) mod peak;
 
 use crate::quant::{BlockQ2K, BlockQ4K, BlockQ5_0, BlockQ6K};
 

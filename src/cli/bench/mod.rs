@@ -82,6 +82,10 @@ pub struct BenchArgs {
     /// Also probe the memory read rate at each thread count (decode's limit is that rate over the model's bytes).
     #[arg(long)]
     pub bandwidth: bool,
+    /// Also probe the kernel level's f32 FMA and integer multiply-add peaks at each thread count, and state each
+    /// pp result as a share of the one its weights use (a prompt's matrix products cannot go faster).
+    #[arg(long)]
+    pub peak: bool,
     /// Also draw the results as a chart: FILE.svg or FILE.png.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,

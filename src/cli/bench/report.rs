@@ -43,6 +43,18 @@ pub struct Record {
     /// The memory read probe's rate at this thread count, GB/s (with --bandwidth).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mem_read_gbs: Option<f64>,
+    /// The compute probes at this thread count (with --peak): f32 FMA GFLOP/s, and the integer multiply-add
+    /// of the level's quantized kernels in billions per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_fma_gflops: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_int_gmacs: Option<f64>,
+    /// For pp tests with --peak: the layers' matrix products per second, GFLOP/s (2 × multiply-adds), and their
+    /// share of the peak of the instruction those products run on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub matrix_gflops: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_share: Option<f64>,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub curve: Option<CurvePoint>,
 }
@@ -263,6 +275,23 @@ pub(super) fn to_markdown(records: &[Record], build: &str) -> String {
                 r.test,
                 size_str(r.model_size),
                 100.0 * r.avg_ts / limit
+            );
+        }
+    }
+    for r in records.iter().filter(|r| r.curve.is_none()) {
+        if let (Some(f), Some(i), Some(m), Some(share)) =
+            (r.peak_fma_gflops, r.peak_int_gmacs, r.matrix_gflops, r.peak_share)
+        {
+            probed = true;
+            let _ = write!(
+                out,
+                "\ncompute peak on {} threads ({}): f32 FMA {f:.0} GFLOP/s, integer multiply-add {i:.0} G/s: {} {} \
+                 runs its matrix products at {m:.0} GFLOP/s, {:.0}% of the peak its kernels use",
+                r.n_threads,
+                r.isa,
+                r.model_type,
+                r.test,
+                100.0 * share
             );
         }
     }

@@ -5,11 +5,14 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use infer_kernels::GgmlType;
+use infer_kernels::dispatch::Isa;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::cli::info::file_type_name;
 use crate::cli::output::{print_line, stderr_is_terminal};
+use crate::cli::peak;
 use crate::engine::{EngineConfig, KvBudget, Request, Scheduler};
 use crate::gguf::MetaValue;
 use crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
@@ -34,6 +37,10 @@ struct ModelInfo {
     size: u64,
     n_params: u64,
     n_ctx: usize,
+    /// Multiply-adds of the layers' matrix products per prompt token (no output head).
+    layer_macs: u64,
+    /// Whether the layers' matrices are float (F32, F16, BF16), whose products run on FMA, not integer dots.
+    float_weights: bool,
 }
 
 impl ModelInfo {
@@ -51,6 +58,12 @@ impl ModelInfo {
             size: file.tensor_bytes_total(),
             n_params,
             n_ctx: model.config.n_ctx_train,
+            layer_macs: model.weights.layer_macs(model.config.moe.map_or(0, |m| m.n_used)),
+            float_weights: model
+                .weights
+                .layers
+                .first()
+                .is_some_and(|l| matches!(l.wq.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)),
         }
     }
 }
@@ -443,6 +456,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 
     let read_gbs: Vec<Option<f64>> =
         pools.iter().map(|(_, pool)| args.bandwidth.then(|| pool.install(crate::cli::membw::read_gbs))).collect();
+    let peaks: Vec<Option<(peak::Rate, peak::Rate)>> = pools
+        .iter()
+        .map(|(_, pool)| args.peak.then(|| pool.install(|| peak::measure(infer_kernels::dispatch::isa()))))
+        .collect();
     let runs_per_test = args.repetitions + usize::from(!args.no_warmup);
     let total = (models.len() * pools.len() * tests.len() * runs_per_test) as u64;
     let progress = if stderr_is_terminal() {
@@ -472,7 +489,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ubatch: args.ubatch,
             rng: ChaCha8Rng::seed_from_u64(TOKEN_SEED),
         };
-        for ((n_threads, pool), gbs) in pools.iter().zip(&read_gbs) {
+        for (((n_threads, pool), gbs), peaks) in pools.iter().zip(&read_gbs).zip(&peaks) {
             for &test in &tests {
                 progress.set_message(format!("{} {} t{}", info.model_type, test.name(), n_threads));
                 let samples = pool.install(|| -> anyhow::Result<Vec<Sample>> {
@@ -496,6 +513,23 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 }
                 let mut record = make_record(&build, info, &isa, *n_threads, &args, test, &samples);
                 record.mem_read_gbs = *gbs;
+                if let Some((fma, int)) = peaks {
+                    record.peak_fma_gflops = Some(2.0 * fma.g_macs);
+                    record.peak_int_gmacs = Some(int.g_macs);
+                    if let Test::Prompt(..) = test {
+                        let g_macs = info.layer_macs as f64 * record.avg_ts / 1e9;
+                        record.matrix_gflops = Some(2.0 * g_macs);
+                        // Integer multiply-adds per weight multiply-add: the AVX-512 kernels run one 8-bit
+                        // product per activation part (two for q8x2); the AVX2 ones fuse the parts into one
+                        // 16-bit value. The scalar level has no peak worth comparing with.
+                        record.peak_share = match (infer_kernels::dispatch::isa(), info.float_weights) {
+                            (Isa::Scalar, _) => None,
+                            (_, true) => Some(g_macs / fma.g_macs),
+                            (Isa::Avx512, false) => Some(g_macs * model.precision().parts() as f64 / int.g_macs),
+                            (Isa::Avx2, false) => Some(g_macs / int.g_macs),
+                        };
+                    }
+                }
                 records.push(record);
             }
         }
@@ -599,6 +633,10 @@ fn make_record(
         samples_cpu_ns: cpu.map(|c| c.iter().map(|&t| (t * 1e9).round() as u64).collect()),
         avg_ts_cpu,
         mem_read_gbs: None,
+        peak_fma_gflops: None,
+        peak_int_gmacs: None,
+        matrix_gflops: None,
+        peak_share: None,
         curve,
     }
 }
