@@ -271,6 +271,10 @@ pub struct DistinctIndices<'a> {
 impl<'a> DistinctIndices<'a> {
     /// Panics if an index appears twice.
     pub fn new(idx: &'a [usize]) -> Self {
+        // One index (a single decoding sequence, once per layer) cannot repeat: no sorted copy to allocate.
+        if let [i] = idx {
+            return DistinctIndices { idx, end: i + 1 };
+        }
         let mut sorted = idx.to_vec();
         sorted.sort_unstable();
         assert!(sorted.windows(2).all(|w| w[0] != w[1]), "picked rows repeat");

@@ -819,6 +819,21 @@ impl Model {
         let shared = shared_heads(group);
         let heads = if total_spans * (c.n_head / shared) >= 2 * threads { shared } else { 1 };
         let runs = c.n_head / heads;
+        let tasks_for = |n: usize| if n >= 2 { n.min(threads * ATTENTION_TASKS_PER_THREAD) } else { 1 };
+        if total_spans == plan.len() {
+            // Every token sees a single span (a cache of up to SPAN positions): each (token, run) task's result is
+            // final, so it goes straight into the token's row of `att`, normalised there, with the same arithmetic
+            // as the merge below gives a lone span. No partial buffer and no serial merge pass, which the other
+            // threads would spin through.
+            let n = plan.len() * runs;
+            for_each_row_in(Chunks::new(&mut att[..n * heads * hdv], heads * hdv), tasks_for(n), |i, out| {
+                let (t, r) = (i / runs, i % runs);
+                let mut states = [vec_f32::SoftmaxState::EMPTY; MAX_HEADS];
+                span(t, r * heads, heads, seen(t), out, &mut states[..heads]);
+                normalize(out, &states[..heads], hdv);
+            });
+            return;
+        }
         parts.tasks.clear();
         for t in 0..plan.len() {
             for r in 0..runs {
@@ -830,8 +845,7 @@ impl Model {
         let n = parts.tasks.len();
         grow(&mut parts.buf, n * part_len);
         let tasks = &parts.tasks;
-        let tasks_run = if n >= 2 { n.min(threads * ATTENTION_TASKS_PER_THREAD) } else { 1 };
-        for_each_row_in(Chunks::new(&mut parts.buf[..n * part_len], part_len), tasks_run, |i, part| {
+        for_each_row_in(Chunks::new(&mut parts.buf[..n * part_len], part_len), tasks_for(n), |i, part| {
             let (t, r, si) = (tasks[i].0 as usize, tasks[i].1 as usize, tasks[i].2 as usize);
             let range = spans(seen(t)).nth(si).expect("counted above");
             let (out, st) = part.split_at_mut(heads * hdv);
