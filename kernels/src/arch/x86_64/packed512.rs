@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 use std::ops::Range;
 
-use super::packed256::{DECODE_F, FloatPrefetch, NO_PREFETCH, next_tile, prefetch_lines};
+use super::packed256::{DECODE_F, prefetch_lines};
 use crate::dispatch::{Act32, OutSink};
 use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, Sections, check_args, check_args_f};
 
@@ -264,20 +264,23 @@ unsafe fn run<F: Quants, const G: usize>(
         let act = &Acts::new(act, w.nb, o0 * G..o1 * G, F::FORMAT.split_halves(), &mut halves);
         let mut p = panels.start;
         let decode = o1 - o0 == 1;
+        // The end of the task's panels, where a decode stream's prefetch stops (later panels are another task's).
+        let end = w.bytes.as_ptr().wrapping_add(panels.end * w.panel_bytes);
         if decode {
-            // Decode: the task's first panel is fetched here, and each tile fetches the next one into L1 (see
-            // `tile`).
-            prefetch_lines(w.bytes.as_ptr().wrapping_add(p * w.panel_bytes), 0..w.panel_bytes / 64);
+            // Decode: the first `DECODE_AHEAD` bytes of the task are fetched here; each block then fetches its
+            // own lines that far ahead (see `tile`).
+            let first = w.bytes.as_ptr().wrapping_add(p * w.panel_bytes);
+            prefetch_lines(first, 0..stream_lines(first, DECODE_AHEAD, end));
         }
         // Decode runs one panel per tile: with two, the two panels in use and the two being fetched overflowed L1
         // (4 × 26 KB for the Q8 FFN-down panels of SmolLM2); one panel per tile measured faster for Q4_1 and Q8_0.
         let most = if decode { 1 } else { 2 };
         while p < panels.end {
             let n = (panels.end - p).min(most);
-            // The panels this group's tiles fetch as they go: the next group (decode: the next panel).
+            // Batches: the panels this group's tiles fetch as they go, the next group.
             let from = p + n;
             let lines = panels.end.saturating_sub(from).min(most) * w.panel_bytes / 64;
-            let next = Ahead { from, lines, l1: decode };
+            let next = if decode { Ahead::Stream { end } } else { Ahead::Group { from, lines } };
             // SAFETY (both): p + n ≤ panels.end; the rest is the caller's.
             if n == 2 {
                 unsafe { rows::<F, G, 2>(w, p, act, o0..o1, next, out) };
@@ -393,16 +396,33 @@ const fn two_scales<F: Quants>() -> bool {
     F::FORMAT.has_min() || F::FORMAT.split_halves()
 }
 
-/// The cache lines of the panel group after the current one in a task (none after its last), which the current
-/// group's tiles prefetch between them.
+/// What a panel group's tiles prefetch between them.
 #[derive(Clone, Copy)]
-struct Ahead {
-    /// First panel of the next group.
-    from: usize,
-    /// Its size in 64-byte lines.
-    lines: usize,
-    /// Into L1 rather than L2 (decode).
-    l1: bool,
+enum Ahead {
+    /// Batches: the cache lines of the panel group after the current one in a task (none after its last), into
+    /// L2.
+    Group {
+        /// First panel of the next group.
+        from: usize,
+        /// Its size in 64-byte lines.
+        lines: usize,
+    },
+    /// Decode: the task's panels as one stream, [`DECODE_AHEAD`] bytes ahead of the reads, into L1, stopping at
+    /// `end` (the end of the task's last panel).
+    Stream { end: *const u8 },
+}
+
+/// How far ahead of its reads (in bytes) a decode tile prefetches the panel stream into L1. The whole next panel
+/// (what decode fetched before) is 26 KB for SmolLM2's Q8_0 FFN-down panels, and with the 26 KB panel in use
+/// that overflows Zen 5's 48 KB L1. Per CPU-second GB/s over SmolLM2's 30 layers of panels (one Q8x2 decode row,
+/// 2 threads each streaming its own copy, Zen 5, best of 3 interleaved rounds on a loaded host): the next panel
+/// Q4_1 29.7 / Q8_0 25.3; 8 KB ahead 30.5 / 29.5; 7 KB 27.1 / 32.3; 10 KB 30.1 / 28.0; no prefetch 27.8 / 31.0.
+const DECODE_AHEAD: usize = 8 * 1024;
+
+/// Cache lines of the `bytes` from `at` that lie before `end` (none when `at` is at or past it).
+#[inline(always)]
+fn stream_lines(at: *const u8, bytes: usize, end: *const u8) -> usize {
+    bytes.min(end.addr().saturating_sub(at.addr())) / 64
 }
 
 /// Output rows in the next tile when `left` remain: as many as fit the registers, falling back to 4, 3, 2, 1.
@@ -440,14 +460,16 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
     next: Ahead,
     out: &OutSink<'_>,
 ) {
-    let ahead = w.bytes.as_ptr().wrapping_add(next.from * w.panel_bytes);
     // Each tile's share of the lines is in proportion to its rows, so that a short last tile does not fetch the
-    // last panel's scales just before they are read. Decode (one output row) is one tile that fetches the whole
-    // next group while it reads this one.
-    let share = |rows: Range<usize>| {
-        let at = |o: usize| (o - outs.start) * next.lines / outs.len();
-        let (lo, hi) = (at(rows.start), at(rows.end));
-        Prefetch { first: ahead.wrapping_add(64 * lo), count: hi - lo, l1: next.l1 }
+    // last panel's scales just before they are read. Decode (one output row) is one tile that streams.
+    let share = |rows: Range<usize>| match next {
+        Ahead::Group { from, lines } => {
+            let ahead = w.bytes.as_ptr().wrapping_add(from * w.panel_bytes);
+            let at = |o: usize| (o - outs.start) * lines / outs.len();
+            let (lo, hi) = (at(rows.start), at(rows.end));
+            Prefetch::Lines { first: ahead.wrapping_add(64 * lo), count: hi - lo }
+        }
+        Ahead::Stream { end } => Prefetch::Stream { end },
     };
     let mut o = outs.start;
     // SAFETY (all): o + C ≤ outs.end in every call; the rest is the caller's.
@@ -465,14 +487,14 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
     }
 }
 
-/// What one tile prefetches: `count` cache lines from `first`, spread over the tile's blocks. Prefetches are hints
-/// that cannot fault, so the addresses are computed with `wrapping_add` and never dereferenced.
+/// What one tile prefetches. Prefetches are hints that cannot fault, so the addresses are computed with
+/// `wrapping_add` and never dereferenced.
 #[derive(Clone, Copy)]
-struct Prefetch {
-    first: *const u8,
-    count: usize,
-    /// Into L1 (`prefetcht0`) rather than L2 (`prefetcht1`).
-    l1: bool,
+enum Prefetch {
+    /// `count` cache lines from `first` into L2, spread over the tile's blocks.
+    Lines { first: *const u8, count: usize },
+    /// Each block's own lines [`DECODE_AHEAD`] bytes further on, into L1, none at or past `end`.
+    Stream { end: *const u8 },
 }
 
 /// Prefetches cache lines `lines` from `at` into L2 (`prefetcht1`), as [`prefetch_lines`] does into L1. The batch
@@ -480,7 +502,7 @@ struct Prefetch {
 /// (Zen 4's L1D holds 32 KB, one Q8 group of SmolLM2's FFN-down matrix 52 KB). Single-thread decode per CPU-second
 /// on SmolLM2's layer matmuls, L1 → L2, best of 4 interleaved rounds on a loaded host, when decode also ran two
 /// panels per tile: Q4_1 181.6 → 220.4, Q8_0 106.8 → 147.6 tokens; with 2 and 4 activation rows Q8_0 211 → 327 and
-/// 317 → 410; with 16 unchanged. (Decode, one panel per tile and one panel ahead, now fetches into L1.)
+/// 317 → 410; with 16 unchanged. (Decode, one panel per tile, now streams into L1: [`DECODE_AHEAD`].)
 #[inline(always)]
 fn prefetch_l2(at: *const u8, lines: Range<usize>) {
     for line in lines {
@@ -547,15 +569,24 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
             // tile: the hardware prefetcher alone leaves the cores waiting, even now that a panel is one stream
             // (SmolLM2 and Gemma 3 tg128 on 2 threads, Zen 5, interleaved rounds on a loaded host: no software
             // prefetch was the slowest of all choices, e.g. Q5_0 median 208 t/s against 277). For decode, the
-            // next panel into L1 measured best: median t/s of 8 rounds, Q4_1 306 / Q8_0 207 / Gemma 3 122,
-            // against 294 / 184 / 107 for the panel after next into L2 (what the split layout wanted), 302 / 195
-            // / 118 for the next into L2, 297 / 195 / 117 for the one after next into L1.
-            let per_block = pf.count.div_ceil(nb);
-            let lines = b * per_block..((b + 1) * per_block).min(pf.count);
-            if pf.l1 {
-                prefetch_lines(pf.first, lines)
-            } else {
-                prefetch_l2(pf.first, lines)
+            // next panel into L1 measured best of the whole-panel choices: median t/s of 8 rounds, Q4_1 306 /
+            // Q8_0 207 / Gemma 3 122, against 294 / 184 / 107 for the panel after next into L2 (what the split
+            // layout wanted), 302 / 195 / 117 for the next into L2, 297 / 195 / 117 for the one after next into
+            // L1; a fixed distance ahead in the stream ([`DECODE_AHEAD`]) then beat it.
+            match pf {
+                Prefetch::Lines { first, count } => {
+                    let per_block = count.div_ceil(nb);
+                    prefetch_l2(first, b * per_block..((b + 1) * per_block).min(count))
+                }
+                Prefetch::Stream { end } => {
+                    // Block b's lines: its quants, and after a group's last block the group's scales (the last
+                    // block of a panel also its padding, so that consecutive panels are one stream).
+                    let (start, stop) = (sec.qs(b), if b + 1 < nb { sec.qs(b + 1) } else { w.panel_bytes });
+                    for panel in base {
+                        let at = panel.wrapping_add(start + DECODE_AHEAD);
+                        prefetch_lines(at, 0..stream_lines(at, stop - start, end));
+                    }
+                }
             }
             let extra: [__m512i; P] = std::array::from_fn(|i| F::extra(qp[i]));
             // The integer dot products of all P·C·G (panel, activation row) pairs advance together, weight group
@@ -650,7 +681,7 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
 trait FloatZ {
     /// Bytes per weight.
     const SIZE: usize;
-    /// Whether a decode tile fetches the next tile's panels into L2 (as the 256-bit level's `FloatW::PREFETCH`).
+    /// Whether a decode tile prefetches each panel's column stream [`DECODE_AHEAD_F`] bytes ahead into L1.
     const PREFETCH: bool;
     /// # Safety
     /// `16 · SIZE` bytes must be readable at `p`, `16 · SIZE`-aligned; the CPU must have AVX-512 F.
@@ -718,45 +749,49 @@ unsafe fn decode_f<T: FloatZ>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32
     // SAFETY (all tiles): panels p..p + P lie in the checked range.
     unsafe {
         while p < panels.end {
-            // Each full tile fetches the next one into L2, as in the 256-bit level's `run_f`.
-            let pf = next_tile(w, p + DECODE_F, panels.end, T::PREFETCH);
             match panels.end - p {
-                1 => decode_tile_f::<T, 1>(w, p, x, NO_PREFETCH, out),
-                2 => decode_tile_f::<T, 2>(w, p, x, NO_PREFETCH, out),
-                3 => decode_tile_f::<T, 3>(w, p, x, NO_PREFETCH, out),
-                _ => decode_tile_f::<T, DECODE_F>(w, p, x, pf, out),
+                1 => decode_tile_f::<T, 1>(w, p, x, out),
+                2 => decode_tile_f::<T, 2>(w, p, x, out),
+                3 => decode_tile_f::<T, 3>(w, p, x, out),
+                _ => decode_tile_f::<T, DECODE_F>(w, p, x, out),
             }
             p += (panels.end - p).min(DECODE_F);
         }
     }
 }
 
-/// Panels `p..p + P` against the one activation row `x`, fetching `pf` into L2 on the way.
+/// How far ahead of its reads (in bytes) each F16 panel's column stream is prefetched into L1 by a decode tile
+/// (four streams, so 8 KB in all, as the quantized [`DECODE_AHEAD`]). Per CPU-second GB/s over SmolLM2's 30
+/// layers of F16 panels (2 threads each streaming its own copy, Zen 5, 3 interleaved rounds on a loaded host):
+/// the next tile's panels into L2 (as before) 21.9 / 24.9 / 23.0, into L1 21.8 / 22.9 / 23.0; 2 KB ahead 24.4 /
+/// 26.2 / 25.7; 1 KB 21.2 / 22.7 / 22.8; 4 KB 23.6 / 24.3 / 23.0; none 19.2 / 19.7 / 18.4. F32 reads at the probe's
+/// rate without any.
+const DECODE_AHEAD_F: usize = 2 * 1024;
+
+/// Panels `p..p + P` against the one activation row `x`, prefetching their streams on the way (`T::PREFETCH`).
 ///
 /// # Safety
 /// As [`decode_f`], with `p + P` ≤ `w.n_panels`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn decode_tile_f<T: FloatZ, const P: usize>(
-    w: &PackedView<'_>,
-    p: usize,
-    x: &[f32],
-    pf: FloatPrefetch,
-    out: &OutSink<'_>,
-) {
+unsafe fn decode_tile_f<T: FloatZ, const P: usize>(w: &PackedView<'_>, p: usize, x: &[f32], out: &OutSink<'_>) {
     const { assert!(P >= 1 && P <= DECODE_F) };
     let cols = w.nb * 32;
     let column = PANEL_ROWS * T::SIZE;
-    let (ahead, lines) = pf;
-    let per_k = lines.div_ceil(cols);
+    // Columns per cache line: each stream fetches one line per line it reads.
+    let per_line = 64 / column;
     // SAFETY: the pointers stay inside panels p..p + P (nb blocks of 32 columns, `panel_bytes` each, checked) and
     // inside x's `cols` values; every column starts on a multiple of its size.
     unsafe {
         let base: [*const u8; P] = std::array::from_fn(|i| w.bytes.as_ptr().add((p + i) * w.panel_bytes));
         let mut acc = [_mm512_setzero_ps(); P];
         for k in 0..cols {
-            if per_k > 0 {
-                prefetch_l2(ahead, (k * per_k).min(lines)..((k + 1) * per_k).min(lines));
+            if T::PREFETCH && k % per_line == 0 {
+                // Past a panel's end the stream runs into the next panel: the next tile's first one for the last
+                // stream, or for the last tile of a task the next task's (a harmless hint).
+                for panel in base {
+                    prefetch_lines(panel.wrapping_add(k * column + DECODE_AHEAD_F), 0..1);
+                }
             }
             let xb = _mm512_set1_ps(*x.as_ptr().add(k));
             for i in 0..P {
