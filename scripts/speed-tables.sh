@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates every speed table of the README's "Speed vs llama.cpp" section in one run: for each kernel level
 # (the CPU's best, and AVX2 forced with INFER_ISA=avx2 against a llama.cpp built for AVX2 only), the seven files
-# at depth 0 with the bandwidth limit and peak memory, the two shipped models at depth 4096, and the batched-decode
-# pair B=1,16. It only runs scripts/bench-vs-llama.py; the figures are whatever the two programs print.
+# at depth 0 with the bandwidth limit, the compute peak and peak memory, the two shipped models at depth 4096, and
+# the batched-decode pair B=1,16. It only runs scripts/bench-vs-llama.py; the figures are whatever the two programs print.
 #
 #   scripts/speed-tables.sh --native /path/to/llama.cpp/build/bin [--avx2 /path/to/llama.cpp/build-avx2/bin]
 #                           [--out DIR] [--rounds N] [-r N]
@@ -55,7 +55,7 @@ table() {  # table NAME LLAMA_BIN [ISA]
     local name="$1" bin="$2" isa="${3:-}" flags=()
     [ -n "$isa" ] && flags=(--isa "$isa")
     echo "== $name: $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg), $(git rev-parse --short HEAD)"
-    bench --llama-bin "$bin" "${flags[@]}" -p 512 -n 128 --bandwidth --memory --wide "${files[@]}"
+    bench --llama-bin "$bin" "${flags[@]}" -p 512 -n 128 --bandwidth --peak --memory --wide "${files[@]}"
     echo
     bench --llama-bin "$bin" "${flags[@]}" -p 512 -n 128 -d 4096 --wide "$q41" "$gemma"
     echo
