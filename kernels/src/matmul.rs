@@ -173,11 +173,7 @@ pub enum ActPrecision {
 
 impl ActPrecision {
     /// Int8 parts per activation: how many 8-bit products an integer kernel runs per weight (unless it fuses them).
-    pub fn parts(self) -> usize {
-        self.group()
-    }
-
-    fn group(self) -> usize {
+    pub fn group(self) -> usize {
         match self {
             ActPrecision::Q8 => 1,
             ActPrecision::Q8x2 => 2,

@@ -525,7 +525,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                         record.peak_share = match (infer_kernels::dispatch::isa(), info.float_weights) {
                             (Isa::Scalar, _) => None,
                             (_, true) => Some(g_macs / fma.g_macs),
-                            (Isa::Avx512, false) => Some(g_macs * model.precision().parts() as f64 / int.g_macs),
+                            (Isa::Avx512, false) => Some(g_macs * model.precision().group() as f64 / int.g_macs),
                             (Isa::Avx2, false) => Some(g_macs / int.g_macs),
                         };
                     }

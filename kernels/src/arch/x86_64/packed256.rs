@@ -131,6 +131,13 @@ pub(crate) fn prefetch_lines(at: *const u8, lines: Range<usize>) {
     prefetch_hint::<_MM_HINT_T0>(at, lines);
 }
 
+/// [`prefetch_lines`] into L2 (`prefetcht1`): the batch tiles of both panel kernels fetch the panels after the
+/// current ones there.
+#[inline(always)]
+pub(crate) fn prefetch_l2(at: *const u8, lines: Range<usize>) {
+    prefetch_hint::<_MM_HINT_T1>(at, lines);
+}
+
 /// [`prefetch_lines`] with the cache level as a parameter (`_MM_HINT_T0` L1, `_MM_HINT_T1` L2).
 #[inline(always)]
 fn prefetch_hint<const HINT: i32>(at: *const u8, lines: Range<usize>) {
@@ -458,9 +465,9 @@ unsafe fn tile<F: Quants, const C: usize, const S: usize>(
                 // panel after next gained nothing, and Q8_0 into L1 (201-206 against 172-203) was within the noise
                 // on this core, whose L1D is not the 32 KB of the Zen 2/3 cores this level is for.
                 if matches!(F::FORMAT, PackedFormat::Q8) {
-                    prefetch_hint::<_MM_HINT_T1>(next, 0..per_block);
+                    prefetch_l2(next, 0..per_block);
                 } else {
-                    prefetch_hint::<_MM_HINT_T0>(next, 0..per_block);
+                    prefetch_lines(next, 0..per_block);
                 }
                 next = next.wrapping_add(64 * per_block);
             }
@@ -564,7 +571,7 @@ unsafe fn wide_tiles<F: Quants>(
             let mut o = 0;
             while o < n {
                 let to = (fetched + per_tile).min(lines);
-                prefetch_hint::<_MM_HINT_T1>(next, fetched..to);
+                prefetch_l2(next, fetched..to);
                 fetched = to;
                 let acc = &mut accs[o..];
                 // SAFETY (all): rows o..o + C are filled; the blocks were widened above.
@@ -813,15 +820,15 @@ unsafe fn run_f<T: FloatW>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], 
 
 /// Cache lines a float decode tile fetches into L2 while it runs: `.1` lines from `.0`, spread over its columns.
 /// Prefetches are hints that cannot fault, so the address may lie past the matrix.
-pub(crate) type FloatPrefetch = (*const u8, usize);
+type FloatPrefetch = (*const u8, usize);
 
 /// No prefetch.
-pub(crate) const NO_PREFETCH: FloatPrefetch = (std::ptr::null(), 0);
+const NO_PREFETCH: FloatPrefetch = (std::ptr::null(), 0);
 
 /// What a decode tile fetches with `on`: panels `next..`, up to [`DECODE_F`] of them and none at or past `end` (the
 /// task's last panel; later ones belong to another task).
 #[inline(always)]
-pub(crate) fn next_tile(w: &PackedView<'_>, next: usize, end: usize, on: bool) -> FloatPrefetch {
+fn next_tile(w: &PackedView<'_>, next: usize, end: usize, on: bool) -> FloatPrefetch {
     if !on {
         return NO_PREFETCH;
     }
@@ -856,7 +863,7 @@ unsafe fn tile_f<T: FloatW, const C: usize, const P: usize>(
         let per_k = lines.div_ceil(cols);
         for k in 0..cols {
             if C == 1 && per_k > 0 {
-                prefetch_hint::<_MM_HINT_T1>(ahead, (k * per_k).min(lines)..((k + 1) * per_k).min(lines));
+                prefetch_l2(ahead, (k * per_k).min(lines)..((k + 1) * per_k).min(lines));
             }
             let wv: [[__m256; 2]; P] = std::array::from_fn(|i| {
                 let col = base[i].add(k * column);

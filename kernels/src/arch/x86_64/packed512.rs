@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 use std::ops::Range;
 
-use super::packed256::{DECODE_F, prefetch_lines};
+use super::packed256::{DECODE_F, prefetch_l2, prefetch_lines};
 use crate::dispatch::{Act32, OutSink};
 use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, Sections, check_args, check_args_f};
 
@@ -491,24 +491,15 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
 /// `wrapping_add` and never dereferenced.
 #[derive(Clone, Copy)]
 enum Prefetch {
-    /// `count` cache lines from `first` into L2, spread over the tile's blocks.
+    /// `count` cache lines from `first` into L2, spread over the tile's blocks. The batch tiles fetch a whole group
+    /// of two panels ahead; into L1 that evicted the lines in use before they were read (Zen 4's L1D holds 32 KB,
+    /// one Q8 group of SmolLM2's FFN-down matrix 52 KB). Single-thread decode per CPU-second on SmolLM2's layer
+    /// matmuls, L1 → L2, best of 4 interleaved rounds on a loaded host, when decode also ran two panels per tile:
+    /// Q4_1 181.6 → 220.4, Q8_0 106.8 → 147.6 tokens; with 2 and 4 activation rows Q8_0 211 → 327 and 317 → 410;
+    /// with 16 unchanged. (Decode, one panel per tile, now streams into L1: [`DECODE_AHEAD`].)
     Lines { first: *const u8, count: usize },
     /// Each block's own lines [`DECODE_AHEAD`] bytes further on, into L1, none at or past `end`.
     Stream { end: *const u8 },
-}
-
-/// Prefetches cache lines `lines` from `at` into L2 (`prefetcht1`), as [`prefetch_lines`] does into L1. The batch
-/// tiles fetch a whole group of two panels ahead; into L1 that evicted the lines in use before they were read
-/// (Zen 4's L1D holds 32 KB, one Q8 group of SmolLM2's FFN-down matrix 52 KB). Single-thread decode per CPU-second
-/// on SmolLM2's layer matmuls, L1 → L2, best of 4 interleaved rounds on a loaded host, when decode also ran two
-/// panels per tile: Q4_1 181.6 → 220.4, Q8_0 106.8 → 147.6 tokens; with 2 and 4 activation rows Q8_0 211 → 327 and
-/// 317 → 410; with 16 unchanged. (Decode, one panel per tile, now streams into L1: [`DECODE_AHEAD`].)
-#[inline(always)]
-fn prefetch_l2(at: *const u8, lines: Range<usize>) {
-    for line in lines {
-        // SAFETY: a prefetch is a hint that never faults; SSE is part of x86-64.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(64 * line).cast()) };
-    }
 }
 
 /// Repeats `body` with `c` bound to each constant `0..C` (`C` ≤ 8) so that `[_; C]` accumulators indexed by `c`
