@@ -720,7 +720,8 @@ unsafe fn tile_w<F: Quants, const C: usize>(
 trait FloatW {
     /// Bytes per weight.
     const SIZE: usize;
-    /// Whether a decode tile fetches the next tile's panels into L2 while it reads its own (see [`run_f`]).
+    /// Whether a decode tile prefetches each panel's column stream [`DECODE_AHEAD_F`] bytes ahead into L1 (see
+    /// [`run_f`]).
     const PREFETCH: bool;
     /// # Safety
     /// `8 · SIZE` bytes must be readable at `p`, `8 · SIZE`-aligned; the CPU must have AVX2 and F16C.
@@ -779,17 +780,15 @@ unsafe fn run_f<T: FloatW>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], 
             let mut p = panels.start;
             while p < panels.end {
                 // F16 decode tiles wait on memory with the hardware prefetcher alone: perf put most of the tile's
-                // cpu-clock samples on the instruction after each panel's first load. So each full tile fetches
-                // the task's next tile of panels into L2 (prefetcht1; the next four F16 panels of FFN-down are
-                // 192 KB, beyond L1D) while it reads its own. SmolLM2 F16 tg64, tokens per CPU-second, best of 3-4
-                // interleaved rounds on a loaded host, this tile on either level: 2 threads 147 → 179, 1 thread
-                // 80 → 86-89 (prefetcht0 the same). F32 got slower with the same fetches (1 thread: 57 → 46-48 in
-                // every round), so it does without.
-                let pf = next_tile(w, p + DECODE_F, panels.end, T::PREFETCH);
+                // cpu-clock samples on the instruction after each panel's first load. Each tile's column streams
+                // are prefetched [`DECODE_AHEAD_F`] ahead into L1 (see there); F32 got slower with software
+                // prefetches (fetching the next tile into L2, 1 thread: 57 → 46-48 tokens per CPU-second in every
+                // round), so it does without.
+                let pf = T::PREFETCH;
                 match panels.end - p {
-                    1 => tile_f::<T, 1, 1>(w, p, x, 0, NO_PREFETCH, out),
-                    2 => tile_f::<T, 1, 2>(w, p, x, 0, NO_PREFETCH, out),
-                    3 => tile_f::<T, 1, 3>(w, p, x, 0, NO_PREFETCH, out),
+                    1 => tile_f::<T, 1, 1>(w, p, x, 0, pf, out),
+                    2 => tile_f::<T, 1, 2>(w, p, x, 0, pf, out),
+                    3 => tile_f::<T, 1, 3>(w, p, x, 0, pf, out),
                     _ => tile_f::<T, 1, DECODE_F>(w, p, x, 0, pf, out),
                 }
                 p += (panels.end - p).min(DECODE_F);
@@ -818,25 +817,24 @@ unsafe fn run_f<T: FloatW>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], 
     }
 }
 
-/// Cache lines a float decode tile fetches into L2 while it runs: `.1` lines from `.0`, spread over its columns.
-/// Prefetches are hints that cannot fault, so the address may lie past the matrix.
-type FloatPrefetch = (*const u8, usize);
+/// Whether a decode tile prefetches its column streams ([`DECODE_AHEAD_F`]).
+type FloatPrefetch = bool;
 
 /// No prefetch.
-const NO_PREFETCH: FloatPrefetch = (std::ptr::null(), 0);
+const NO_PREFETCH: FloatPrefetch = false;
 
-/// What a decode tile fetches with `on`: panels `next..`, up to [`DECODE_F`] of them and none at or past `end` (the
-/// task's last panel; later ones belong to another task).
-#[inline(always)]
-fn next_tile(w: &PackedView<'_>, next: usize, end: usize, on: bool) -> FloatPrefetch {
-    if !on {
-        return NO_PREFETCH;
-    }
-    let panels = end.saturating_sub(next).min(DECODE_F);
-    (w.bytes.as_ptr().wrapping_add(next * w.panel_bytes), panels * w.panel_bytes / 64)
-}
+/// How far ahead of its reads (in bytes) a decode tile prefetches each F16 panel's column stream into L1: one line
+/// per line read, so 4 KB ahead over the tile's four streams. It replaced fetching the whole next tile of panels
+/// into L2 spread over the current tile (192 KB for SmolLM2's FFN-down), which on a 2-core Zen 3 (32 KB L1D, 512 KB
+/// L2) ran slower than no software prefetch at all.
+/// SmolLM2 F16 tg128 -t 2, tokens per CPU-second, interleaved rounds on a host loaded 4.5-6 by other benchmarks:
+/// next tile into L2 (before) 61.9 / 76.5 / 72.5 and 81.0 / 73.9 / 60.3; none 73.8 / 86.7 / 90.2; 2 KB ahead into
+/// L1 59.4 / 83.1 / 82.9; 1.5 KB 66.7 / 87.5 / 83.6; 1 KB 90.9 / 95.4 / 93.9 and 93.3 / 88.5 / 78.4; 512 B 97.4 /
+/// 82.4 / 95.3; 1 KB into L2 96.8 / 85.6 / 90.7. (The AVX-512 kernel's Zen 5 choice is 2 KB; its 1 KB lost there.)
+const DECODE_AHEAD_F: usize = 1024;
 
-/// Panels `p..p + P` against activation rows `o..o + C`; a decode tile (`C` = 1) also fetches `pf` into L2.
+/// Panels `p..p + P` against activation rows `o..o + C`; a decode tile (`C` = 1) with `pf` also prefetches its
+/// column streams into L1.
 ///
 /// # Safety
 /// As [`run_f`], with `p + P` ≤ `w.n_panels` and rows `o..o + C` in `x`.
@@ -859,11 +857,15 @@ unsafe fn tile_f<T: FloatW, const C: usize, const P: usize>(
         let base: [*const u8; P] = std::array::from_fn(|i| w.bytes.as_ptr().add((p + i) * w.panel_bytes));
         let xr: [*const f32; C] = std::array::from_fn(|c| x.as_ptr().add((o + c) * cols));
         let mut acc = [[[_mm256_setzero_ps(); 2]; P]; C];
-        let (ahead, lines) = pf;
-        let per_k = lines.div_ceil(cols);
+        // Columns per cache line: each stream fetches one line per line it reads.
+        let per_line = 64 / column;
         for k in 0..cols {
-            if C == 1 && per_k > 0 {
-                prefetch_l2(ahead, (k * per_k).min(lines)..((k + 1) * per_k).min(lines));
+            if C == 1 && pf && k % per_line == 0 {
+                // Past a panel's end the stream runs into the next panel (for a task's last tile, perhaps the next
+                // task's): a harmless hint.
+                for panel in base {
+                    prefetch_lines(panel.wrapping_add(k * column + DECODE_AHEAD_F), 0..1);
+                }
             }
             let wv: [[__m256; 2]; P] = std::array::from_fn(|i| {
                 let col = base[i].add(k * column);
