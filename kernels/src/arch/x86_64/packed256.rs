@@ -138,6 +138,17 @@ pub(crate) fn prefetch_l2(at: *const u8, lines: Range<usize>) {
     prefetch_hint::<_MM_HINT_T1>(at, lines);
 }
 
+/// The float decode tiles of both panel kernels: one line of each panel's column stream, `ahead` bytes past byte
+/// `at` of the panel, into L1. Called once per line a stream reads, so each stream stays `ahead` bytes in front of
+/// its loads. Past a panel's end the stream runs into the next panel (for a task's last tile, perhaps the next
+/// task's): a harmless hint.
+#[inline(always)]
+pub(crate) fn prefetch_streams<const P: usize>(panels: [*const u8; P], at: usize, ahead: usize) {
+    for panel in panels {
+        prefetch_lines(panel.wrapping_add(at + ahead), 0..1);
+    }
+}
+
 /// [`prefetch_lines`] with the cache level as a parameter (`_MM_HINT_T0` L1, `_MM_HINT_T1` L2).
 #[inline(always)]
 fn prefetch_hint<const HINT: i32>(at: *const u8, lines: Range<usize>) {
@@ -784,12 +795,11 @@ unsafe fn run_f<T: FloatW>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], 
                 // are prefetched [`DECODE_AHEAD_F`] ahead into L1 (see there); F32 got slower with software
                 // prefetches (fetching the next tile into L2, 1 thread: 57 → 46-48 tokens per CPU-second in every
                 // round), so it does without.
-                let pf = T::PREFETCH;
                 match panels.end - p {
-                    1 => tile_f::<T, 1, 1>(w, p, x, 0, pf, out),
-                    2 => tile_f::<T, 1, 2>(w, p, x, 0, pf, out),
-                    3 => tile_f::<T, 1, 3>(w, p, x, 0, pf, out),
-                    _ => tile_f::<T, 1, DECODE_F>(w, p, x, 0, pf, out),
+                    1 => tile_f::<T, 1, 1>(w, p, x, 0, T::PREFETCH, out),
+                    2 => tile_f::<T, 1, 2>(w, p, x, 0, T::PREFETCH, out),
+                    3 => tile_f::<T, 1, 3>(w, p, x, 0, T::PREFETCH, out),
+                    _ => tile_f::<T, 1, DECODE_F>(w, p, x, 0, T::PREFETCH, out),
                 }
                 p += (panels.end - p).min(DECODE_F);
             }
@@ -802,12 +812,12 @@ unsafe fn run_f<T: FloatW>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], 
                 let mut o = o0;
                 while o < o1 {
                     match o1 - o {
-                        1 => tile_f::<T, 1, 1>(w, p, x, o, NO_PREFETCH, out),
-                        2 => tile_f::<T, 2, 1>(w, p, x, o, NO_PREFETCH, out),
-                        3 => tile_f::<T, 3, 1>(w, p, x, o, NO_PREFETCH, out),
-                        4 => tile_f::<T, 4, 1>(w, p, x, o, NO_PREFETCH, out),
-                        5 => tile_f::<T, 5, 1>(w, p, x, o, NO_PREFETCH, out),
-                        _ => tile_f::<T, TILE_F, 1>(w, p, x, o, NO_PREFETCH, out),
+                        1 => tile_f::<T, 1, 1>(w, p, x, o, false, out),
+                        2 => tile_f::<T, 2, 1>(w, p, x, o, false, out),
+                        3 => tile_f::<T, 3, 1>(w, p, x, o, false, out),
+                        4 => tile_f::<T, 4, 1>(w, p, x, o, false, out),
+                        5 => tile_f::<T, 5, 1>(w, p, x, o, false, out),
+                        _ => tile_f::<T, TILE_F, 1>(w, p, x, o, false, out),
                     }
                     o += (o1 - o).min(TILE_F);
                 }
@@ -816,12 +826,6 @@ unsafe fn run_f<T: FloatW>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], 
         }
     }
 }
-
-/// Whether a decode tile prefetches its column streams ([`DECODE_AHEAD_F`]).
-type FloatPrefetch = bool;
-
-/// No prefetch.
-const NO_PREFETCH: FloatPrefetch = false;
 
 /// How far ahead of its reads (in bytes) a decode tile prefetches each F16 panel's column stream into L1: one line
 /// per line read, so 4 KB ahead over the tile's four streams. It replaced fetching the whole next tile of panels
@@ -845,7 +849,7 @@ unsafe fn tile_f<T: FloatW, const C: usize, const P: usize>(
     p: usize,
     x: &[f32],
     o: usize,
-    pf: FloatPrefetch,
+    pf: bool,
     out: &OutSink<'_>,
 ) {
     const { assert!(C >= 1 && C <= TILE_F && P >= 1 && P <= DECODE_F) };
@@ -861,11 +865,7 @@ unsafe fn tile_f<T: FloatW, const C: usize, const P: usize>(
         let per_line = 64 / column;
         for k in 0..cols {
             if C == 1 && pf && k % per_line == 0 {
-                // Past a panel's end the stream runs into the next panel (for a task's last tile, perhaps the next
-                // task's): a harmless hint.
-                for panel in base {
-                    prefetch_lines(panel.wrapping_add(k * column + DECODE_AHEAD_F), 0..1);
-                }
+                prefetch_streams(base, k * column, DECODE_AHEAD_F);
             }
             let wv: [[__m256; 2]; P] = std::array::from_fn(|i| {
                 let col = base[i].add(k * column);

@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 use std::ops::Range;
 
-use super::packed256::{DECODE_F, prefetch_l2, prefetch_lines};
+use super::packed256::{DECODE_F, prefetch_l2, prefetch_lines, prefetch_streams};
 use crate::dispatch::{Act32, OutSink};
 use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, Sections, check_args, check_args_f};
 
@@ -778,11 +778,7 @@ unsafe fn decode_tile_f<T: FloatZ, const P: usize>(w: &PackedView<'_>, p: usize,
         let mut acc = [_mm512_setzero_ps(); P];
         for k in 0..cols {
             if T::PREFETCH && k % per_line == 0 {
-                // Past a panel's end the stream runs into the next panel: the next tile's first one for the last
-                // stream, or for the last tile of a task the next task's (a harmless hint).
-                for panel in base {
-                    prefetch_lines(panel.wrapping_add(k * column + DECODE_AHEAD_F), 0..1);
-                }
+                prefetch_streams(base, k * column, DECODE_AHEAD_F);
             }
             let xb = _mm512_set1_ps(*x.as_ptr().add(k));
             for i in 0..P {
