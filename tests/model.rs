@@ -107,6 +107,33 @@ fn long_caches_decode_bit_for_bit_as_alone() {
     decode_alone_and_batched(|i| 250 + 40 * i);
 }
 
+/// A token decoding alone over a cache with enough spans for the threads takes every query head per task, over all
+/// the key heads at once (two contiguous runs per block); with more threads than that feeds, it splits the heads
+/// by key head (3 threads) or one by one (8). All three must give the same logits, bit for bit.
+#[test]
+fn decode_tasks_over_all_key_heads_match_tasks_per_key_head() {
+    let spec = Spec::llama(GgmlType::Q4_1);
+    let model = load_synthetic(spec);
+    // Five 256-position spans.
+    let tokens = random_tokens(1100, spec.n_vocab, 21);
+    for kv_dtype in [KvDtype::F32, KvDtype::F16] {
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| last_logits(&model, &tokens, tokens.len() - 1, kv_dtype))
+        };
+        let all_heads = on(2);
+        assert!(all_heads.iter().all(|v| v.is_finite()));
+        for threads in [3, 8] {
+            let split = on(threads);
+            assert!(
+                all_heads.iter().zip(&split).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{kv_dtype:?}: {threads} threads differ from 2 (max rel {})",
+                max_rel_diff(&all_heads, &split)
+            );
+        }
+    }
+}
+
 fn decode_alone_and_batched(len: fn(usize) -> usize) {
     let threads = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
     threads.install(|| {

@@ -773,10 +773,13 @@ impl Model {
         let span = |t: usize, h0: usize, heads: usize, range: Range<usize>, out: &mut [f32], st: &mut [_]| {
             let slot = plan[t];
             let qh = &q[t * c.q_dim() + h0 * hd..t * c.q_dim() + (h0 + heads) * hd];
-            let run = self.span_run(il, items[slot.item].kv, pool, h0 / group);
+            let n_kv = heads.div_ceil(group);
+            let run = self.span_run(il, items[slot.item].kv, pool, h0 / group, n_kv);
             // A prompt's tokens read the same blocks one after another, which stay cached; a decoding token
-            // reads its sequence's blocks once per step, from memory.
-            let fetch = items[slot.item].tokens.len() == 1;
+            // reads its sequence's blocks once per step, from memory. A task over every key head reads each
+            // block's keys and values as two contiguous runs, which the hardware prefetcher streams better alone
+            // (see `SpanRun::span`); one over some of them skips through the block and asks for its share.
+            let fetch = items[slot.item].tokens.len() == 1 && n_kv < c.n_head_kv;
             run.span(qh, range, fetch, out, st)
         };
         if whole_tokens && plan.len() > items.len() {
@@ -784,7 +787,7 @@ impl Model {
             return;
         }
         if whole_tokens {
-            let heads = shared_heads(group);
+            let heads = decode_heads(c.n_head, c.n_head_kv);
             let width = c.n_head * hdv;
             let quant = mm.prequantize(&[wo], att, width);
             // One new token per sequence here (prompts go to `attention_tiles`): one contiguous run of tokens per
@@ -792,16 +795,16 @@ impl Model {
             // of a 16-sequence step).
             for_rows_in(att, width, quant, threads, |t, row| {
                 let mut spare = SPARE.take();
-                spare.resize(MAX_HEADS * (hdv + 2), 0.0);
+                spare.resize(heads * hdv, 0.0);
                 for (r, out) in row.chunks_exact_mut(heads * hdv).enumerate() {
                     let h0 = r * heads;
-                    let mut states = [vec_f32::SoftmaxState::EMPTY; MAX_HEADS];
+                    let mut states = [vec_f32::SoftmaxState::EMPTY; MAX_TASK_HEADS];
                     for (i, range) in spans(seen(t)).enumerate() {
                         if i == 0 {
                             span(t, h0, heads, range, out, &mut states[..heads]);
                         } else {
                             let (tmp, _) = spare.split_at_mut(heads * hdv);
-                            let mut st = [vec_f32::SoftmaxState::EMPTY; MAX_HEADS];
+                            let mut st = [vec_f32::SoftmaxState::EMPTY; MAX_TASK_HEADS];
                             span(t, h0, heads, range, tmp, &mut st[..heads]);
                             merge_heads(out, &mut states[..heads], tmp, &st[..heads], hdv);
                         }
@@ -812,12 +815,19 @@ impl Model {
             });
             return;
         }
-        // Few tokens: one task per (token, run of heads, span). Runs of all the heads that share a key head read
-        // each key once for all of them; with too few tasks that way, single heads keep the threads busy.
+        // Few tokens: one task per (token, run of heads, span). With enough spans, a run takes the heads of
+        // several key heads (see `decode_heads`); otherwise runs of the heads that share a key head read each key
+        // once for all of them, and with too few tasks that way, single heads keep the threads busy.
         let span_count = |t: usize| spans(seen(t)).count();
         let total_spans: usize = (0..plan.len()).map(span_count).sum();
         let shared = shared_heads(group);
-        let heads = if total_spans * (c.n_head / shared) >= 2 * threads { shared } else { 1 };
+        let heads = if total_spans >= 2 * threads {
+            decode_heads(c.n_head, c.n_head_kv)
+        } else if total_spans * (c.n_head / shared) >= 2 * threads {
+            shared
+        } else {
+            1
+        };
         let runs = c.n_head / heads;
         let tasks_for = |n: usize| if n >= 2 { n.min(threads * ATTENTION_TASKS_PER_THREAD) } else { 1 };
         if total_spans == plan.len() {
@@ -828,7 +838,7 @@ impl Model {
             let n = plan.len() * runs;
             for_each_row_in(Chunks::new(&mut att[..n * heads * hdv], heads * hdv), tasks_for(n), |i, out| {
                 let (t, r) = (i / runs, i % runs);
-                let mut states = [vec_f32::SoftmaxState::EMPTY; MAX_HEADS];
+                let mut states = [vec_f32::SoftmaxState::EMPTY; MAX_TASK_HEADS];
                 span(t, r * heads, heads, seen(t), out, &mut states[..heads]);
                 normalize(out, &states[..heads], hdv);
             });
@@ -849,7 +859,7 @@ impl Model {
             let (t, r, si) = (tasks[i].0 as usize, tasks[i].1 as usize, tasks[i].2 as usize);
             let range = spans(seen(t)).nth(si).expect("counted above");
             let (out, st) = part.split_at_mut(heads * hdv);
-            let mut states = [vec_f32::SoftmaxState::EMPTY; MAX_HEADS];
+            let mut states = [vec_f32::SoftmaxState::EMPTY; MAX_TASK_HEADS];
             span(t, r * heads, heads, range, out, &mut states[..heads]);
             for (h, s) in states[..heads].iter().enumerate() {
                 st[2 * h] = s.max;
@@ -868,13 +878,13 @@ impl Model {
             };
             let first = &parts.buf[i * part_len..(i + 1) * part_len];
             out.copy_from_slice(&first[..heads * hdv]);
-            let mut states = [vec_f32::SoftmaxState::EMPTY; MAX_HEADS];
+            let mut states = [vec_f32::SoftmaxState::EMPTY; MAX_TASK_HEADS];
             for (h, st) in states[..heads].iter_mut().enumerate() {
                 *st = state_of(first, h);
             }
             for j in i + 1..i + count {
                 let part = &parts.buf[j * part_len..(j + 1) * part_len];
-                let mut st = [vec_f32::SoftmaxState::EMPTY; MAX_HEADS];
+                let mut st = [vec_f32::SoftmaxState::EMPTY; MAX_TASK_HEADS];
                 for (h, s) in st[..heads].iter_mut().enumerate() {
                     *s = state_of(part, h);
                 }
@@ -885,10 +895,11 @@ impl Model {
         }
     }
 
-    /// Attention of layer `il`'s query heads that share key head `kvh`, over sequence `kv` (see [`SpanRun`]).
-    fn span_run<'a>(&self, il: usize, kv: &'a SeqKv, pool: &'a KvPool, kvh: usize) -> SpanRun<'a> {
+    /// Attention of layer `il`'s query heads that share key heads `kvh..kvh + n_kv`, over sequence `kv` (see
+    /// [`SpanRun`]).
+    fn span_run<'a>(&self, il: usize, kv: &'a SeqKv, pool: &'a KvPool, kvh: usize, n_kv: usize) -> SpanRun<'a> {
         let c = &self.config;
-        SpanRun { il, kv, pool, kvh, hd: c.head_dim, hdv: c.head_dim_v, scale: c.attn_scale, softcap: c.attn_softcap }
+        SpanRun { il, kv, pool, kvh, n_kv, hd: c.head_dim, hdv: c.head_dim_v, scale: c.attn_scale, softcap: c.attn_softcap }
     }
 
     /// Prompt attention in tiles: up to [`TILE_TOKENS`] consecutive tokens of one sequence × the query heads that
@@ -951,7 +962,7 @@ impl Model {
         for_each_row_in(Chunks::new(&mut parts.buf[..n * slot], slot), n, |i, out| {
             let (t0, tn) = (tiles[i / runs].0 as usize, tiles[i / runs].1 as usize);
             let h0 = (i % runs) * heads;
-            let run = self.span_run(il, items[plan[t0].item].kv, pool, h0 / group);
+            let run = self.span_run(il, items[plan[t0].item].kv, pool, h0 / group, 1);
             let seen: [Range<usize>; TILE_TOKENS] =
                 std::array::from_fn(|tt| if tt < tn { seen_by(window, plan[t0 + tt].pos) } else { 0..0 });
             let rows = tn * heads;
@@ -981,6 +992,22 @@ impl Model {
 
 /// Most query heads one attention task takes (those sharing a key head).
 const MAX_HEADS: usize = 8;
+
+/// Most query heads one decode task takes: all the heads of several key heads (see [`decode_heads`]).
+const MAX_TASK_HEADS: usize = 32;
+
+/// Query heads per decode task: all those of as many key heads as fit in [`MAX_TASK_HEADS`] (all of a small
+/// model's), so that the task reads each block's keys and values as two contiguous runs. Per key head, one task
+/// skipped two thirds of every block of SmolLM2's cache, which defeated the hardware prefetcher: at 4,096 cached
+/// positions a decode step took 16.6 ms with all nine heads per task against 34.9 ms with three (Zen 3, 2
+/// threads, alternated in one process); the software prefetch that per-head tasks need made it slower (21 ms).
+fn decode_heads(n_head: usize, n_head_kv: usize) -> usize {
+    let group = n_head / n_head_kv;
+    if group > MAX_TASK_HEADS {
+        return shared_heads(group);
+    }
+    (1..=n_head_kv).rev().find(|k| n_head_kv.is_multiple_of(*k) && k * group <= MAX_TASK_HEADS).unwrap_or(1) * group
+}
 
 /// Query heads one attention task takes together: the most (up to [`MAX_HEADS`]) that divide the GQA `group`, so
 /// that they share one key head and each key and value is read once for all of them.
@@ -1060,8 +1087,10 @@ struct SpanRun<'a> {
     il: usize,
     kv: &'a SeqKv,
     pool: &'a KvPool,
-    /// The key (and value) head the query heads share.
+    /// The task's first key (and value) head: its query heads share key heads `kvh..kvh + n_kv`, an equal number
+    /// each, in order.
     kvh: usize,
+    n_kv: usize,
     hd: usize,
     hdv: usize,
     scale: f32,
@@ -1070,12 +1099,15 @@ struct SpanRun<'a> {
 }
 
 impl SpanRun<'_> {
-    /// The unnormalised attention of the query heads `qh` (sharing key head `kvh`) over positions `range`: `out`
-    /// (heads × hdv) gets each head's weighted sum of values under its softmax state in `states`. Positions go in
-    /// chunks of up to CHUNK blocks: their scores first (one row of CHUNK·BS per head), one softmax step per head
-    /// over the whole chunk, then the values; per-block softmax steps of 16 scores were mostly overhead. With
-    /// `fetch` (decode, which reads the cache from memory), the task first asks for this key head's share of every
-    /// block of the span (at most [`SPAN`] positions: 64 KB on SmolLM2's f16 cache) into L2.
+    /// The unnormalised attention of the query heads `qh` (an equal run of them per key head `kvh..kvh + n_kv`)
+    /// over positions `range`: `out` (heads × hdv) gets each head's weighted sum of values under its softmax state
+    /// in `states`. Positions go in chunks of up to CHUNK blocks: their scores first (one row of CHUNK·BS per
+    /// head), one softmax step per head over the whole chunk, then the values; per-block softmax steps of 16 scores
+    /// were mostly overhead. Each head's arithmetic is the same whichever heads share its task. With `fetch`
+    /// (decode over some of the key heads, which skips through each block), the task first asks for its key heads'
+    /// share of every block of the span (at most [`SPAN`] positions: 64 KB on SmolLM2's f16 cache) into L2. Over
+    /// all of them it reads each block's keys and values as two contiguous runs, which the hardware prefetcher
+    /// streams faster without that (see [`decode_heads`]).
     ///
     /// Prefetch history: two blocks ahead into L1 took 16 sequences at 512-528 cached positions from 714-719 to
     /// 842-854 t/s, one at 1024-1056 from 145-160 to 185-200. At 4,096 positions that still waited on memory
@@ -1090,21 +1122,24 @@ impl SpanRun<'_> {
         out: &mut [f32],
         states: &mut [vec_f32::SoftmaxState],
     ) {
-        let (kvh, hd, hdv) = (self.kvh, self.hd, self.hdv);
+        let (kvh, n_kv, hd, hdv) = (self.kvh, self.n_kv, self.hd, self.hdv);
         let heads = states.len();
+        // Query heads per key head.
+        let per_kv = heads / n_kv;
+        debug_assert_eq!(per_kv * n_kv, heads, "whole groups of query heads per key head");
         let row = CHUNK * BS;
         // The score rows live in a per-thread buffer: a fresh zeroed array per task (4 KB) was most of the
         // attention tasks' fixed cost at short contexts. Only what a chunk writes is read back.
         let mut scores = SCORES.take();
         scores.resize(heads * row, 0.0);
-        let mut tile = [0f32; MAX_HEADS * BS];
+        let mut tile = [0f32; MAX_TASK_HEADS * BS];
         let tile = &mut tile[..heads * BS];
         out.fill(0.0);
         states.fill(vec_f32::SoftmaxState::EMPTY);
         if fetch {
             let mut at = range.start - range.start % BS;
             while at < range.end {
-                self.pool.prefetch(self.kv, self.il, at, kvh * hd..(kvh + 1) * hd, kvh * hdv..(kvh + 1) * hdv);
+                self.pool.prefetch(self.kv, self.il, at, kvh * hd..(kvh + n_kv) * hd, kvh * hdv..(kvh + n_kv) * hdv);
                 at += BS;
             }
         }
@@ -1119,9 +1154,15 @@ impl SpanRun<'_> {
             while nb < CHUNK && p < range.end && (nb == 0 || !p.is_multiple_of(CHUNK * BS)) {
                 let (kt, v, lane) = self.pool.block(self.kv, self.il, p);
                 let n = (BS - lane).min(range.end - p);
-                match kt {
-                    KvRow::F32(k) => vec_f32::dot_cols(qh, &k[kvh * hd * BS..(kvh + 1) * hd * BS], BS, tile),
-                    KvRow::F16(k) => vec_f32::dot_cols_f16(qh, &k[kvh * hd * BS..(kvh + 1) * hd * BS], BS, tile),
+                // Each key head's transposed tile against its query heads.
+                for j in 0..n_kv {
+                    let q = &qh[j * per_kv * hd..(j + 1) * per_kv * hd];
+                    let t = &mut tile[j * per_kv * BS..(j + 1) * per_kv * BS];
+                    let keys = (kvh + j) * hd * BS..(kvh + j + 1) * hd * BS;
+                    match kt {
+                        KvRow::F32(k) => vec_f32::dot_cols(q, &k[keys], BS, t),
+                        KvRow::F16(k) => vec_f32::dot_cols_f16(q, &k[keys], BS, t),
+                    }
                 }
                 for h in 0..heads {
                     scores[h * row + width..h * row + width + n]
@@ -1137,12 +1178,16 @@ impl SpanRun<'_> {
                 self.softmax_step(&mut scores[h * row..h * row + width], state, &mut out[h * hdv..(h + 1) * hdv]);
             }
             for (&(lane, n, col), v) in runs[..nb].iter().zip(&blocks[..nb]) {
-                let w = &scores[col..];
-                // This key head's rows of the value tile (see `KvElem::store`).
-                let at = (kvh * BS + lane) * hdv;
-                match v.expect("filled above") {
-                    KvRow::F32(v) => vec_f32::axpy_rows(n, w, row, &v[at..], hdv, out, hdv),
-                    KvRow::F16(v) => vec_f32::axpy_rows_f16(n, w, row, &v[at..], hdv, out, hdv),
+                let v = v.expect("filled above");
+                for j in 0..n_kv {
+                    let w = &scores[j * per_kv * row + col..];
+                    let out = &mut out[j * per_kv * hdv..(j + 1) * per_kv * hdv];
+                    // This key head's rows of the value tile (see `KvElem::store`).
+                    let at = ((kvh + j) * BS + lane) * hdv;
+                    match v {
+                        KvRow::F32(v) => vec_f32::axpy_rows(n, w, row, &v[at..], hdv, out, hdv),
+                        KvRow::F16(v) => vec_f32::axpy_rows_f16(n, w, row, &v[at..], hdv, out, hdv),
+                    }
                 }
             }
         }
