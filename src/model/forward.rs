@@ -899,7 +899,17 @@ impl Model {
     /// [`SpanRun`]).
     fn span_run<'a>(&self, il: usize, kv: &'a SeqKv, pool: &'a KvPool, kvh: usize, n_kv: usize) -> SpanRun<'a> {
         let c = &self.config;
-        SpanRun { il, kv, pool, kvh, n_kv, hd: c.head_dim, hdv: c.head_dim_v, scale: c.attn_scale, softcap: c.attn_softcap }
+        SpanRun {
+            il,
+            kv,
+            pool,
+            kvh,
+            n_kv,
+            hd: c.head_dim,
+            hdv: c.head_dim_v,
+            scale: c.attn_scale,
+            softcap: c.attn_softcap,
+        }
     }
 
     /// Prompt attention in tiles: up to [`TILE_TOKENS`] consecutive tokens of one sequence × the query heads that
