@@ -90,7 +90,7 @@ def main():
     ap.add_argument("--infer", default=str(REPO / "target" / "release" / "infer"), help="the infer binary")
     ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_BIN", ""),
                     help="directory holding llama-bench and llama-batched-bench (default: $LLAMA_BIN, else PATH)")
-    ap.add_argument("--isa", help="INFER_ISA for infer (scalar, avx2, avx512); default: the best the CPU has")
+    ap.add_argument("--isa", help="INFER_ISA for infer (scalar, avx2, avx512, amx); default: the best the CPU has")
     ap.add_argument("-p", default="512", help="prompt lengths (comma-separated; 0 = none)")
     ap.add_argument("-n", default="128", help="generation lengths (comma-separated; 0 = none)")
     ap.add_argument("-d", default="0", help="depths (comma-separated), as llama-bench's -d")

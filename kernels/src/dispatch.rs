@@ -1,6 +1,6 @@
 //! Run-time choice of the instruction-set level, and the table of kernels for it.
 //!
-//! The level is detected once (`is_x86_feature_detected!`), or forced with `INFER_ISA=scalar|avx2|avx512`. Each
+//! The level is detected once (`is_x86_feature_detected!`), or forced with `INFER_ISA=scalar|avx2|avx512|amx`. Each
 //! level has a `&'static` [`Kernels`] table of plain safe `fn` pointers. The SIMD entries are safe wrappers around
 //! `#[target_feature]` functions, so a table is only ever handed out (by [`Isa::kernels`] / [`kernels`]) after the
 //! CPU was checked to have every feature its level needs: that check is what makes calling through it sound.
@@ -29,22 +29,35 @@ pub enum Isa {
     Avx2,
     /// AVX2 level plus AVX-512 F, BW, VL and VNNI (8-bit dot products in one instruction).
     Avx512,
+    /// AVX-512 level plus AMX tiles with bf16 products (`tdpbf16ps`), which the OS lets the process use: F16
+    /// weights' prefill and batches run on the tile unit.
+    Amx,
 }
 
 impl Isa {
     /// Every level, slowest first.
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx];
 
-    /// `scalar`, `avx2` or `avx512` (the spelling `INFER_ISA` accepts).
+    /// `scalar`, `avx2`, `avx512` or `amx` (the spelling `INFER_ISA` accepts).
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
         }
     }
 
-    /// Parses `scalar`, `avx2` or `avx512` (case-insensitive).
+    /// The widest vector instructions of this level: `amx` runs the AVX-512 level's vector code around its
+    /// tiles, so for everything but the quantized panels it is that level.
+    pub fn vectors(self) -> Isa {
+        match self {
+            Isa::Amx => Isa::Avx512,
+            other => other,
+        }
+    }
+
+    /// Parses `scalar`, `avx2`, `avx512` or `amx` (case-insensitive).
     pub fn from_name(s: &str) -> Option<Isa> {
         Self::ALL.into_iter().find(|i| i.name().eq_ignore_ascii_case(s.trim()))
     }
@@ -65,6 +78,8 @@ impl Isa {
                     && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("avx512vnni")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => Isa::Avx512.is_supported() && crate::arch::amx::supported(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -91,6 +106,8 @@ impl Isa {
             Isa::Avx2 => &crate::arch::avx2::KERNELS,
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => &crate::arch::avx512::KERNELS,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => &crate::arch::amx::KERNELS,
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("is_supported() is false off x86-64"),
         })
@@ -106,7 +123,7 @@ impl fmt::Display for Isa {
 /// Why the requested instruction-set level cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IsaError {
-    /// `INFER_ISA` holds something other than `scalar`, `avx2` or `avx512`.
+    /// `INFER_ISA` holds something other than `scalar`, `avx2`, `avx512` or `amx`.
     Unknown(String),
     /// The level exists but this CPU lacks one of its features.
     Unsupported(Isa),
@@ -115,7 +132,9 @@ pub enum IsaError {
 impl fmt::Display for IsaError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            IsaError::Unknown(s) => write!(f, "INFER_ISA={s:?} is not a known level (expected scalar, avx2 or avx512)"),
+            IsaError::Unknown(s) => {
+                write!(f, "INFER_ISA={s:?} is not a known level (expected scalar, avx2, avx512 or amx)")
+            }
             IsaError::Unsupported(isa) => write!(
                 f,
                 "INFER_ISA={isa}: this CPU lacks a feature that level needs (it supports: {})",
@@ -231,6 +250,20 @@ impl<'a> OutSink<'a> {
     /// write the elements `i * stride + j` with `j` in `cols` (other threads may use other columns).
     pub unsafe fn from_raw(ptr: *mut f32, len: usize, stride: usize, cols: Range<usize>) -> Self {
         OutSink { ptr, len, stride, cols, _life: PhantomData }
+    }
+
+    /// The same sink with its rows renumbered from `i0`: row `i` of the result is row `i0 + i` of this one.
+    pub fn rows_from(&self, i0: usize) -> OutSink<'_> {
+        let skip = (i0 * self.stride).min(self.len);
+        // SAFETY: `skip` ≤ len, so the pointer stays within (or one past) the sink's elements; the result borrows
+        // this sink, so the two are never used at once.
+        OutSink {
+            ptr: unsafe { self.ptr.add(skip) },
+            len: self.len - skip,
+            stride: self.stride,
+            cols: self.cols.clone(),
+            _life: PhantomData,
+        }
     }
 
     /// Writes `out[i][j0..j0 + v.len()] = v`.

@@ -20,7 +20,7 @@ pub struct Probe {
 pub fn fma(isa: Isa, rounds: usize) -> Probe {
     // Operands the compiler cannot see, so the chains are really computed.
     let (x, y) = (black_box(0.999_9f32), black_box(1e-5f32));
-    let (instruction, lanes) = match isa {
+    let (instruction, lanes) = match isa.vectors() {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if isa.is_supported() => {
             // SAFETY: the level's features were just checked.
@@ -44,7 +44,7 @@ pub fn fma(isa: Isa, rounds: usize) -> Probe {
 /// The integer multiply-add of `isa`'s quantized kernels (AVX-512: 8-bit `vpdpbusd`; AVX2: 16-bit `vpmaddwd`).
 pub fn int_dot(isa: Isa, rounds: usize) -> Probe {
     let (x, y) = (black_box(0x0102_0304i32), black_box(0x0101_0101i32));
-    let (instruction, lanes) = match isa {
+    let (instruction, lanes) = match isa.vectors() {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if isa.is_supported() => {
             // SAFETY: the level's features were just checked.
@@ -104,10 +104,10 @@ mod tests {
             let f = fma(isa, 1000);
             let i = int_dot(isa, 1000);
             println!("{isa}: {} × {}, {} × {}", f.instruction, f.macs_per_round, i.instruction, i.macs_per_round);
-            let lanes = match isa {
+            let lanes = match isa.vectors() {
                 Isa::Scalar => (1, 1),
                 Isa::Avx2 => (8, 16),
-                Isa::Avx512 => (16, 64),
+                _ => (16, 64),
             };
             assert_eq!(f.macs_per_round, (CHAINS * lanes.0) as u64, "{isa}");
             assert_eq!(i.macs_per_round, (CHAINS * lanes.1) as u64, "{isa}");

@@ -107,6 +107,10 @@ pub fn cpu_features() -> Vec<&'static str> {
             ($($f:tt),*) => {$( if std::is_x86_feature_detected!($f) { out.push($f); } )*};
         }
         probe!("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512bf16", "avxvnni");
+        // AMX tiles count only where the OS lets the process use them (the `amx` level's own check).
+        if infer_kernels::dispatch::Isa::Amx.is_supported() {
+            out.push("amx-bf16");
+        }
     }
     out
 }

@@ -1,4 +1,5 @@
-//! The kernel implementations behind [`crate::dispatch`]: portable scalar code, and x86-64 AVX2 / AVX-512 variants.
+//! The kernel implementations behind [`crate::dispatch`]: portable scalar code, x86-64 AVX2 / AVX-512 variants,
+//! and the AMX tile kernel of the `amx` level.
 //!
 //! The weight-unpacking helpers here are the scalar statement of each block layout; the scalar kernels use them and
 //! the SIMD kernels reproduce them lane by lane.
@@ -11,6 +12,9 @@ pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 #[macro_use]
 mod x86_64;
+#[cfg(target_arch = "x86_64")]
+#[path = "x86_64/amx.rs"]
+pub(crate) mod amx;
 #[cfg(target_arch = "x86_64")]
 #[path = "x86_64/avx2.rs"]
 pub mod avx2;

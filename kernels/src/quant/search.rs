@@ -308,7 +308,7 @@ mod x86 {
 
 /// Whether the AVX2 primitives can run (the chosen level is AVX2 or above).
 fn use_avx2() -> bool {
-    matches!(crate::dispatch::isa(), Isa::Avx2 | Isa::Avx512)
+    matches!(crate::dispatch::isa().vectors(), Isa::Avx2 | Isa::Avx512)
 }
 
 /// The best block with a minimum for `x` under weights `w`, levels in `0..=nmax` (see the module notes).

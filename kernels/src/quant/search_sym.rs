@@ -698,7 +698,7 @@ pub(crate) fn symmetric_blocks_at(
         );
     }
     assert!(isa.is_supported(), "{isa:?} is not available on this CPU");
-    match isa {
+    match isa.vectors() {
         // SAFETY: the level is supported (checked above), and its features include those enabled by the call.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { x86::blocks_avx512(x, importance, lo, hi, out) },
