@@ -44,7 +44,7 @@ def main():
     ap.add_argument("--model", required=True, help="GGUF file")
     ap.add_argument("-n", "--rounds", type=int, default=9, help="launches of each binary (default 9)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first, to fill the page cache (default 1)")
-    ap.add_argument("--isa", help="INFER_ISA for every launch (scalar, avx2, avx512)")
+    ap.add_argument("--isa", help="INFER_ISA for every launch (scalar, avx2, avx512, amx)")
     ap.add_argument("--env", action="append", default=[], metavar="K=V", help="an extra environment variable")
     ap.add_argument("--exit", action="store_true", help="also report launch to exit")
     ap.add_argument("--show-stderr", action="store_true", help="print each launch's stderr (e.g. with a timeline)")

@@ -49,7 +49,7 @@ impl Isa {
     }
 
     /// The widest vector instructions of this level: `amx` runs the AVX-512 level's vector code around its
-    /// tiles, so for everything but the quantized panels it is that level.
+    /// tiles, so for everything but its F16 prefill it is that level.
     pub fn vectors(self) -> Isa {
         match self {
             Isa::Amx => Isa::Avx512,

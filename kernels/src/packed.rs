@@ -293,7 +293,7 @@ impl Sections {
 /// One cache line, so a buffer of lines is 64-byte aligned.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Line([u8; 64]);
+pub(crate) struct Line(pub(crate) [u8; 64]);
 
 /// A weight matrix in panels (made once at load by [`pack`] or, sharing one buffer with others, [`pack_all`]).
 pub struct PackedMatrix {

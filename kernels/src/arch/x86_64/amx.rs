@@ -19,8 +19,8 @@
 //!
 //! Tiles (palette 1, every tile 16 rows of 64 bytes): `tmm0`, `tmm1` one part of two row tiles' 32 values (A,
 //! 16 activation rows each), `tmm2`, `tmm3` one part of two panels' block of 32 columns × 16 rows, as bf16 pairs
-//! (B),
-//! `tmm4..tmm7` the f32 results of up to 32 activation rows × two panels (C).
+//! (B), `tmm4..tmm7` the f32 results of up to 32 activation rows × two panels (C). Every operand tile is stored as
+//! 1 KB in one piece, so tiles load and store with a stride of one 64-byte line.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -30,7 +30,7 @@ use std::sync::OnceLock;
 
 use super::packed512;
 use crate::dispatch::{Isa, Kernels, OutSink};
-use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, Sections, check_args_f};
+use crate::packed::{Line, PANEL_ROWS, PackedFormat, PackedView, Sections, check_args_f};
 
 /// Activation rows per A tile (the most a tile holds).
 const TILE_M: usize = 16;
@@ -95,15 +95,15 @@ impl TileConfig {
     };
 }
 
-/// Loads tile `T` from `rows` lines `stride` bytes apart at `p`.
+/// Loads tile `T` (16 lines of 64 bytes) from `p`.
 ///
 /// # Safety
-/// The tile configuration is loaded, and every line of tile `T` is readable at `p + i·stride`.
+/// The tile configuration is loaded, and 1 KB is readable at `p`.
 #[inline(always)]
-unsafe fn load<const T: u8>(p: *const u8, stride: usize) {
+unsafe fn load<const T: u8>(p: *const u8) {
     // SAFETY: the caller's contract.
     unsafe {
-        asm!("tileloadd tmm{t}, [{p} + {s}*1]", t = const T, p = in(reg) p, s = in(reg) stride, options(nostack, readonly))
+        asm!("tileloadd tmm{t}, [{p} + {s}*1]", t = const T, p = in(reg) p, s = in(reg) 64usize, options(nostack, readonly))
     }
 }
 
@@ -138,11 +138,6 @@ unsafe fn zero<const T: u8>() {
     // SAFETY: the caller's contract.
     unsafe { asm!("tilezero tmm{t}", t = const T, options(nostack, nomem)) }
 }
-
-/// One 64-byte line, so that a `Vec` of them is aligned for 512-bit stores.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
 
 /// A thread's buffers: the activations' `hi` and `lo` parts, and two panels' B tiles (`hi` then `lo`, 1 KB each
 /// per block).
@@ -354,13 +349,13 @@ unsafe fn tiles<const M: usize, const N: usize>(nb: usize, x: &Parts, r0: usize)
         for b in 0..nb {
             let a = (r0 / TILE_M * nb + b) * 1024;
             for (xs, ws) in [(x.xh, 0), (x.xl, 0), (x.xh, 1024)] {
-                load::<0>(xs.add(a), 64);
+                load::<0>(xs.add(a));
                 if M > 1 {
-                    load::<1>(xs.add(a + tile), 64);
+                    load::<1>(xs.add(a + tile));
                 }
-                load::<2>(x.w0.add(2048 * b + ws), 64);
+                load::<2>(x.w0.add(2048 * b + ws));
                 if N > 1 {
-                    load::<3>(x.w1.add(2048 * b + ws), 64);
+                    load::<3>(x.w1.add(2048 * b + ws));
                 }
                 product::<4, 0, 2>();
                 if N > 1 {
