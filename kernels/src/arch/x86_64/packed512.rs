@@ -8,6 +8,9 @@
 //! [`crate::packed::panel_ref`] states, whatever `P` and `C` are, so results do not depend on the batch or the
 //! tiling.
 //!
+//! A batch with more than one tile per panel group unpacks the group's quants once into a per-thread buffer of
+//! bytes ([`unpack_group`]) that every tile then loads, rather than unpacking them in every tile.
+//!
 //! The K-quant panels (K4 from Q4_K, K6 from Q6_K) run the same tile, Q8x2 fused as for the others: a block's
 //! scale is the super-block's f16 `d` times the block's integer scale, formed in f32 per block (or once per call
 //! in the scale cache). K6 has a scale per half block, so its two halves' integer sums stay apart (weight groups
@@ -20,7 +23,7 @@ use std::ops::Range;
 
 use super::packed256::{DECODE_F, prefetch_l2, prefetch_lines, prefetch_streams};
 use crate::dispatch::{Act32, OutSink};
-use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, Sections, check_args, check_args_f};
+use crate::packed::{Line, PANEL_ROWS, PackedFormat, PackedView, Sections, check_args, check_args_f};
 
 /// Output rows sharing one unpack of a block of `panels` panels, by activation group: the P·C·G integer
 /// accumulators, P·C float accumulators, the unpacked weight pairs and the scales must fit in 32 zmm registers.
@@ -42,6 +45,11 @@ const ACT_CHUNK: usize = 64;
 /// time (weight groups `jj` and `jj + 4`, which share a nibble chunk in the 4-bit formats).
 trait Quants {
     const FORMAT: PackedFormat;
+    /// Most blocks (panels × blocks per row) of a panel group that a batch unpacks once per chunk of rows
+    /// ([`unpack_group`]) rather than once per tile: 48 (24 KB, which stays in L1 beside the activations) where
+    /// unpacking is a few operations per pair, none for Q8 (its pairs are two loads), no limit for Q5, whose
+    /// unpacking costs more than reading the unpacked bytes back from L2.
+    const PRE_BLOCKS: usize = 48;
     /// Whatever the pairs need from the block besides their chunk (Q5's high bits), loaded once per block.
     ///
     /// # Safety
@@ -120,6 +128,7 @@ impl Quants for Q4 {
 
 impl Quants for Q5 {
     const FORMAT: PackedFormat = PackedFormat::Q5;
+    const PRE_BLOCKS: usize = usize::MAX;
     #[inline(always)]
     unsafe fn extra(qs: *const u8) -> __m512i {
         // SAFETY: the caller guarantees the block's 320 aligned bytes and the features.
@@ -152,6 +161,7 @@ const BITS: [i32; 2] = [0x0804_0201, 0x8040_2010_u32 as i32];
 
 impl Quants for Q8 {
     const FORMAT: PackedFormat = PackedFormat::Q8;
+    const PRE_BLOCKS: usize = 0;
     #[inline(always)]
     unsafe fn unpack_pair(qs: *const u8, jj: usize, _: __m512i) -> [__m512i; 2] {
         // SAFETY: the caller guarantees the block's 512 aligned bytes and the features.
@@ -258,6 +268,7 @@ unsafe fn run<F: Quants, const G: usize>(
 ) {
     let chunk = ACT_CHUNK / G;
     let mut halves = HALF_SUMS.take();
+    let mut unpacked = UNPACKED.take();
     let mut o0 = 0;
     while o0 < n_out {
         let o1 = (o0 + chunk).min(n_out);
@@ -283,20 +294,70 @@ unsafe fn run<F: Quants, const G: usize>(
             let next = if decode { Ahead::Stream { end } } else { Ahead::Group { from, lines } };
             // SAFETY (both): p + n ≤ panels.end; the rest is the caller's.
             if n == 2 {
-                unsafe { rows::<F, G, 2>(w, p, act, o0..o1, next, out) };
+                unsafe { rows::<F, G, 2>(w, p, act, o0..o1, next, &mut unpacked, out) };
             } else {
-                unsafe { rows::<F, G, 1>(w, p, act, o0..o1, next, out) };
+                unsafe { rows::<F, G, 1>(w, p, act, o0..o1, next, &mut unpacked, out) };
             }
             p += n;
         }
         o0 = o1;
     }
     HALF_SUMS.set(halves);
+    UNPACKED.set(unpacked);
 }
 
 thread_local! {
     /// Each thread's buffer of half-block activation sums ([`Acts`]), grown to the largest chunk seen and reused.
     static HALF_SUMS: Cell<Vec<i32>> = const { Cell::new(Vec::new()) };
+    /// Each thread's buffer of a panel group's unpacked quants ([`unpack_group`]), grown to the largest group seen.
+    static UNPACKED: Cell<Vec<Line>> = const { Cell::new(Vec::new()) };
+}
+
+/// Bytes of one block of one panel once unpacked: its eight weight groups, 16 rows × 4 bytes each.
+const UNPACKED_BLOCK: usize = 8 * 64;
+
+/// Unpacks every block of panels `p..p + P` into `buf` as [`Quants::unpack_pair`] returns them: panel `i`, block
+/// `b`, weight group `j` at `(i·nb + b)·512 + 64·j`. A batch's tiles then load their weight registers instead of
+/// unpacking them again in every tile (a chunk of 32 Q8x2 output rows is ~11 tiles). Q5's high bits alone take
+/// eight vector operations per pair, on the same two ports that run `vpdpbusd` when 512-bit work is in flight
+/// on Intel (0 and 5).
+///
+/// One thread, Intel Xeon (AMX host), Q8x2, 512 output rows, in weight-MACs/s, median of 12 interleaved slices
+/// per side, per-tile → per-chunk unpacking: Q5_0 2048×640 38–59 → 48–78 G (+25–33%), 640×2048 40–41 → 47 G;
+/// Q6_K 640×512 31–33 → 37 G, but 640×2048 (64 KB unpacked, more than L1) 33 → 31–32 G; Q4_0 2048×640 41 → 49
+/// G, 1536×576 56–60 → 59–60 G; Q4_K 640×512 77 → 80 G; Q4_1 576×1536 (48 KB) 75–77 → 70–72 G. Hence the
+/// limits of [`Quants::PRE_BLOCKS`].
+///
+/// # Safety
+/// As [`rows`]; the CPU must have AVX-512 F/BW.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn unpack_group<F: Quants, const P: usize>(w: &PackedView<'_>, p: usize, buf: &mut Vec<Line>) -> [*const u8; P] {
+    let nb = w.nb;
+    let per_panel = nb * UNPACKED_BLOCK / 64;
+    if buf.len() < P * per_panel {
+        buf.resize(P * per_panel, Line([0; 64]));
+    }
+    let sec = Sections::of(F::FORMAT, nb);
+    let dst = buf.as_mut_ptr().cast::<u8>();
+    // SAFETY: the panels are checked (`check_args`) and p + P ≤ the panel count (the caller's contract); the
+    // buffer holds P·nb blocks of 512 bytes, 64-byte aligned.
+    unsafe {
+        for i in 0..P {
+            let panel = w.bytes.as_ptr().add((p + i) * w.panel_bytes);
+            for b in 0..nb {
+                let qp = panel.add(sec.qs(b));
+                let extra = F::extra(qp);
+                let to = dst.add((i * nb + b) * UNPACKED_BLOCK);
+                for jj in 0..4 {
+                    let [first, second] = F::unpack_pair(qp, jj, extra);
+                    _mm512_store_si512(to.add(64 * jj).cast(), first);
+                    _mm512_store_si512(to.add(64 * (jj + 4)).cast(), second);
+                }
+            }
+        }
+        std::array::from_fn(|i| dst.add(i * per_panel * 64).cast_const())
+    }
 }
 
 /// A chunk's activations, and for formats with a scale per half block (K6) the Σq of each half block of its rows:
@@ -337,15 +398,21 @@ unsafe fn rows<F: Quants, const G: usize, const P: usize>(
     act: &Acts<'_>,
     outs: Range<usize>,
     next: Ahead,
+    unpacked: &mut Vec<Line>,
     out: &OutSink<'_>,
 ) {
     let nb = w.nb;
-    if outs.len() <= tile_rows(G, P, F::FORMAT.split_halves()) || nb > SCALE_CACHE_BLOCKS {
+    let one_tile = outs.len() <= tile_rows(G, P, F::FORMAT.split_halves());
+    // With more than one tile, the panels are unpacked once here where that pays (see `unpack_group`); Q8's
+    // tiles read the panels as they are.
+    // SAFETY: the caller's contract.
+    let pre = (!one_tile && P * nb <= F::PRE_BLOCKS).then(|| unsafe { unpack_group::<F, P>(w, p, unpacked) });
+    if one_tile || nb > SCALE_CACHE_BLOCKS {
         // SAFETY: the caller's contract; no scale cache (the pointers are never read).
-        unsafe { tiles::<F, G, P, false>(w, p, act, outs, [std::ptr::null(); P], next, out) };
+        unsafe { tiles::<F, G, P, false>(w, p, act, outs, [std::ptr::null(); P], pre, next, out) };
     } else {
         // SAFETY: as above.
-        unsafe { rows_cached::<F, G, P>(w, p, act, outs, next, out) };
+        unsafe { rows_cached::<F, G, P>(w, p, act, outs, pre, next, out) };
     }
 }
 
@@ -361,6 +428,7 @@ unsafe fn rows_cached<F: Quants, const G: usize, const P: usize>(
     p: usize,
     act: &Acts<'_>,
     outs: Range<usize>,
+    pre: Option<[*const u8; P]>,
     next: Ahead,
     out: &OutSink<'_>,
 ) {
@@ -388,7 +456,7 @@ unsafe fn rows_cached<F: Quants, const G: usize, const P: usize>(
         }
     }
     // SAFETY: the caller's contract; `scales` holds every block's widened scales for each panel.
-    unsafe { tiles::<F, G, P, true>(w, p, act, outs, scales, next, out) };
+    unsafe { tiles::<F, G, P, true>(w, p, act, outs, scales, pre, next, out) };
 }
 
 /// Whether a format's [`Quants::scales`] returns a second line (an offset, or the scale of a second half block).
@@ -451,12 +519,14 @@ const fn tile_size(left: usize, group: usize, panels: usize, halves: bool) -> us
 /// As [`rows`]; with `CACHED`, `scales` as [`rows`] fills it; `next` within `w`'s panels.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)] // the hot tile takes its pointers apart rather than through a struct
 unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
     w: &PackedView<'_>,
     p: usize,
     act: &Acts<'_>,
     outs: Range<usize>,
     scales: [*const f32; P],
+    pre: Option<[*const u8; P]>,
     next: Ahead,
     out: &OutSink<'_>,
 ) {
@@ -476,12 +546,23 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
     while o < outs.end {
         let c = tile_size(outs.end - o, G, P, F::FORMAT.split_halves());
         let pf = share(o..o + c);
-        match c {
-            8 => unsafe { tile::<F, G, 8, P, CACHED>(w, p, act, o, pf, scales, out) },
-            4 => unsafe { tile::<F, G, 4, P, CACHED>(w, p, act, o, pf, scales, out) },
-            3 => unsafe { tile::<F, G, 3, P, CACHED>(w, p, act, o, pf, scales, out) },
-            2 => unsafe { tile::<F, G, 2, P, CACHED>(w, p, act, o, pf, scales, out) },
-            _ => unsafe { tile::<F, G, 1, P, CACHED>(w, p, act, o, pf, scales, out) },
+        if let Some(pre) = pre {
+            match c {
+                8 => unsafe { tile::<F, G, 8, P, CACHED, true>(w, p, act, o, pf, scales, pre, out) },
+                4 => unsafe { tile::<F, G, 4, P, CACHED, true>(w, p, act, o, pf, scales, pre, out) },
+                3 => unsafe { tile::<F, G, 3, P, CACHED, true>(w, p, act, o, pf, scales, pre, out) },
+                2 => unsafe { tile::<F, G, 2, P, CACHED, true>(w, p, act, o, pf, scales, pre, out) },
+                _ => unsafe { tile::<F, G, 1, P, CACHED, true>(w, p, act, o, pf, scales, pre, out) },
+            }
+        } else {
+            let none = [std::ptr::null(); P];
+            match c {
+                8 => unsafe { tile::<F, G, 8, P, CACHED, false>(w, p, act, o, pf, scales, none, out) },
+                4 => unsafe { tile::<F, G, 4, P, CACHED, false>(w, p, act, o, pf, scales, none, out) },
+                3 => unsafe { tile::<F, G, 3, P, CACHED, false>(w, p, act, o, pf, scales, none, out) },
+                2 => unsafe { tile::<F, G, 2, P, CACHED, false>(w, p, act, o, pf, scales, none, out) },
+                _ => unsafe { tile::<F, G, 1, P, CACHED, false>(w, p, act, o, pf, scales, none, out) },
+            }
         }
         o += c;
     }
@@ -522,13 +603,15 @@ macro_rules! for_each_c {
 /// As [`run`], with `p + P` ≤ `w.n_panels` and `(o + C)·G` activation rows present; `scales` as [`rows`] fills it.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const CACHED: bool>(
+#[allow(clippy::too_many_arguments)] // the hot tile takes its pointers apart rather than through a struct
+unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const CACHED: bool, const PRE: bool>(
     w: &PackedView<'_>,
     p: usize,
     act: &Acts<'_>,
     o: usize,
     pf: Prefetch,
     scales: [*const f32; P],
+    pre: [*const u8; P],
     out: &OutSink<'_>,
 ) {
     const { assert!(C >= 1 && C <= 8 && (G == 1 || G == 2) && (P == 1 || P == 2)) };
@@ -579,7 +662,10 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
                     }
                 }
             }
-            let extra: [__m512i; P] = std::array::from_fn(|i| F::extra(qp[i]));
+            let extra: [__m512i; P] =
+                std::array::from_fn(|i| if PRE { _mm512_setzero_si512() } else { F::extra(qp[i]) });
+            // With PRE, block b's unpacked weight groups (see `unpack_group`).
+            let up: [*const u8; P] = std::array::from_fn(|i| pre[i].wrapping_add(b * UNPACKED_BLOCK));
             // The integer dot products of all P·C·G (panel, activation row) pairs advance together, weight group
             // by weight group: consecutive `vpdpbusd` are independent, so their latency hides behind each other.
             // With few rows (decode) each chain is also split in two, so at least four are in flight; integer
@@ -602,7 +688,16 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
                 });
             }
             for jj in 0..4 {
-                let u: [[__m512i; 2]; P] = std::array::from_fn(|i| F::unpack_pair(qp[i], jj, extra[i]));
+                let u: [[__m512i; 2]; P] = std::array::from_fn(|i| {
+                    if PRE {
+                        [
+                            _mm512_load_si512(up[i].add(64 * jj).cast()),
+                            _mm512_load_si512(up[i].add(64 * (jj + 4)).cast()),
+                        ]
+                    } else {
+                        F::unpack_pair(qp[i], jj, extra[i])
+                    }
+                });
                 for_each_c!(C, c, {
                     for g in 0..G {
                         let q = aq[c].add(g * row_q).add(b << 5);
