@@ -29,8 +29,9 @@ pub enum Isa {
     Avx2,
     /// AVX2 level plus AVX-512 F, BW, VL and VNNI (8-bit dot products in one instruction).
     Avx512,
-    /// AVX-512 level plus AMX tiles with bf16 products (`tdpbf16ps`), which the OS lets the process use: F16
-    /// weights' prefill and batches run on the tile unit.
+    /// AVX-512 level plus AMX tiles with bf16 and int8 products (`tdpbf16ps`, `tdpbsud`), which the OS lets the
+    /// process use: the prefill and batches of F16 weights and of the 32-weight quantized panels (Q4_0, Q4_1, Q5_0,
+    /// Q8_0) run on the tile unit.
     Amx,
 }
 
@@ -49,7 +50,7 @@ impl Isa {
     }
 
     /// The widest vector instructions of this level: `amx` runs the AVX-512 level's vector code around its
-    /// tiles, so for everything but its F16 prefill it is that level.
+    /// tiles, so for everything but its tile kernels it is that level.
     pub fn vectors(self) -> Isa {
         match self {
             Isa::Amx => Isa::Avx512,

@@ -110,6 +110,7 @@ pub fn cpu_features() -> Vec<&'static str> {
         // AMX tiles count only where the OS lets the process use them (the `amx` level's own check).
         if infer_kernels::dispatch::Isa::Amx.is_supported() {
             out.push("amx-bf16");
+            out.push("amx-int8");
         }
     }
     out

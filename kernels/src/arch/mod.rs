@@ -16,6 +16,9 @@ mod x86_64;
 #[path = "x86_64/amx.rs"]
 pub(crate) mod amx;
 #[cfg(target_arch = "x86_64")]
+#[path = "x86_64/amx_quant.rs"]
+pub(crate) mod amx_quant;
+#[cfg(target_arch = "x86_64")]
 #[path = "x86_64/avx2.rs"]
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]

@@ -521,14 +521,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                         record.matrix_gflops = Some(2.0 * g_macs);
                         // Integer multiply-adds per weight multiply-add: the AVX-512 kernels run one 8-bit
                         // product per activation part (two for q8x2); the AVX2 ones fuse the parts into one
-                        // 16-bit value. The scalar level has no peak worth comparing with, nor has the amx level's
-                        // float prefill, whose F16 products run on the tile unit (its peak is not probed).
+                        // 16-bit value. The scalar level has no peak worth comparing with, nor has the amx level,
+                        // whose prefill products run on the tile unit (its peak is not probed).
                         record.peak_share = match (infer_kernels::dispatch::isa(), info.float_weights) {
-                            (Isa::Scalar, _) | (Isa::Amx, true) => None,
+                            (Isa::Scalar | Isa::Amx, _) => None,
                             (_, true) => Some(g_macs / fma.g_macs),
-                            (Isa::Avx512 | Isa::Amx, false) => {
-                                Some(g_macs * model.precision().group() as f64 / int.g_macs)
-                            }
+                            (Isa::Avx512, false) => Some(g_macs * model.precision().group() as f64 / int.g_macs),
                             (Isa::Avx2, false) => Some(g_macs / int.g_macs),
                         };
                     }

@@ -1,5 +1,6 @@
-//! AMX (Advanced Matrix Extensions) tiles for F16 weights: the `amx` level, which is the AVX-512 level with this
-//! kernel in its `packed_f` entry for prompts and batches of 16 rows or more.
+//! AMX (Advanced Matrix Extensions) tiles: the `amx` level, which is the AVX-512 level with tile kernels for
+//! prompts and batches of 16 rows or more, this file's for F16 weights (its `packed_f` entry) and
+//! [`super::amx_quant`]'s for the 32-weight quantized panels (its `packed` entry).
 //!
 //! An AMX tile multiply (`tdpbf16ps`) forms a 16 × 16 block of f32 dot products over 32 bf16 pairs in one
 //! instruction, on a unit of its own: 8,192 multiply-adds, against 16 for a 512-bit FMA. bf16 keeps 8 significant
@@ -10,10 +11,8 @@
 //! the FMA kernels, so its tests bound the error instead (`kernels/tests/packed.rs`).
 //!
 //! Unlike the quantized formats, whose every 32-weight block has scales of its own (so each block's 16 × 16 sums
-//! would have to leave the tile unit for a float epilogue), float weights need no epilogue: a tile accumulates over
-//! the whole row and is stored once. (An int8 version of this kernel for the quantized panels was measured and
-//! gave nothing on a Xeon with AMX: per block it must store, reload and scale 1 KB per tile, and that epilogue ran
-//! no faster than the 512-bit `vpdpbusd` kernel's.)
+//! leave the tile unit for a float epilogue, see [`super::amx_quant`]), float weights need no epilogue: a tile
+//! accumulates over the whole row and is stored once.
 //!
 //! F32 weights stay on the FMA kernel: splitting them into two bf16 parts would drop 8 of their 24 bits.
 //!
@@ -40,6 +39,10 @@ const TILE_M: usize = 16;
 /// of the wrapper.
 pub(crate) static KERNELS: Kernels = Kernels {
     isa: Isa::Amx,
+    packed: Some(|w, panels, act, n, g, out| {
+        // SAFETY: see KERNELS.
+        unsafe { super::amx_quant::panel(w, panels, act, n, g, out) }
+    }),
     packed_f: Some(|w, panels, x, n, out| {
         // SAFETY: see KERNELS.
         unsafe { panel_f(w, panels, x, n, out) }
@@ -53,12 +56,12 @@ pub(crate) static KERNELS: Kernels = Kernels {
 pub(crate) fn supported() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
-        // CPUID leaf 7, sub-leaf 0: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE. (The leaf exists on every CPU with
-        // AVX-512, which the level also requires.)
+        // CPUID leaf 7, sub-leaf 0: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE, bit 25 AMX-INT8. (The leaf exists on
+        // every CPU with AVX-512, which the level also requires; every CPU with AMX so far has both products.)
         #[allow(unused_unsafe)]
         // SAFETY: CPUID is available on every x86-64 CPU.
         let leaf7 = unsafe { __cpuid_count(7, 0) };
-        let tiles = (1 << 22) | (1 << 24);
+        let tiles = (1 << 22) | (1 << 24) | (1 << 25);
         leaf7.edx & tiles == tiles && request_tile_data()
     })
 }

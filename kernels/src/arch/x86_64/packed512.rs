@@ -43,7 +43,7 @@ const ACT_CHUNK: usize = 64;
 
 /// The format-specific part of a tile: how a block's quants become registers of unsigned bytes, a pair at a
 /// time (weight groups `jj` and `jj + 4`, which share a nibble chunk in the 4-bit formats).
-trait Quants {
+pub(super) trait Quants {
     const FORMAT: PackedFormat;
     /// Most blocks (panels × blocks per row) of a panel group that a batch unpacks once per chunk of rows
     /// ([`unpack_group`]) rather than once per tile: 48 (24 KB, which stays in L1 beside the activations) where
@@ -107,11 +107,11 @@ unsafe fn super_scale(panel: *const u8, at: usize) -> __m512 {
     unsafe { _mm512_cvtph_ps(_mm256_load_si256(panel.add(at).cast())) }
 }
 
-struct Q4;
-struct Q5;
-struct Q8;
-struct K4;
-struct K6;
+pub(super) struct Q4;
+pub(super) struct Q5;
+pub(super) struct Q8;
+pub(super) struct K4;
+pub(super) struct K6;
 
 impl Quants for Q4 {
     const FORMAT: PackedFormat = PackedFormat::Q4;
@@ -314,7 +314,7 @@ thread_local! {
 }
 
 /// Bytes of one block of one panel once unpacked: its eight weight groups, 16 rows × 4 bytes each.
-const UNPACKED_BLOCK: usize = 8 * 64;
+pub(super) const UNPACKED_BLOCK: usize = 8 * 64;
 
 /// Unpacks every block of panels `p..p + P` into `buf` as [`Quants::unpack_pair`] returns them: panel `i`, block
 /// `b`, weight group `j` at `(i·nb + b)·512 + 64·j`. A batch's tiles then load their weight registers instead of
@@ -332,7 +332,11 @@ const UNPACKED_BLOCK: usize = 8 * 64;
 /// As [`rows`]; the CPU must have AVX-512 F/BW.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn unpack_group<F: Quants, const P: usize>(w: &PackedView<'_>, p: usize, buf: &mut Vec<Line>) -> [*const u8; P] {
+pub(super) unsafe fn unpack_group<F: Quants, const P: usize>(
+    w: &PackedView<'_>,
+    p: usize,
+    buf: &mut Vec<Line>,
+) -> [*const u8; P] {
     let nb = w.nb;
     let per_panel = nb * UNPACKED_BLOCK / 64;
     if buf.len() < P * per_panel {
