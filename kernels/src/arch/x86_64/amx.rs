@@ -32,7 +32,7 @@ use crate::dispatch::{Isa, Kernels, OutSink};
 use crate::packed::{Line, PANEL_ROWS, PackedFormat, PackedView, Sections, check_args_f};
 
 /// Activation rows per A tile (the most a tile holds).
-const TILE_M: usize = 16;
+pub(super) const TILE_M: usize = 16;
 
 /// The `amx` level's table: the AVX-512 level's, with [`panel_f`] for the float panels. Only
 /// [`crate::dispatch`] hands it out, after [`supported`] and the AVX-512 level's feature check: the safety argument
@@ -79,34 +79,64 @@ fn request_tile_data() -> bool {
     false
 }
 
-/// The 64-byte operand of `ldtilecfg`: palette 1, then each tile's bytes per row (u16 × 16) and rows (u8 × 16):
-/// here all eight tiles are 16 rows of 64 bytes.
+/// The 64-byte operand of `ldtilecfg`: palette 1, then each tile's bytes per row (u16 × 16) and rows (u8 × 16).
+/// Both tile kernels use the same roles: `tmm0`, `tmm1` A tiles, `tmm2`, `tmm3` B tiles, `tmm4..tmm7` C tiles.
 #[repr(C, align(64))]
-struct TileConfig([u8; 64]);
+pub(super) struct TileConfig([u8; 64]);
 
 impl TileConfig {
-    const FULL: TileConfig = {
+    /// Every tile 16 rows of 64 bytes (this file's F16 kernel).
+    pub(super) const FULL: TileConfig = TileConfig::shaped(64, 16);
+
+    /// A tiles of 16 rows × `a_bytes`, B tiles of `b_rows` lines of 64 bytes, C tiles of 16 rows of 64 bytes.
+    pub(super) const fn shaped(a_bytes: usize, b_rows: usize) -> TileConfig {
         let mut c = [0u8; 64];
         c[0] = 1;
         let mut t = 0;
         while t < 8 {
-            c[16 + 2 * t] = 64;
-            c[48 + t] = TILE_M as u8;
+            let (bytes, rows) = match t {
+                0 | 1 => (a_bytes, TILE_M),
+                2 | 3 => (64, b_rows),
+                _ => (64, TILE_M),
+            };
+            c[16 + 2 * t] = bytes as u8;
+            c[17 + 2 * t] = (bytes >> 8) as u8;
+            c[48 + t] = rows as u8;
             t += 1;
         }
         TileConfig(c)
-    };
+    }
+
+    /// Loads this configuration into the tile unit.
+    ///
+    /// # Safety
+    /// [`supported`] returned true.
+    #[inline]
+    pub(super) unsafe fn load(&self) {
+        // SAFETY: a valid palette-1 configuration; the caller's contract gives the tile state.
+        unsafe { asm!("ldtilecfg [{}]", in(reg) self.0.as_ptr(), options(nostack, readonly)) };
+    }
 }
 
-/// Loads tile `T` (16 lines of 64 bytes) from `p`.
+/// Gives the tile state back (a thread not using tiles saves and restores less on a context switch).
 ///
 /// # Safety
-/// The tile configuration is loaded, and 1 KB is readable at `p`.
+/// [`supported`] returned true.
+#[inline]
+pub(super) unsafe fn release() {
+    // SAFETY: the caller's contract.
+    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+}
+
+/// Loads tile `T` from its lines, `stride` bytes apart, at `p`.
+///
+/// # Safety
+/// The tile configuration is loaded, and every line of tile `T` is readable at `p + i·stride`.
 #[inline(always)]
-unsafe fn load<const T: u8>(p: *const u8) {
+pub(super) unsafe fn load<const T: u8>(p: *const u8, stride: usize) {
     // SAFETY: the caller's contract.
     unsafe {
-        asm!("tileloadd tmm{t}, [{p} + {s}*1]", t = const T, p = in(reg) p, s = in(reg) 64usize, options(nostack, readonly))
+        asm!("tileloadd tmm{t}, [{p} + {s}*1]", t = const T, p = in(reg) p, s = in(reg) stride, options(nostack, readonly))
     }
 }
 
@@ -115,7 +145,7 @@ unsafe fn load<const T: u8>(p: *const u8) {
 /// # Safety
 /// The configuration is loaded; 1 KB is writable at `p`.
 #[inline(always)]
-unsafe fn store<const T: u8>(p: *mut u8) {
+pub(super) unsafe fn store<const T: u8>(p: *mut u8) {
     // SAFETY: the caller's contract.
     unsafe {
         asm!("tilestored [{p} + {s}*1], tmm{t}", t = const T, p = in(reg) p, s = in(reg) 64usize, options(nostack))
@@ -137,7 +167,7 @@ unsafe fn product<const C: u8, const A: u8, const B: u8>() {
 /// # Safety
 /// The configuration is loaded.
 #[inline(always)]
-unsafe fn zero<const T: u8>() {
+pub(super) unsafe fn zero<const T: u8>() {
     // SAFETY: the caller's contract.
     unsafe { asm!("tilezero tmm{t}", t = const T, options(nostack, nomem)) }
 }
@@ -253,9 +283,8 @@ unsafe fn run_f16(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], rows: usi
         }
         let pairs = in_pairs();
         let (xh, xl) = (bufs.x_hi.as_ptr().cast::<u8>(), bufs.x_lo.as_ptr().cast::<u8>());
-        let config = TileConfig::FULL;
-        // SAFETY: a valid palette-1 configuration; the caller has AMX.
-        unsafe { asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack, readonly)) };
+        // SAFETY: the caller has AMX.
+        unsafe { TileConfig::FULL.load() };
         let mut c = [[0f32; PANEL_ROWS]; TILE_M];
         let mut p = panels.start;
         while p < panels.end {
@@ -309,9 +338,8 @@ unsafe fn run_f16(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], rows: usi
             }
             p += n;
         }
-        // SAFETY: gives the tile state back (a thread not using tiles saves and restores less on a context
-        // switch).
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+        // SAFETY: the caller has AMX.
+        unsafe { release() };
     });
 }
 
@@ -352,13 +380,13 @@ unsafe fn tiles<const M: usize, const N: usize>(nb: usize, x: &Parts, r0: usize)
         for b in 0..nb {
             let a = (r0 / TILE_M * nb + b) * 1024;
             for (xs, ws) in [(x.xh, 0), (x.xl, 0), (x.xh, 1024)] {
-                load::<0>(xs.add(a));
+                load::<0>(xs.add(a), 64);
                 if M > 1 {
-                    load::<1>(xs.add(a + tile));
+                    load::<1>(xs.add(a + tile), 64);
                 }
-                load::<2>(x.w0.add(2048 * b + ws));
+                load::<2>(x.w0.add(2048 * b + ws), 64);
                 if N > 1 {
-                    load::<3>(x.w1.add(2048 * b + ws));
+                    load::<3>(x.w1.add(2048 * b + ws), 64);
                 }
                 product::<4, 0, 2>();
                 if N > 1 {

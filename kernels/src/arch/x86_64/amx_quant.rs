@@ -30,12 +30,10 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
 
+use super::amx::{self, TILE_M, TileConfig, load, store, zero};
 use super::packed512::{self, Q4, Q5, Q8, Quants, UNPACKED_BLOCK};
 use crate::dispatch::{Act32, OutSink};
 use crate::packed::{Line, PANEL_ROWS, PackedFormat, PackedView, Sections, check_args};
-
-/// Activation rows per A tile (the most a tile holds).
-const TILE_M: usize = 16;
 
 /// Activation rows copied into tile order at a time, and met by every panel pair of the task before the next.
 const CHUNK: usize = 64;
@@ -46,54 +44,6 @@ const CHUNK: usize = 64;
 /// difference was within this host's noise.
 const SET_BYTES: usize = 4096 + 1024 + 512;
 
-/// The 64-byte operand of `ldtilecfg`.
-#[repr(C, align(64))]
-struct TileConfig([u8; 64]);
-
-impl TileConfig {
-    /// Palette 1; A tiles of 16 rows × `k` bytes, B tiles of `k / 4` lines of 64 bytes, C tiles of 16 × 16 i32.
-    fn new(k: usize) -> TileConfig {
-        let mut c = [0u8; 64];
-        c[0] = 1;
-        let mut set = |t: usize, rows: usize, bytes: usize| {
-            c[16 + 2 * t..18 + 2 * t].copy_from_slice(&(bytes as u16).to_le_bytes());
-            c[48 + t] = rows as u8;
-        };
-        for t in 0..2 {
-            set(t, TILE_M, k);
-            set(2 + t, k / 4, 64);
-        }
-        for t in 4..8 {
-            set(t, TILE_M, 64);
-        }
-        TileConfig(c)
-    }
-}
-
-/// Loads tile `T` from lines `stride` bytes apart at `p`.
-///
-/// # Safety
-/// The configuration is loaded and every line of tile `T` is readable at `p + i·stride`.
-#[inline(always)]
-unsafe fn load<const T: u8>(p: *const u8, stride: usize) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        asm!("tileloadd tmm{t}, [{p} + {s}*1]", t = const T, p = in(reg) p, s = in(reg) stride, options(nostack, readonly))
-    }
-}
-
-/// Stores tile `T` (16 lines of 64 bytes) at `p`.
-///
-/// # Safety
-/// The configuration is loaded; 1 KB is writable at `p`.
-#[inline(always)]
-unsafe fn store<const T: u8>(p: *mut u8) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        asm!("tilestored [{p} + {s}*1], tmm{t}", t = const T, p = in(reg) p, s = in(reg) 64usize, options(nostack))
-    }
-}
-
 /// `C = A · B` over signed A bytes and unsigned B bytes, in i32 (C zeroed first).
 ///
 /// # Safety
@@ -102,8 +52,8 @@ unsafe fn store<const T: u8>(p: *mut u8) {
 unsafe fn product<const C: u8, const A: u8, const B: u8>() {
     // SAFETY: the caller's contract; tile instructions touch no memory here.
     unsafe {
-        asm!("tilezero tmm{c}", "tdpbsud tmm{c}, tmm{a}, tmm{b}", c = const C, a = const A, b = const B,
-             options(nostack, nomem))
+        zero::<C>();
+        asm!("tdpbsud tmm{c}, tmm{a}, tmm{b}", c = const C, a = const A, b = const B, options(nostack, nomem))
     }
 }
 
@@ -189,9 +139,9 @@ unsafe fn run<F: Quants, const G: usize>(
 ) {
     let nb = w.nb;
     let off = F::FORMAT.offset();
-    let config = TileConfig::new(32);
-    // SAFETY: a valid palette-1 configuration; the caller has AMX.
-    unsafe { asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack, readonly)) };
+    // A tiles of 16 rows × one block's 32 bytes, B tiles of one block's 8 lines.
+    // SAFETY: the caller has AMX.
+    unsafe { TileConfig::shaped(32, 8).load() };
     BUFFERS.with_borrow_mut(|bufs| {
         let bufs = bufs.get_or_insert_with(Buffers::default);
         let grow = |v: &mut Vec<Line>, n: usize| {
@@ -282,8 +232,8 @@ unsafe fn run<F: Quants, const G: usize>(
             }
         }
     });
-    // SAFETY: gives the tile state back (a thread not using tiles saves and restores less on a context switch).
-    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    // SAFETY: the caller has AMX.
+    unsafe { amx::release() };
 }
 
 /// Panels `p..p + N` against row tiles `t..t + M` of the chunk at `c0`: every block's (and part's) products on
