@@ -390,7 +390,10 @@ fn serve_a_client_that_goes_away_cancels_its_request() {
     let (status, _, reply) =
         serve::post(&format!("{}/v1/completions", server.base), br#"{"prompt": "hi", "max_tokens": 3}"#);
     assert_eq!(status, 200, "{reply}");
-    let log = server.log();
+    let log = server.log_when("for the cancelled requests", |log| {
+        log.iter().any(|l| l.contains(" 200 ") && l.contains("finish=cancelled stream"))
+            && log.iter().any(|l| l.contains(" 499 ") && l.contains("finish=cancelled"))
+    });
     assert!(log.iter().any(|l| l.contains(" 200 ") && l.contains("finish=cancelled stream")), "{log:#?}");
     assert!(log.iter().any(|l| l.contains(" 499 ") && l.contains("finish=cancelled")), "{log:#?}");
 }
