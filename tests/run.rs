@@ -127,15 +127,18 @@ fn ctrl_c_stops_generation_and_keeps_the_text() {
 }
 
 #[test]
-fn a_bad_infer_isa_is_reported_by_every_command_that_loads_a_model() {
+fn a_bad_infer_isa_is_reported_by_every_command_that_loads_a_model_and_by_info() {
     let dir = tempdir();
     let model = dir.path().join("tiny.gguf");
     build(Spec::llama(GgmlType::Q4_1), 6).write_file(&model).unwrap();
     let m = model.to_str().unwrap();
     // Loading repacks weights for the kernel level, so the level must be checked before the model is loaded.
-    for args in
-        [vec!["run", m, "-p", "a", "-n", "1"], vec!["logits", m], vec!["bench", m, "-p", "8", "-n", "1", "-r", "1"]]
-    {
+    for args in [
+        vec!["run", m, "-p", "a", "-n", "1"],
+        vec!["logits", m],
+        vec!["bench", m, "-p", "8", "-n", "1", "-r", "1"],
+        vec!["info", m],
+    ] {
         let out =
             infer_bin().args(&args).env("INFER_ISA", "bogus").stdin(std::process::Stdio::null()).output().unwrap();
         assert_clean_failure(&out, "INFER_ISA");

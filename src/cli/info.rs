@@ -23,6 +23,8 @@ pub struct InfoArgs {
 const ARRAY_PREVIEW: usize = 8;
 
 pub fn run(args: InfoArgs) -> anyhow::Result<()> {
+    // The report names the kernel level in use, so a level that cannot be used is an error here as everywhere.
+    infer_kernels::dispatch::try_isa().context("INFER_ISA")?;
     let path = crate::cli::resolve_model_arg(args.model.as_deref())?;
     let file = GgufFile::open(&path).with_context(|| format!("reading {}", path.display()))?;
     let summary = ModelSummary::of(&file);
