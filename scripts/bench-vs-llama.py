@@ -135,6 +135,7 @@ def main():
     rss = {}  # model name -> {"infer": MiB, "llama.cpp": MiB, "kv": MiB}, the lowest peak of the rounds
     bandwidth = 0.0
     per_rate = {}  # pp key -> share of the compute peak per token/s (lowest: the round with the highest peak)
+    unshared = set()  # (model, level) whose pp came back from --peak without a share
     for rnd in range(args.rounds):
         for model in args.models:
             name = Path(model).name
@@ -149,6 +150,8 @@ def main():
                 bandwidth = max(bandwidth, rec.get("mem_read_gbs") or 0.0)
                 if rec.get("peak_share") and rec["avg_ts"]:
                     per_rate[key] = min(per_rate.get(key, 1e9), rec["peak_share"] / rec["avg_ts"])
+                elif args.peak and rec["n_prompt"]:
+                    unshared.add((name, rec.get("isa") or "this"))
             for rec in run_json([llama_bench, "-m", model, *common, "-fa", fa_flag]):
                 raw.append({"engine": "llama.cpp", **rec})
                 key = (name, rec["n_prompt"], rec["n_gen"], rec["n_depth"])
@@ -227,6 +230,7 @@ def main():
     keys = sorted(set(ours) | set(theirs), key=order)
     if args.wide:
         print_wide(args, keys, ours, theirs, rss, files, test_name, limit_share, bandwidth, peak_share)
+        print_unshared(unshared)
         return
     print("| model | test | infer | llama.cpp | infer ÷ llama.cpp |")
     print("|---|---|---|---|---|")
@@ -247,6 +251,7 @@ def main():
                     s = ours.get((name, "batch", bsz), (0.0,))[0]
                     print(f"\n{name}: infer B={bsz} ÷ infer B=1 = {s / b1:.2f}")
     print_memory(args, rss, files)
+    print_unshared(unshared)
     if args.bandwidth and bandwidth:
         print(f"\nmemory read probe (infer bench --bandwidth, {args.t} threads, best round): {bandwidth:.1f} GB/s")
         for key, (rate, _) in sorted(ours.items(), key=lambda kv: order(kv[0])):
@@ -260,6 +265,13 @@ def main():
         for key in sorted(per_rate, key=order):
             rate = ours[key][0]
             print(f"{key[0]} {test_name(key)}: {rate:.1f} t/s = {100 * peak_share(key, rate):.0f}% of the peak")
+
+
+def print_unshared(unshared):
+    """Says which files' prefill got no share of the compute peak, so a missing column is not read as an omission."""
+    for model, isa in sorted(unshared):
+        print(f"\n{model}: no share of the compute peak at the {isa} level (infer bench --peak gives none where the "
+              "products run on AMX tiles, whose peak is not probed)")
 
 
 def memory_limit_mib(mem, file_bytes):
