@@ -28,8 +28,13 @@ fn randv(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
 /// Random weights quantized to `ty`: (GGUF bytes, dequantized values).
 fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let x = randv(&mut rng, rows * cols, 1.0);
-    let n = rows * cols / ty.block_size();
+    quantized(ty, &randv(&mut rng, rows * cols, 1.0))
+}
+
+/// `x` quantized to `ty`: (GGUF bytes, dequantized values).
+fn quantized(ty: GgmlType, x: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    let x = x.to_vec();
+    let n = x.len() / ty.block_size();
     let bytes = match ty {
         GgmlType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
         GgmlType::F16 => x.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
@@ -70,7 +75,7 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f
         }
         _ => unreachable!(),
     };
-    let mut deq = vec![0f32; rows * cols];
+    let mut deq = vec![0f32; x.len()];
     infer_kernels::dequantize(ty, &bytes, &mut deq).unwrap();
     (bytes, deq)
 }
@@ -218,6 +223,58 @@ fn every_level_equals_the_reference_bit_for_bit() {
         }
     }
     eprintln!("panel kernels checked against panel_ref: {}", tested.join(", "));
+}
+
+/// The largest sums a kernel can meet: weights at their format's top quant (15 in the 4-bit formats, 31 in Q5_0,
+/// 127 in Q8_0) against activations at full scale, all of one sign, so that every partial sum is as large as it can
+/// get. The AVX2 decode tile adds four 16-bit pair sums of `vpmaddubsw` before widening them (at most 31744 for
+/// Q5_0); this is where a saturating or overflowing shortcut would show.
+#[test]
+fn every_level_equals_the_reference_at_the_largest_sums() {
+    let (rows, nb) = (32, 9);
+    let mut tested = Vec::new();
+    for isa in Isa::available() {
+        let Some(kernel) = isa.kernels().unwrap().packed else { continue };
+        tested.push(isa.name());
+        for ty in TYPES {
+            let cols = cols_for(ty, nb);
+            // Per block of 32: one weight of the largest magnitude and of the other sign, which the symmetric
+            // formats map to quant 0 (their scale is negative then), the rest just inside it, which then map to the
+            // top quant; the formats with a minimum put the rest at their top quant too.
+            let x: Vec<f32> = (0..rows * cols).map(|i| if i % 32 == 0 { 1.0 } else { -0.999 * 7.0 / 8.0 }).collect();
+            let (bytes, _) = quantized(ty, &x);
+            let al = aligned(&bytes);
+            let p = packed::pack(ty, as_bytes(&al, bytes.len()), rows, cols).expect("packable");
+            for group in [1, 2] {
+                for n_out in [1, 2, 3, 16] {
+                    // Constant rows (residual 0) and rows of one sign with random residuals.
+                    let mut rng = ChaCha8Rng::seed_from_u64(5);
+                    for sign in [1.0f32, -1.0] {
+                        let x: Vec<f32> = (0..n_out * cols)
+                            .map(|i| sign * if i / cols % 2 == 0 { 3.0 } else { rng.random_range(2.9f32..3.0) })
+                            .collect();
+                        let act = Act::new(&x, cols, group);
+                        let run = |f: &dyn Fn(&OutSink<'_>)| {
+                            let mut out = vec![f32::NAN; n_out * rows];
+                            f(&OutSink::new(&mut out, rows));
+                            out
+                        };
+                        let n_act = n_out * group;
+                        let panels = 0..rows / PANEL_ROWS;
+                        let got = run(&|o| kernel(p.view(), panels.clone(), act.view(), n_act, group, o));
+                        let want = run(&|o| packed::panel_ref(p.view(), panels.clone(), act.view(), n_act, group, o));
+                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                g.to_bits() == w.to_bits(),
+                                "{isa} {ty} group={group} n_out={n_out} sign={sign} [{i}]: {g} vs {w}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("panel kernels checked at the largest sums: {}", tested.join(", "));
 }
 
 /// Every level's float panel kernel equals `panel_ref_f` bit for bit, except the `amx` level's F16 tiles (16 or

@@ -7,7 +7,10 @@
 //! with `vpmaddwd` against 16-bit activations. That fuses the two parts of a Q8x2 activation: the pair
 //! `(q1, q2)` with `d2 = d1/256` is the single 16-bit value `256·q1 + q2` (at most 256·127 + 127 = 32639), so
 //! one multiply serves both, and the integer sum is exactly the `256·i₁ + i₂` that [`crate::packed::panel_ref`]
-//! forms. With 8-bit activations (`group == 1`) the value is `q1` itself. Each thread widens the activation rows
+//! forms. With 8-bit activations (`group == 1`) the value is `q1` itself. Decode, which meets each weight once, is
+//! the exception for the formats whose weights stay below 32 (Q4_0, Q4_1, Q5_0, Q4_K): there `vpmaddubsw` takes the
+//! weight bytes as they are against each 8-bit part of the activations ([`byte_products`]), with no widening, and
+//! a few of its pair sums add up in 16 bits before they can saturate. Each thread widens the activation rows
 //! it is about to use once per call into a buffer of its own ([`Act16`]), a cost of one pass over the activations
 //! against one pass over the weights per row of them.
 //!
@@ -163,6 +166,10 @@ fn prefetch_hint<const HINT: i32>(at: *const u8, lines: Range<usize>) {
 /// nibble chunk in the 4-bit formats).
 trait Quants {
     const FORMAT: PackedFormat;
+    /// The largest unsigned weight byte of the format (before its offset), where it is small enough for the decode
+    /// tile to multiply the bytes with the activations' 8-bit parts directly ([`byte_products`]); 0 where it is
+    /// not (Q8 and K6 take the widened path).
+    const TOP_QUANT: i32 = 0;
     /// Whatever the pairs need from the block besides their chunk (Q5's high bits), loaded once per block.
     ///
     /// # Safety
@@ -231,6 +238,7 @@ struct K6;
 
 impl Quants for Q4 {
     const FORMAT: PackedFormat = PackedFormat::Q4;
+    const TOP_QUANT: i32 = 15;
     #[inline(always)]
     unsafe fn unpack_pair(qs: *const u8, jj: usize, _: __m256i) -> [__m256i; 2] {
         // SAFETY: the caller guarantees the half's aligned bytes and the features.
@@ -247,6 +255,7 @@ const BITS: [i32; 2] = [0x0804_0201, 0x8040_2010_u32 as i32];
 
 impl Quants for Q5 {
     const FORMAT: PackedFormat = PackedFormat::Q5;
+    const TOP_QUANT: i32 = 31;
     #[inline(always)]
     unsafe fn extra(qs: *const u8) -> __m256i {
         // SAFETY: the caller guarantees the block's bytes: the high bits' chunk follows the four nibble chunks.
@@ -286,6 +295,7 @@ impl Quants for Q8 {
 
 impl Quants for K4 {
     const FORMAT: PackedFormat = PackedFormat::K4;
+    const TOP_QUANT: i32 = 15;
     #[inline(always)]
     unsafe fn unpack_pair(qs: *const u8, jj: usize, extra: __m256i) -> [__m256i; 2] {
         // SAFETY: the same nibble chunks as Q4.
@@ -393,7 +403,7 @@ unsafe fn run<F: Quants, const G: usize>(
             prefetch_lines(w.bytes.as_ptr().wrapping_add(panels.start * w.panel_bytes), 0..w.panel_bytes / 64);
             for p in panels.clone() {
                 // SAFETY: p is one of the checked panels; output row 0 of the chunk exists.
-                unsafe { tile::<F, 1, 2>(w, 2 * p, &a16, 0, o0, true, out) };
+                unsafe { tile::<F, G, 1, 2>(w, 2 * p, &a16, act, 0, o0, true, out) };
             }
         } else {
             // SAFETY: the panels are checked and rows 0..o1 - o0 of the chunk are filled.
@@ -423,10 +433,11 @@ macro_rules! for_each_c {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile<F: Quants, const C: usize, const S: usize>(
+unsafe fn tile<F: Quants, const G: usize, const C: usize, const S: usize>(
     w: &PackedView<'_>,
     sp: usize,
     a16: &Act16,
+    act: &Act32<'_>,
     o: usize,
     o_base: usize,
     stream: bool,
@@ -447,6 +458,10 @@ unsafe fn tile<F: Quants, const C: usize, const S: usize>(
         // From the format constant, so that every offset below is a few operations on constants.
         let sec = Sections::of(F::FORMAT, nb);
         let aq: [*const i16; C] = std::array::from_fn(|c| a16.q.as_ptr().add((o + c) * cols));
+        // The same rows' 8-bit parts as `act` holds them (part g of output row r is activation row G·r + g), for
+        // the byte products.
+        let a8: [[*const i8; G]; C] =
+            std::array::from_fn(|c| std::array::from_fn(|g| act.qs.as_ptr().add(((o_base + o + c) * G + g) * cols)));
         let ad: [*const f32; C] = std::array::from_fn(|c| a16.d.as_ptr().add((o + c) * nb));
         let asum: [*const f32; C] = std::array::from_fn(|c| a16.s.as_ptr().add((o + c) * nb));
         let ai: [*const i32; C] = std::array::from_fn(|c| a16.isum.as_ptr().add((o + c) * nb));
@@ -487,7 +502,10 @@ unsafe fn tile<F: Quants, const C: usize, const S: usize>(
             // One 32-bit lane per row: the exact integer sum of the block's products (of each half block's, for
             // formats that scale them separately).
             let mut iv = [[[_mm256_setzero_si256(); C]; S]; 2];
-            for jj in 0..4 {
+            if F::TOP_QUANT > 0 {
+                byte_products::<F, G, C, S>(qp, extra, &a8, b << 5, &mut iv);
+            }
+            for jj in (0..4).filter(|_| F::TOP_QUANT == 0) {
                 for s in 0..S {
                     let u = F::unpack_pair(qp[s], jj, extra[s]);
                     for (part, up) in u.iter().enumerate() {
@@ -531,6 +549,68 @@ unsafe fn tile<F: Quants, const C: usize, const S: usize>(
                 let mut lanes = [0f32; HALF];
                 _mm256_storeu_ps(lanes.as_mut_ptr(), *v);
                 out.put_row(o_base + o + c, (sp + s) * HALF, &lanes);
+            }
+        }
+    }
+}
+
+/// One block of the decode tile by `vpmaddubsw`, for formats with a [`Quants::TOP_QUANT`]: the integer sums `iv`
+/// (as [`tile`] lays them out) from the weights' unsigned bytes and each activation part's signed bytes, with no
+/// widening of the weights. A register of 16-bit pair sums per half and activation part collects as many groups
+/// of four weights as fit below 2^15 (a pair sum is at most 2 · top · 128: the whole block for the 4-bit formats,
+/// half of it for Q5, whose sums are split by the part of the block they belong to; so are the formats that scale
+/// the parts separately), and one `vpmaddwd` against 256 (the first part of Q8x2) or 1 turns it into each row's
+/// 32-bit sum. That is `256·Σw·q1 + Σw·q2`, exactly the sum the widened path forms from the combined values
+/// `256·q1 + q2`, so the results do not change by a bit. Per register of weights: 2 multiplies and 2 adds (with
+/// Q8x2), where the widened path spends 2 widening operations, 2 multiplies and 2 adds, and the block's end costs
+/// 2 multiplies and 2 adds per half and register of sums. Decode on AVX2 is short of instructions more than of
+/// bandwidth: one thread runs Q4_1 panels of an L2-resident matrix at about 24-27 G multiply-adds/s, AVX-512 at 42.
+///
+/// # Safety
+/// As [`tile`]: `qp` and `extra` as there for block `k / 32`; `a8` the tile's rows' parts, each with `k + 32` bytes.
+#[inline(always)]
+unsafe fn byte_products<F: Quants, const G: usize, const C: usize, const S: usize>(
+    qp: [*const u8; S],
+    extra: [__m256i; S],
+    a8: &[[*const i8; G]; C],
+    k: usize,
+    iv: &mut [[[__m256i; C]; S]; 2],
+) {
+    const { assert!(G == 1 || G == 2) };
+    // Groups of four per register of sums: 8 (the whole block) or 4 (one part).
+    let whole = !F::FORMAT.split_halves() && 8 * 2 * F::TOP_QUANT * 128 <= i16::MAX as i32;
+    const { assert!(4 * 2 * F::TOP_QUANT * 128 <= i16::MAX as i32) };
+    let regs = if whole { 1 } else { 2 };
+    // SAFETY: the caller's contract; the activation reads are unaligned 4-byte loads inside the rows.
+    unsafe {
+        let mut sums = [[[[_mm256_setzero_si256(); G]; C]; 2]; S];
+        for jj in 0..4 {
+            for s in 0..S {
+                let u = F::unpack_pair(qp[s], jj, extra[s]);
+                for (part, up) in u.iter().enumerate() {
+                    let at = k + 4 * jj + 16 * part;
+                    let r = if whole { 0 } else { part };
+                    for_each_c!(C, c, {
+                        for g in 0..G {
+                            let x = _mm256_set1_epi32(a8[c][g].add(at).cast::<i32>().read_unaligned());
+                            sums[s][r][c][g] = _mm256_add_epi16(sums[s][r][c][g], _mm256_maddubs_epi16(*up, x));
+                        }
+                    });
+                }
+            }
+        }
+        let first = _mm256_set1_epi16(if G == 2 { 256 } else { 1 });
+        let ones = _mm256_set1_epi16(1);
+        for s in 0..S {
+            for r in 0..regs {
+                let into = if F::FORMAT.split_halves() { r } else { 0 };
+                for_each_c!(C, c, {
+                    let mut v = _mm256_madd_epi16(sums[s][r][c][0], first);
+                    if G == 2 {
+                        v = _mm256_add_epi32(v, _mm256_madd_epi16(sums[s][r][c][G - 1], ones));
+                    }
+                    iv[into][s][c] = _mm256_add_epi32(iv[into][s][c], v);
+                });
             }
         }
     }
