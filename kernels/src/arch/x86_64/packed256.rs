@@ -405,6 +405,9 @@ unsafe fn run<F: Quants, const G: usize>(
                 // SAFETY: p is one of the checked panels; output row 0 of the chunk exists.
                 unsafe { tile::<F, G, 1, 2>(w, 2 * p, &a16, act, 0, o0, true, out) };
             }
+        } else if G == 1 && byte_tiled::<F>() {
+            // SAFETY: as below.
+            unsafe { byte_tiles::<F>(w, panels.clone(), &a16, act, o1 - o0, o0, out) };
         } else {
             // SAFETY: the panels are checked and rows 0..o1 - o0 of the chunk are filled.
             unsafe { wide_tiles::<F>(w, panels.clone(), &a16, o1 - o0, o0, out) };
@@ -426,7 +429,8 @@ macro_rules! for_each_c {
 }
 
 /// Halves `sp..sp + S` (half `h` is rows `8·(h % 2)..` of panel `h / 2`) against output rows `o..o + C` of the
-/// chunk in `a16`, whose first row is output row `o_base`. `stream`: decode, which prefetches the next panel.
+/// chunk in `a16`, whose first row is output row `o_base`. `stream`: prefetch the next panel (decode, and the
+/// first tile of each panel in [`byte_tiles`]).
 ///
 /// # Safety
 /// As [`run`], with the halves inside the checked panels and `o + C` rows filled in `a16`.
@@ -612,6 +616,53 @@ unsafe fn byte_products<F: Quants, const G: usize, const C: usize, const S: usiz
                     iv[into][s][c] = _mm256_add_epi32(iv[into][s][c], v);
                 });
             }
+        }
+    }
+}
+
+/// Whether batches of 8-bit activations take [`byte_tiles`]: the formats whose half blocks fit one register of
+/// 16-bit sums (Q4_0, Q4_1), so that a tile holds three rows. With two registers per half (Q5_0, Q4_K) a tile holds
+/// two rows, and that measured slower than the widened path (SmolLM2 Q5_0 pp512 at `--precision q8`, forced
+/// AVX2, 2 threads: 339 → 357 and 353 → 309 in two interleaved pairs; Gemma 3 Q4_K_M 433 → 360 and 517 → 396).
+const fn byte_tiled<F: Quants>() -> bool {
+    F::TOP_QUANT > 0 && !F::FORMAT.split_halves() && 8 * 2 * F::TOP_QUANT * 128 <= i16::MAX as i32
+}
+
+/// Batches of 8-bit activations (`--precision q8`) for the formats of [`byte_tiled`]: the decode tile over three
+/// rows at a time, each panel passing all the chunk's rows while it stays in L1, with no widened copy. With one
+/// 8-bit part per activation, a register of weight bytes costs one `vpmaddubsw` and one 16-bit add per row (32
+/// multiply-adds), half of what the widened 16-bit path spends, which is what this precision is for; a tile holds
+/// 6 registers of sums and 6 float accumulators. SmolLM2 pp512 at `--precision q8`, forced AVX2, 2 threads, two
+/// interleaved pairs on a loaded host: Q4_1 326 → 379 and 353 → 584, Q4_0 307 → 353 and 448 → 514.
+///
+/// # Safety
+/// As [`wide_tiles`], with `act` the checked activations the chunk was filled from (`G` = 1).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn byte_tiles<F: Quants>(
+    w: &PackedView<'_>,
+    panels: Range<usize>,
+    a16: &Act16,
+    act: &Act32<'_>,
+    n: usize,
+    o_base: usize,
+    out: &OutSink<'_>,
+) {
+    for p in panels {
+        let mut o = 0;
+        while o < n {
+            let c = (n - o).min(3);
+            // The panel's first tile fetches the next panel while it runs (see `tile`).
+            let first = o == 0;
+            // SAFETY: p is a checked panel and rows o..o + c of the chunk are filled.
+            unsafe {
+                match c {
+                    3 => tile::<F, 1, 3, 2>(w, 2 * p, a16, act, o, o_base, first, out),
+                    2 => tile::<F, 1, 2, 2>(w, 2 * p, a16, act, o, o_base, first, out),
+                    _ => tile::<F, 1, 1, 2>(w, 2 * p, a16, act, o, o_base, first, out),
+                }
+            }
+            o += c;
         }
     }
 }
