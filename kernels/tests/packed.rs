@@ -251,7 +251,9 @@ fn every_level_equals_the_reference_at_the_largest_sums() {
                     let mut rng = ChaCha8Rng::seed_from_u64(5);
                     for sign in [1.0f32, -1.0] {
                         let x: Vec<f32> = (0..n_out * cols)
-                            .map(|i| sign * if i / cols % 2 == 0 { 3.0 } else { rng.random_range(2.9f32..3.0) })
+                            .map(|i| {
+                                sign * if (i / cols).is_multiple_of(2) { 3.0 } else { rng.random_range(2.9f32..3.0) }
+                            })
                             .collect();
                         let act = Act::new(&x, cols, group);
                         let run = |f: &dyn Fn(&OutSink<'_>)| {
