@@ -10,7 +10,8 @@
 //! forms. With 8-bit activations (`group == 1`) the value is `q1` itself. Decode, which meets each weight once, is
 //! the exception for the formats whose weights stay below 32 (Q4_0, Q4_1, Q5_0, Q4_K): there `vpmaddubsw` takes the
 //! weight bytes as they are against each 8-bit part of the activations ([`byte_products`]), with no widening, and
-//! a few of its pair sums add up in 16 bits before they can saturate. Each thread widens the activation rows
+//! a few of its pair sums add up in 16 bits before they can saturate; so do Q4_0 and Q4_1 batches of 8-bit
+//! activations ([`byte_tiles`]). Each thread widens the activation rows
 //! it is about to use once per call into a buffer of its own ([`Act16`]), a cost of one pass over the activations
 //! against one pass over the weights per row of them.
 //!
