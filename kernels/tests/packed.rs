@@ -4,7 +4,7 @@
 
 use half::f16;
 use infer_kernels::GgmlType;
-use infer_kernels::dispatch::{Act32, Isa, OutSink, quantize_row32};
+use infer_kernels::dispatch::{Act32, Isa, OutSink, PanelPacked, quantize_row32};
 use infer_kernels::matmul::{ActPrecision, MatmulScratch, WeightMatrix, matmul, matmul_multi};
 use infer_kernels::packed::{self, PANEL_ROWS, PackedMatrix};
 use infer_kernels::quant::{self, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, blocks_as_bytes};
@@ -139,6 +139,29 @@ impl Act {
     }
 }
 
+/// What `f` writes for `n_out` output rows of `rows` values, into a sink that starts as NaN (so an output left
+/// unwritten shows).
+fn outputs(n_out: usize, rows: usize, f: impl Fn(&OutSink<'_>)) -> Vec<f32> {
+    let mut out = vec![f32::NAN; n_out * rows];
+    f(&OutSink::new(&mut out, rows));
+    out
+}
+
+/// A level's quantized panel kernel and `panel_ref` over the same panels and activations: (kernel, reference).
+fn kernel_and_ref(
+    kernel: PanelPacked,
+    p: &PackedMatrix,
+    act: &Act,
+    n_out: usize,
+    group: usize,
+    panels: std::ops::Range<usize>,
+) -> (Vec<f32>, Vec<f32>) {
+    let (rows, n_act) = (p.rows(), n_out * group);
+    let got = outputs(n_out, rows, |o| kernel(p.view(), panels.clone(), act.view(), n_act, group, o));
+    let want = outputs(n_out, rows, |o| packed::panel_ref(p.view(), panels.clone(), act.view(), n_act, group, o));
+    (got, want)
+}
+
 #[test]
 fn packing_keeps_every_weight() {
     for ty in TYPES.into_iter().chain(FLOATS) {
@@ -201,15 +224,7 @@ fn every_level_equals_the_reference_bit_for_bit() {
                         x[cols - 1] = 1e4; // an outlier
                         let act = Act::new(&x, cols, group);
                         for panels in [0..3, 1..2, 2..3] {
-                            let run = |f: &dyn Fn(&OutSink<'_>)| {
-                                let mut out = vec![f32::NAN; n_out * rows];
-                                f(&OutSink::new(&mut out, rows));
-                                out
-                            };
-                            let n_act = n_out * group;
-                            let got = run(&|o| kernel(p.view(), panels.clone(), act.view(), n_act, group, o));
-                            let want =
-                                run(&|o| packed::panel_ref(p.view(), panels.clone(), act.view(), n_act, group, o));
+                            let (got, want) = kernel_and_ref(kernel, &p, &act, n_out, group, panels.clone());
                             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                                 assert!(
                                     g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
@@ -256,15 +271,7 @@ fn every_level_equals_the_reference_at_the_largest_sums() {
                             })
                             .collect();
                         let act = Act::new(&x, cols, group);
-                        let run = |f: &dyn Fn(&OutSink<'_>)| {
-                            let mut out = vec![f32::NAN; n_out * rows];
-                            f(&OutSink::new(&mut out, rows));
-                            out
-                        };
-                        let n_act = n_out * group;
-                        let panels = 0..rows / PANEL_ROWS;
-                        let got = run(&|o| kernel(p.view(), panels.clone(), act.view(), n_act, group, o));
-                        let want = run(&|o| packed::panel_ref(p.view(), panels.clone(), act.view(), n_act, group, o));
+                        let (got, want) = kernel_and_ref(kernel, &p, &act, n_out, group, 0..rows / PANEL_ROWS);
                         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                             assert!(
                                 g.to_bits() == w.to_bits(),
@@ -301,13 +308,9 @@ fn every_level_equals_the_float_reference() {
                     // Rows the tile unit takes: the amx level, F16, whole tiles of 16.
                     let on_tiles = if isa == Isa::Amx && ty == GgmlType::F16 { n_act / 16 * 16 } else { 0 };
                     for panels in [0..5, 1..2, 2..5, 0..4] {
-                        let run = |f: &dyn Fn(&OutSink<'_>)| {
-                            let mut out = vec![f32::NAN; n_act * rows];
-                            f(&OutSink::new(&mut out, rows));
-                            out
-                        };
-                        let got = run(&|o| kernel(p.view(), panels.clone(), &x, n_act, o));
-                        let want = run(&|o| packed::panel_ref_f(p.view(), panels.clone(), &x, n_act, o));
+                        let got = outputs(n_act, rows, |o| kernel(p.view(), panels.clone(), &x, n_act, o));
+                        let want =
+                            outputs(n_act, rows, |o| packed::panel_ref_f(p.view(), panels.clone(), &x, n_act, o));
                         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                             let (a, j) = (i / rows, i % rows);
                             if a < on_tiles && panels.contains(&(j / PANEL_ROWS)) {

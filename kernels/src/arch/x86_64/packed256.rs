@@ -509,24 +509,25 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const S: usize>(
             let mut iv = [[[_mm256_setzero_si256(); C]; S]; 2];
             if F::TOP_QUANT > 0 {
                 byte_products::<F, G, C, S>(qp, extra, &a8, b << 5, &mut iv);
-            }
-            for jj in (0..4).filter(|_| F::TOP_QUANT == 0) {
-                for s in 0..S {
-                    let u = F::unpack_pair(qp[s], jj, extra[s]);
-                    for (part, up) in u.iter().enumerate() {
-                        // Each row's bytes w0 w1 w2 w3 as 16-bit (w0, w2) and (w1, w3).
-                        let (even, odd) = (_mm256_and_si256(*up, low), _mm256_srli_epi16(*up, 8));
-                        let k = (b << 5) + 4 * jj + 16 * part;
-                        let into = if split { part } else { 0 };
-                        for_each_c!(C, c, {
-                            let pair = aq[c].add(k).cast::<i32>();
-                            let (ae, ao) = (
-                                _mm256_set1_epi32(pair.read_unaligned()),
-                                _mm256_set1_epi32(pair.add(1).read_unaligned()),
-                            );
-                            let p = _mm256_add_epi32(_mm256_madd_epi16(even, ae), _mm256_madd_epi16(odd, ao));
-                            iv[into][s][c] = _mm256_add_epi32(iv[into][s][c], p);
-                        });
+            } else {
+                for jj in 0..4 {
+                    for s in 0..S {
+                        let u = F::unpack_pair(qp[s], jj, extra[s]);
+                        for (part, up) in u.iter().enumerate() {
+                            // Each row's bytes w0 w1 w2 w3 as 16-bit (w0, w2) and (w1, w3).
+                            let (even, odd) = (_mm256_and_si256(*up, low), _mm256_srli_epi16(*up, 8));
+                            let k = (b << 5) + 4 * jj + 16 * part;
+                            let into = if split { part } else { 0 };
+                            for_each_c!(C, c, {
+                                let pair = aq[c].add(k).cast::<i32>();
+                                let (ae, ao) = (
+                                    _mm256_set1_epi32(pair.read_unaligned()),
+                                    _mm256_set1_epi32(pair.add(1).read_unaligned()),
+                                );
+                                let p = _mm256_add_epi32(_mm256_madd_epi16(even, ae), _mm256_madd_epi16(odd, ao));
+                                iv[into][s][c] = _mm256_add_epi32(iv[into][s][c], p);
+                            });
+                        }
                     }
                 }
             }
@@ -583,7 +584,7 @@ unsafe fn byte_products<F: Quants, const G: usize, const C: usize, const S: usiz
 ) {
     const { assert!(G == 1 || G == 2) };
     // Groups of four per register of sums: 8 (the whole block) or 4 (one part).
-    let whole = !F::FORMAT.split_halves() && 8 * 2 * F::TOP_QUANT * 128 <= i16::MAX as i32;
+    let whole = whole_block_sums::<F>();
     const { assert!(4 * 2 * F::TOP_QUANT * 128 <= i16::MAX as i32) };
     let regs = if whole { 1 } else { 2 };
     // SAFETY: the caller's contract; the activation reads are unaligned 4-byte loads inside the rows.
@@ -626,7 +627,14 @@ unsafe fn byte_products<F: Quants, const G: usize, const C: usize, const S: usiz
 /// two rows, and that measured slower than the widened path (SmolLM2 Q5_0 pp512 at `--precision q8`, forced
 /// AVX2, 2 threads: 339 → 357 and 353 → 309 in two interleaved pairs; Gemma 3 Q4_K_M 433 → 360 and 517 → 396).
 const fn byte_tiled<F: Quants>() -> bool {
-    F::TOP_QUANT > 0 && !F::FORMAT.split_halves() && 8 * 2 * F::TOP_QUANT * 128 <= i16::MAX as i32
+    F::TOP_QUANT > 0 && whole_block_sums::<F>()
+}
+
+/// Whether one register of 16-bit sums in [`byte_products`] holds a half's whole block: the parts need not stay
+/// apart (the format scales the block as one) and eight groups of four pair sums (at most 2 · top · 128 each) stay
+/// below 2^15.
+const fn whole_block_sums<F: Quants>() -> bool {
+    !F::FORMAT.split_halves() && 8 * 2 * F::TOP_QUANT * 128 <= i16::MAX as i32
 }
 
 /// Batches of 8-bit activations (`--precision q8`) for the formats of [`byte_tiled`]: the decode tile over three
