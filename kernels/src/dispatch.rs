@@ -96,6 +96,21 @@ impl Isa {
         Self::ALL.into_iter().rev().find(|i| i.is_supported()).unwrap_or(Isa::Scalar)
     }
 
+    /// How many of `n_act` activation rows this level's float panel kernel ([`Kernels::packed_f`]) multiplies in
+    /// bf16 parts on the tile unit, within a bound of the f32 result rather than equal to it bit for bit as the
+    /// multiply-add levels are: only `amx` does, for whole tiles of 16 rows once there are enough of them (see
+    /// `arch/x86_64/amx.rs`).
+    pub fn float_tile_rows(self, format: crate::packed::PackedFormat, n_act: usize) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => crate::arch::amx::tiled_rows(format, n_act),
+            _ => {
+                let _ = (format, n_act);
+                0
+            }
+        }
+    }
+
     /// This level's kernel table, or an error if the CPU lacks a feature it needs.
     pub fn kernels(self) -> Result<&'static Kernels, IsaError> {
         if !self.is_supported() {

@@ -286,14 +286,17 @@ fn every_level_equals_the_reference_at_the_largest_sums() {
     eprintln!("panel kernels checked at the largest sums: {}", tested.join(", "));
 }
 
-/// Every level's float panel kernel equals `panel_ref_f` bit for bit, except the `amx` level's F16 tiles (16 or
-/// more activation rows), which multiply bf16 parts (see `arch/x86_64/amx.rs`): their error must stay within
-/// 2⁻¹⁴ of Σ|w·x| (the parts leave out about 2⁻¹⁶ of each term), and the rows past a multiple of 16 are still exact.
+/// Every level's float panel kernel equals `panel_ref_f` bit for bit, except the `amx` level's tiles (16 or more
+/// activation rows), which multiply bf16 parts (see `arch/x86_64/amx.rs`): for F16 their error must stay within
+/// 2⁻¹⁴ of Σ|w·x| (the parts leave out about 2⁻¹⁶ of each term), for F32 (three parts, six products) within 2⁻²⁰,
+/// about what summing the same f32 products in another order gives; the rows past a multiple of 16 are still
+/// exact.
 #[test]
 fn every_level_equals_the_float_reference() {
     let mut rng = ChaCha8Rng::seed_from_u64(12);
     let mut tested = Vec::new();
-    let mut tiled = 0;
+    // Outputs checked from the tile unit, F32 then F16.
+    let mut tiled = [0; 2];
     for isa in Isa::available() {
         let Some(kernel) = isa.kernels().unwrap().packed_f else { continue };
         tested.push(isa.name());
@@ -305,8 +308,9 @@ fn every_level_equals_the_float_reference() {
                 for n_act in [1, 2, 3, 5, 6, 7, 13, 16, 17, 33, 50, 64, 70] {
                     let mut x = randv(&mut rng, n_act * cols, 3.0);
                     x[cols - 1] = 1e4; // an outlier
-                    // Rows the tile unit takes: the amx level, F16, whole tiles of 16.
-                    let on_tiles = if isa == Isa::Amx && ty == GgmlType::F16 { n_act / 16 * 16 } else { 0 };
+                    // Rows the tile unit takes (the amx level's whole tiles of 16, past a least number of rows).
+                    let on_tiles = isa.float_tile_rows(p.view().format, n_act);
+                    let bound = if ty == GgmlType::F16 { 2f32.powi(-14) } else { 2f32.powi(-20) };
                     for panels in [0..5, 1..2, 2..5, 0..4] {
                         let got = outputs(n_act, rows, |o| kernel(p.view(), panels.clone(), &x, n_act, o));
                         let want =
@@ -319,10 +323,10 @@ fn every_level_equals_the_float_reference() {
                                     .map(|k| (view.weight(pn, k / 32, r, k % 32) * x[a * cols + k]).abs())
                                     .sum();
                                 assert!(
-                                    (g - w).abs() <= abs / 16384.0,
+                                    (g - w).abs() <= abs * bound,
                                     "{isa} {ty} nb={nb} n_act={n_act} panels={panels:?} [{i}]: {g} vs {w} (Σ|w·x| {abs})"
                                 );
-                                tiled += 1;
+                                tiled[(ty == GgmlType::F16) as usize] += 1;
                                 continue;
                             }
                             assert!(
@@ -335,9 +339,14 @@ fn every_level_equals_the_float_reference() {
             }
         }
     }
+    if Isa::Amx.is_supported() {
+        assert!(tiled.iter().all(|&n| n > 0), "the amx level took no F32 or no F16 rows to its tiles: {tiled:?}");
+    }
     eprintln!(
-        "float panel kernels checked against panel_ref_f: {} ({tiled} outputs of AMX tiles within the bound)",
-        tested.join(", ")
+        "float panel kernels checked against panel_ref_f: {} (outputs of AMX tiles within the bound: F32 {}, F16 {})",
+        tested.join(", "),
+        tiled[0],
+        tiled[1]
     );
 }
 

@@ -14,7 +14,11 @@
 //! leave the tile unit for a float epilogue, see [`super::amx_quant`]), float weights need no epilogue: a tile
 //! accumulates over the whole row and is stored once.
 //!
-//! F32 weights stay on the FMA kernel: splitting them into two bf16 parts would drop 8 of their 24 bits.
+//! F32 weights take three bf16 parts each, `v = v₀ + v₁ + v₂`, exactly (8 significant bits each, 24 in all), and
+//! so do the activations. Six products, every pair of parts whose orders sum to at most 2 (`x₀w₀`, `x₀w₁`,
+//! `x₁w₀`, `x₀w₂`, `x₁w₁`, `x₂w₀`), leave out terms of about 2⁻²⁴ of each product: as close to the f32 product as
+//! an f32 multiply-add, where two parts (three products) would drop 8 of the weights' 24 bits. Six products cost
+//! twice three, and the tile unit still does them several times faster than the 512-bit FMA kernel.
 //!
 //! Tiles (palette 1, every tile 16 rows of 64 bytes): `tmm0`, `tmm1` one part of two row tiles' 32 values (A,
 //! 16 activation rows each), `tmm2`, `tmm3` one part of two panels' block of 32 columns × 16 rows, as bf16 pairs
@@ -172,12 +176,11 @@ pub(super) unsafe fn zero<const T: u8>() {
     unsafe { asm!("tilezero tmm{t}", t = const T, options(nostack, nomem)) }
 }
 
-/// A thread's buffers: the activations' `hi` and `lo` parts, and two panels' B tiles (`hi` then `lo`, 1 KB each
-/// per block).
+/// A thread's buffers: the activations' bf16 parts (one after another, all rows of a part together), and two
+/// panels' B tiles (each block's parts one after another, 1 KB each).
 #[derive(Default)]
 struct Buffers {
-    x_hi: Vec<Line>,
-    x_lo: Vec<Line>,
+    x: Vec<Line>,
     w: Vec<Line>,
 }
 
@@ -196,15 +199,23 @@ fn round_bf16(v: __m512) -> __m512i {
     }
 }
 
-/// `v = hi + lo` as two bf16 parts (each as [`round_bf16`] gives it): `hi` the nearest bf16 to `v`, `lo` the
-/// nearest to the (exact) remainder.
+/// `v` as `P` bf16 parts (each as [`round_bf16`] gives it): the first the nearest bf16 to `v`, each next one the
+/// nearest to the remainder so far. Each remainder is exact in f32 (it is `v` less its leading bits), so three
+/// parts hold all 24 bits of an f32 (`v` is their sum) and two all 11 of an f16.
 #[inline(always)]
-fn split(v: __m512) -> [__m512i; 2] {
+fn split<const P: usize>(v: __m512) -> [__m512i; P] {
     // SAFETY: as `round_bf16`.
     unsafe {
-        let hi = round_bf16(v);
-        let hi_f = _mm512_castsi512_ps(_mm512_and_si512(hi, _mm512_set1_epi32(0xFFFF_0000_u32 as i32)));
-        [hi, round_bf16(_mm512_sub_ps(v, hi_f))]
+        // A loop rather than `array::from_fn`: a closure here would not inherit the caller's target features, and
+        // its intrinsics would become calls.
+        let mut parts = [_mm512_setzero_si512(); P];
+        let mut rest = v;
+        for part in &mut parts {
+            *part = round_bf16(rest);
+            let part_f = _mm512_castsi512_ps(_mm512_and_si512(*part, _mm512_set1_epi32(0xFFFF_0000_u32 as i32)));
+            rest = _mm512_sub_ps(rest, part_f);
+        }
+        parts
     }
 }
 
@@ -232,18 +243,23 @@ fn in_pairs() -> __m512i {
     unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) }
 }
 
-/// The [`crate::dispatch::PanelPackedF`] kernel of the `amx` level: F16 panels against 16 or more activation
-/// rows on the tile unit (the rows past a multiple of 16 and everything else on the 512-bit kernel).
+/// The [`crate::dispatch::PanelPackedF`] kernel of the `amx` level: F16 and F32 panels against 16 or more
+/// activation rows on the tile unit (the rows past a multiple of 16 and everything else on the 512-bit kernel).
 ///
 /// # Safety
 /// [`supported`] returned true, and the CPU has AVX-512 F, BW, VL and VNNI plus F16C and FMA.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn panel_f(w: PackedView<'_>, panels: Range<usize>, x: &[f32], n_act: usize, out: &OutSink<'_>) {
     check_args_f(&w, &panels, x, n_act);
-    let tiled = if w.format == PackedFormat::F16 { n_act / TILE_M * TILE_M } else { 0 };
+    let tiled = tiled_rows(w.format, n_act);
     if tiled > 0 && !panels.is_empty() {
         // SAFETY: the arguments were checked; the caller has AMX and the features.
-        unsafe { run_f16(&w, panels.clone(), x, tiled, out) };
+        unsafe {
+            match w.format {
+                PackedFormat::F16 => run_float::<2>(&w, panels.clone(), x, tiled, out),
+                _ => run_float::<3>(&w, panels.clone(), x, tiled, out),
+            }
+        }
     }
     if tiled < n_act {
         let cols = w.nb * 32;
@@ -252,72 +268,108 @@ pub(crate) unsafe fn panel_f(w: PackedView<'_>, panels: Range<usize>, x: &[f32],
     }
 }
 
-/// Activation rows `0..rows` (a multiple of 16) against F16 `panels`: the rows split into bf16 parts once, then
-/// each pair of panels' blocks split once and met by the rows, 32 at a time (two row tiles × two panels).
+/// How many of `n_act` activation rows [`panel_f`] takes to the tile unit: whole tiles of 16, once there are
+/// enough of them. Below that, splitting every panel's weights into parts costs more than the tiles save (one
+/// thread, 576 × 576, G multiply-adds/s of the 512-bit FMA kernel against the tiles: F16 60/50 at 16 rows and 60/87
+/// at 32; F32 68/37 at 16, 69/61 at 32, 69/75 at 48 and 69/97 at 96).
+pub(crate) fn tiled_rows(format: PackedFormat, n_act: usize) -> usize {
+    let fewest = if format == PackedFormat::F16 { 32 } else { 48 };
+    if n_act >= fewest { n_act / TILE_M * TILE_M } else { 0 }
+}
+
+/// The products of an F16 block, as (activation part, weight part): `x₁·w₀`, `x₀·w₀`, `x₀·w₁` (an F16 weight is
+/// exactly two parts; `x₁·w₁`, about 2⁻¹⁶ of the term, is left out). Smallest first, and each step after the first
+/// changes one operand, so it reloads only that one's tiles.
+const F16_STEPS: [(usize, usize); 3] = [(1, 0), (0, 0), (0, 1)];
+
+/// The products of an F32 block: every pair of parts whose orders sum to at most 2 (see the module documentation),
+/// smallest first, each step changing one operand but the last (seven loads of each operand pair for six products).
+const F32_STEPS: [(usize, usize); 6] = [(2, 0), (1, 0), (1, 1), (0, 1), (0, 2), (0, 0)];
+
+/// The products of a block whose operands have `P` parts each (see [`F16_STEPS`] and [`F32_STEPS`]).
+const fn steps<const P: usize>() -> &'static [(usize, usize)] {
+    if P == 2 { &F16_STEPS } else { &F32_STEPS }
+}
+
+/// Activation rows `0..rows` (a multiple of 16) against float `panels` (F16 with `P` = 2 parts per value, F32 with
+/// 3): the rows split into `P` bf16 parts once, then each pair of panels' blocks split into `P` parts once and met
+/// by the rows, 32 at a time (two row tiles × two panels), one tile product per entry of [`steps`].
 ///
 /// # Safety
-/// As [`panel_f`], with `rows` ≤ the checked rows, a multiple of 16, and an F16 matrix.
+/// As [`panel_f`], with `rows` ≤ the checked rows, a multiple of 16, and a float matrix whose values are exactly
+/// `P` bf16 parts (F16 2, F32 3).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn run_f16(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], rows: usize, out: &OutSink<'_>) {
+unsafe fn run_float<const P: usize>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], rows: usize, out: &OutSink<'_>) {
     let nb = w.nb;
     let cols = nb * 32;
-    let sec = Sections::of(PackedFormat::F16, nb);
+    let sec = Sections::of(w.format, nb);
     BUFFERS.with_borrow_mut(|bufs| {
         let bufs = bufs.get_or_insert_with(Buffers::default);
         // An activation row is `cols` bf16 per part, `nb` lines; a panel `nb` blocks of 16 lines per part.
-        bufs.x_hi.resize(rows * nb, Line([0; 64]));
-        bufs.x_lo.resize(rows * nb, Line([0; 64]));
-        bufs.w.resize(2 * nb * 32, Line([0; 64]));
+        let part_lines = rows * nb;
+        bufs.x.resize(P * part_lines, Line([0; 64]));
+        bufs.w.resize(2 * nb * P * 16, Line([0; 64]));
         let order = in_order();
         for (i, vals) in x[..rows * cols].chunks_exact(32).enumerate() {
             // Row r's block b goes to line b·16 + r % 16 of row tile r / 16 (each A tile 1 KB, contiguous).
             let (r, b) = (i / nb, i % nb);
             let line = ((r / TILE_M) * nb + b) * TILE_M + r % TILE_M;
-            // SAFETY: 32 f32 of the row; `line` < rows·nb, within each part buffer.
+            // SAFETY: 32 f32 of the row; `line` < rows·nb, within each part's lines.
             unsafe {
-                let a = split(_mm512_loadu_ps(vals.as_ptr()));
-                let b = split(_mm512_loadu_ps(vals.as_ptr().add(16)));
-                _mm512_store_si512(bufs.x_hi.as_mut_ptr().add(line).cast(), pick(a[0], b[0], order));
-                _mm512_store_si512(bufs.x_lo.as_mut_ptr().add(line).cast(), pick(a[1], b[1], order));
+                let a = split::<P>(_mm512_loadu_ps(vals.as_ptr()));
+                let b = split::<P>(_mm512_loadu_ps(vals.as_ptr().add(16)));
+                for q in 0..P {
+                    _mm512_store_si512(bufs.x.as_mut_ptr().add(q * part_lines + line).cast(), pick(a[q], b[q], order));
+                }
             }
         }
         let pairs = in_pairs();
-        let (xh, xl) = (bufs.x_hi.as_ptr().cast::<u8>(), bufs.x_lo.as_ptr().cast::<u8>());
         // SAFETY: the caller has AMX.
         unsafe { TileConfig::FULL.load() };
         let mut c = [[0f32; PANEL_ROWS]; TILE_M];
         let mut p = panels.start;
         while p < panels.end {
             let n = (panels.end - p).min(2);
-            // SAFETY: the panels' blocks lie at `sec.qs(b)` in checked panels (32 columns of 16 f16 each); the
-            // buffer holds 2 panels × nb blocks × 2 parts × 16 lines.
+            // SAFETY: the panels' blocks lie at `sec.qs(b)` in checked panels (32 columns of 16 values each, f16 or
+            // f32 as the format says); the buffer holds 2 panels × nb blocks × P parts × 16 lines.
             unsafe {
                 for i in 0..n {
                     let panel = w.bytes.as_ptr().add((p + i) * w.panel_bytes);
-                    let dst = bufs.w.as_mut_ptr().add(i * nb * 32);
+                    let dst = bufs.w.as_mut_ptr().add(i * nb * P * 16);
                     for b in 0..nb {
                         let blk = panel.add(sec.qs(b));
+                        let col = |k: usize| match w.format {
+                            PackedFormat::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(k * 32).cast())),
+                            _ => _mm512_loadu_ps(blk.add(k * 64).cast()),
+                        };
                         for kk in 0..16 {
-                            let col = |k: usize| _mm512_cvtph_ps(_mm256_load_si256(blk.add(k * 32).cast()));
-                            let (ca, cb) = (split(col(2 * kk)), split(col(2 * kk + 1)));
-                            _mm512_store_si512(dst.add(b * 32 + kk).cast(), pick(ca[0], cb[0], pairs));
-                            _mm512_store_si512(dst.add(b * 32 + 16 + kk).cast(), pick(ca[1], cb[1], pairs));
+                            let (ca, cb) = (split::<P>(col(2 * kk)), split::<P>(col(2 * kk + 1)));
+                            for q in 0..P {
+                                _mm512_store_si512(dst.add((b * P + q) * 16 + kk).cast(), pick(ca[q], cb[q], pairs));
+                            }
                         }
                     }
                 }
             }
             let wp = bufs.w.as_ptr().cast::<u8>();
-            let parts = Parts { xh, xl, w0: wp, w1: wp.wrapping_add(nb * 2048) };
+            let parts = Parts {
+                x: bufs.x.as_ptr().cast(),
+                x_part: part_lines * 64,
+                w0: wp,
+                w1: wp.wrapping_add(nb * P * 1024),
+                w_block: P * 1024,
+            };
             let mut r0 = 0;
             while r0 < rows {
                 let m = ((rows - r0) / TILE_M).min(2);
-                // SAFETY: rows r0..r0 + 16·m exist in the part buffers; panels p..p + n's B tiles are in `wp`.
+                // SAFETY: rows r0..r0 + 16·m exist in the part buffers; panels p..p + n's B tiles are in `wp`; the
+                // parts are those `P` says.
                 unsafe {
                     match (m, n) {
-                        (2, 2) => tiles::<2, 2>(nb, &parts, r0),
-                        (2, _) => tiles::<2, 1>(nb, &parts, r0),
-                        (_, 2) => tiles::<1, 2>(nb, &parts, r0),
-                        _ => tiles::<1, 1>(nb, &parts, r0),
+                        (2, 2) => tiles::<2, 2, P>(nb, &parts, r0),
+                        (2, _) => tiles::<2, 1, P>(nb, &parts, r0),
+                        (_, 2) => tiles::<1, 2, P>(nb, &parts, r0),
+                        _ => tiles::<1, 1, P>(nb, &parts, r0),
                     }
                     for t in 0..m {
                         for i in 0..n {
@@ -343,30 +395,32 @@ unsafe fn run_f16(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], rows: usi
     });
 }
 
-/// Where [`tiles`] finds its operands: the activations' `hi` and `lo` parts (row tile `t`'s block `b` as 1 KB
-/// at `1024·(t·nb + b)`), and two panels' B tiles (block `b`'s `hi` at `2048·b`, its `lo` 1 KB further). Every
+/// Where [`tiles`] finds its operands: the activations' parts (part `q`'s row tile `t`, block `b` as 1 KB at
+/// `q·x_part + 1024·(t·nb + b)`), and two panels' B tiles (block `b`'s part `q` at `w_block·b + 1024·q`). Every
 /// tile is 1 KB in one piece, so that a tile load reads whole lines in order: with the A tiles' rows a row of the
 /// matrix apart, the loads were most of the kernel's time.
 struct Parts {
-    xh: *const u8,
-    xl: *const u8,
+    x: *const u8,
+    x_part: usize,
     w0: *const u8,
     w1: *const u8,
+    w_block: usize,
 }
 
 /// The C tiles of `M` row tiles (from row `r0`) × `N` panels: `tmm4 + 2t + i` for row tile `t`, panel `i`.
-/// Each block is three steps, `xl·wh`, `xh·wh` and `xh·wl`, and each step the 2 × 2 pattern of a tiled matrix
-/// product: four products of two A and two B tiles. In that order the second step reloads only the A tiles and the
-/// third only the B tiles, 8 loads per block instead of 12 (one thread, 512 rows, median G multiply-adds/s of
-/// interleaved slices: 1536×576 107 → 129 and 132 → 145, 576×1536 96 → 105; the tile loads here cost about as
-/// much as the products). Every tile feeds two products, so a load waits only for
-/// the first of them to finish with the register it refills, and the unit stays busy (with a single C tile per
-/// panel, each A load waited for the products before it: perf put the samples on the loads).
+/// Each block is one step per entry of [`steps`], and each step the 2 × 2 pattern of a tiled matrix product: four
+/// products of two A and two B tiles. A step reloads only the operand whose part differs from the step before
+/// (for F16, 8 loads per block instead of 12: one thread, 512 rows, median G multiply-adds/s of interleaved slices:
+/// 1536×576 107 → 129 and 132 → 145, 576×1536 96 → 105; the tile loads here cost about as much as the products).
+/// Every tile feeds two products, so a load waits only for the first of them to finish with the register it
+/// refills, and the unit stays busy (with a single C tile per panel, each A load waited for the products before
+/// it: perf put the samples on the loads).
 ///
 /// # Safety
-/// The configuration is loaded; the part buffers hold the rows, `w0` (and `w1` when `N` = 2) the panels' blocks.
+/// The configuration is loaded; the part buffers hold the rows, `w0` (and `w1` when `N` = 2) the panels' blocks,
+/// with `P` parts each.
 #[inline(always)]
-unsafe fn tiles<const M: usize, const N: usize>(nb: usize, x: &Parts, r0: usize) {
+unsafe fn tiles<const M: usize, const N: usize, const P: usize>(nb: usize, x: &Parts, r0: usize) {
     // SAFETY: the caller's contract.
     unsafe {
         zero::<4>();
@@ -382,20 +436,23 @@ unsafe fn tiles<const M: usize, const N: usize>(nb: usize, x: &Parts, r0: usize)
         let tile = nb * 1024;
         for b in 0..nb {
             let a = (r0 / TILE_M * nb + b) * 1024;
-            // `xl·wh`, `xh·wh`, `xh·wl`: each step after the first reloads only the operand that changes.
-            for (step, (xs, ws)) in [(x.xl, 0), (x.xh, 0), (x.xh, 1024)].into_iter().enumerate() {
-                if step < 2 {
-                    load::<0>(xs.add(a), 64);
+            let mut last = (usize::MAX, usize::MAX);
+            for &(xq, wq) in steps::<P>() {
+                if xq != last.0 {
+                    let xs = x.x.add(xq * x.x_part + a);
+                    load::<0>(xs, 64);
                     if M > 1 {
-                        load::<1>(xs.add(a + tile), 64);
+                        load::<1>(xs.add(tile), 64);
                     }
                 }
-                if step != 1 {
-                    load::<2>(x.w0.add(2048 * b + ws), 64);
+                if wq != last.1 {
+                    let ws = x.w_block * b + 1024 * wq;
+                    load::<2>(x.w0.add(ws), 64);
                     if N > 1 {
-                        load::<3>(x.w1.add(2048 * b + ws), 64);
+                        load::<3>(x.w1.add(ws), 64);
                     }
                 }
+                last = (xq, wq);
                 product::<4, 0, 2>();
                 if N > 1 {
                     product::<5, 0, 3>();
