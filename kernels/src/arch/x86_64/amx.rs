@@ -292,14 +292,21 @@ const fn steps<const P: usize>() -> &'static [(usize, usize)] {
 }
 
 /// Activation rows `0..rows` (a multiple of 16) against float `panels` (F16 with `P` = 2 parts per value, F32 with
-/// 3): the rows split into `P` bf16 parts once, then each pair of panels' blocks split into `P` parts once and met
-/// by the rows, 32 at a time (two row tiles × two panels), one tile product per entry of [`steps`].
+/// 3): the rows split into `P` bf16 parts once, then each group of panels (see [`group_panels`]) split into `P`
+/// parts once and met by the rows, 32 at a time (two row tiles × two panels), one tile product per entry of
+/// [`steps`].
 ///
 /// # Safety
 /// As [`panel_f`], with `rows` ≤ the checked rows, a multiple of 16, and a float matrix whose values are exactly
 /// `P` bf16 parts (F16 2, F32 3).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn run_float<const P: usize>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], rows: usize, out: &OutSink<'_>) {
+unsafe fn run_float<const P: usize>(
+    w: &PackedView<'_>,
+    panels: Range<usize>,
+    x: &[f32],
+    rows: usize,
+    out: &OutSink<'_>,
+) {
     let nb = w.nb;
     let cols = nb * 32;
     let sec = Sections::of(w.format, nb);
@@ -327,14 +334,16 @@ unsafe fn run_float<const P: usize>(w: &PackedView<'_>, panels: Range<usize>, x:
         // SAFETY: the caller has AMX.
         unsafe { TileConfig::FULL.load() };
         let mut c = [[0f32; PANEL_ROWS]; TILE_M];
-        let mut p = panels.start;
-        while p < panels.end {
-            let n = (panels.end - p).min(2);
+        let group = group_panels(nb * P * 1024);
+        bufs.w.resize(group * nb * P * 16, Line([0; 64]));
+        let mut g0 = panels.start;
+        while g0 < panels.end {
+            let g1 = (g0 + group).min(panels.end);
             // SAFETY: the panels' blocks lie at `sec.qs(b)` in checked panels (32 columns of 16 values each, f16 or
-            // f32 as the format says); the buffer holds 2 panels × nb blocks × P parts × 16 lines.
+            // f32 as the format says); the buffer holds `group` panels × nb blocks × P parts × 16 lines.
             unsafe {
-                for i in 0..n {
-                    let panel = w.bytes.as_ptr().add((p + i) * w.panel_bytes);
+                for i in 0..g1 - g0 {
+                    let panel = w.bytes.as_ptr().add((g0 + i) * w.panel_bytes);
                     let dst = bufs.w.as_mut_ptr().add(i * nb * P * 16);
                     for b in 0..nb {
                         let blk = panel.add(sec.qs(b));
@@ -351,48 +360,68 @@ unsafe fn run_float<const P: usize>(w: &PackedView<'_>, panels: Range<usize>, x:
                     }
                 }
             }
-            let wp = bufs.w.as_ptr().cast::<u8>();
-            let parts = Parts {
-                x: bufs.x.as_ptr().cast(),
-                x_part: part_lines * 64,
-                w0: wp,
-                w1: wp.wrapping_add(nb * P * 1024),
-                w_block: P * 1024,
-            };
+            // Two row tiles at a time meet every panel of the group: their parts stay in L1 and L2 across the
+            // group, and the group's split weights in L2 across the rows.
             let mut r0 = 0;
             while r0 < rows {
                 let m = ((rows - r0) / TILE_M).min(2);
-                // SAFETY: rows r0..r0 + 16·m exist in the part buffers; panels p..p + n's B tiles are in `wp`; the
-                // parts are those `P` says.
-                unsafe {
-                    match (m, n) {
-                        (2, 2) => tiles::<2, 2, P>(nb, &parts, r0),
-                        (2, _) => tiles::<2, 1, P>(nb, &parts, r0),
-                        (_, 2) => tiles::<1, 2, P>(nb, &parts, r0),
-                        _ => tiles::<1, 1, P>(nb, &parts, r0),
-                    }
-                    for t in 0..m {
-                        for i in 0..n {
-                            let dst = c.as_mut_ptr().cast::<u8>();
-                            match 2 * t + i {
-                                0 => store::<4>(dst),
-                                1 => store::<5>(dst),
-                                2 => store::<6>(dst),
-                                _ => store::<7>(dst),
-                            }
-                            for (k, lanes) in c.iter().enumerate() {
-                                out.put_row(r0 + t * TILE_M + k, (p + i) * PANEL_ROWS, lanes);
+                let mut p = g0;
+                while p < g1 {
+                    let n = (g1 - p).min(2);
+                    let wp = bufs.w.as_ptr().cast::<u8>().wrapping_add((p - g0) * nb * P * 1024);
+                    let parts = Parts {
+                        x: bufs.x.as_ptr().cast(),
+                        x_part: part_lines * 64,
+                        w0: wp,
+                        w1: wp.wrapping_add(nb * P * 1024),
+                        w_block: P * 1024,
+                    };
+                    // SAFETY: rows r0..r0 + 16·m exist in the part buffers; panels p..p + n's B tiles are in `wp`;
+                    // the parts are those `P` says.
+                    unsafe {
+                        match (m, n) {
+                            (2, 2) => tiles::<2, 2, P>(nb, &parts, r0),
+                            (2, _) => tiles::<2, 1, P>(nb, &parts, r0),
+                            (_, 2) => tiles::<1, 2, P>(nb, &parts, r0),
+                            _ => tiles::<1, 1, P>(nb, &parts, r0),
+                        }
+                        for t in 0..m {
+                            for i in 0..n {
+                                let dst = c.as_mut_ptr().cast::<u8>();
+                                match 2 * t + i {
+                                    0 => store::<4>(dst),
+                                    1 => store::<5>(dst),
+                                    2 => store::<6>(dst),
+                                    _ => store::<7>(dst),
+                                }
+                                for (k, lanes) in c.iter().enumerate() {
+                                    out.put_row(r0 + t * TILE_M + k, (p + i) * PANEL_ROWS, lanes);
+                                }
                             }
                         }
                     }
+                    p += n;
                 }
                 r0 += m * TILE_M;
             }
-            p += n;
+            g0 = g1;
         }
         // SAFETY: the caller has AMX.
         unsafe { release() };
     });
+}
+
+/// Bytes of split weights a group of panels takes (see [`group_panels`]): with the two row tiles that meet them,
+/// within the 2 MB L2 of the Xeon it was measured on.
+const GROUP_BYTES: usize = 1 << 20;
+
+/// Panels per group of [`run_float`], whose split weights (`panel_bytes` each) every pair of row tiles meets
+/// before the next: as many as fit in [`GROUP_BYTES`], an even number from 2 to 16. With two panels per group
+/// (all rows past each pair of panels, the parts of every row read again from L3 each time), one thread, 512
+/// rows, best G multiply-adds/s of interleaved slices: F32 576×1536 60-70 → 80-88, 1536×576 78-88 → 100-114; F16
+/// 576×1536 90-105 → 152-156, 1536×576 159 → 194-202 (groups of 4 to 20 panels within noise of one another).
+fn group_panels(panel_bytes: usize) -> usize {
+    (GROUP_BYTES / panel_bytes / 2 * 2).clamp(2, 16)
 }
 
 /// Where [`tiles`] finds its operands: the activations' parts (part `q`'s row tile `t`, block `b` as 1 KB at
