@@ -243,8 +243,9 @@ fn in_pairs() -> __m512i {
     unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) }
 }
 
-/// The [`crate::dispatch::PanelPackedF`] kernel of the `amx` level: F16 and F32 panels against 16 or more
-/// activation rows on the tile unit (the rows past a multiple of 16 and everything else on the 512-bit kernel).
+/// The [`crate::dispatch::PanelPackedF`] kernel of the `amx` level: F16 and F32 panels against enough activation
+/// rows (see [`tiled_rows`]) on the tile unit, 16 at a time (the rows past a multiple of 16, and calls with fewer
+/// rows, on the 512-bit kernel).
 ///
 /// # Safety
 /// [`supported`] returned true, and the CPU has AVX-512 F, BW, VL and VNNI plus F16C and FMA.
@@ -283,7 +284,7 @@ pub(crate) fn tiled_rows(format: PackedFormat, n_act: usize) -> usize {
 const F16_STEPS: [(usize, usize); 3] = [(1, 0), (0, 0), (0, 1)];
 
 /// The products of an F32 block: every pair of parts whose orders sum to at most 2 (see the module documentation),
-/// smallest first, each step changing one operand but the last (seven loads of each operand pair for six products).
+/// smallest first, each step changing one operand but the last (seven tile-pair loads for six products).
 const F32_STEPS: [(usize, usize); 6] = [(2, 0), (1, 0), (1, 1), (0, 1), (0, 2), (0, 0)];
 
 /// The products of a block whose operands have `P` parts each (see [`F16_STEPS`] and [`F32_STEPS`]).
@@ -315,7 +316,6 @@ unsafe fn run_float<const P: usize>(
         // An activation row is `cols` bf16 per part, `nb` lines; a panel `nb` blocks of 16 lines per part.
         let part_lines = rows * nb;
         bufs.x.resize(P * part_lines, Line([0; 64]));
-        bufs.w.resize(2 * nb * P * 16, Line([0; 64]));
         let order = in_order();
         for (i, vals) in x[..rows * cols].chunks_exact(32).enumerate() {
             // Row r's block b goes to line b·16 + r % 16 of row tile r / 16 (each A tile 1 KB, contiguous).
