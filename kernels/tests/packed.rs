@@ -147,6 +147,14 @@ fn outputs(n_out: usize, rows: usize, f: impl Fn(&OutSink<'_>)) -> Vec<f32> {
     out
 }
 
+/// Asserts that `got` equals `want` bit for bit (a NaN matching any NaN); `what` names the case in the message.
+fn assert_same_bits(got: &[f32], want: &[f32], what: std::fmt::Arguments<'_>) {
+    assert_eq!(got.len(), want.len(), "{what}: output lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{what} [{i}]: {g} vs {w}");
+    }
+}
+
 /// A level's quantized panel kernel and `panel_ref` over the same panels and activations: (kernel, reference).
 fn kernel_and_ref(
     kernel: PanelPacked,
@@ -225,12 +233,8 @@ fn every_level_equals_the_reference_bit_for_bit() {
                         let act = Act::new(&x, cols, group);
                         for panels in [0..3, 1..2, 2..3] {
                             let (got, want) = kernel_and_ref(kernel, &p, &act, n_out, group, panels.clone());
-                            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                                assert!(
-                                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
-                                    "{isa} {ty} nb={nb} group={group} n_out={n_out} panels={panels:?} [{i}]: {g} vs {w}"
-                                );
-                            }
+                            let what = format_args!("{isa} {ty} nb={nb} group={group} n_out={n_out} panels={panels:?}");
+                            assert_same_bits(&got, &want, what);
                         }
                     }
                 }
@@ -259,12 +263,7 @@ fn every_level_equals_the_reference_over_many_panels_and_rows() {
                 let act = Act::new(&x, cols, group);
                 for panels in [0..37, 3..36] {
                     let (got, want) = kernel_and_ref(kernel, &p, &act, n_out, group, panels.clone());
-                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                        assert!(
-                            g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
-                            "{isa} {ty} group={group} panels={panels:?} [{i}]: {g} vs {w}"
-                        );
-                    }
+                    assert_same_bits(&got, &want, format_args!("{isa} {ty} group={group} panels={panels:?}"));
                 }
             }
         }

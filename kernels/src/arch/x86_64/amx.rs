@@ -334,7 +334,9 @@ unsafe fn run_float<const P: usize>(
         // SAFETY: the caller has AMX.
         unsafe { TileConfig::FULL.load() };
         let mut c = [[0f32; PANEL_ROWS]; TILE_M];
-        let group = group_panels(nb * P * 1024);
+        // One panel's split weights: nb blocks of P parts, 1 KB each.
+        let panel_split = nb * P * 1024;
+        let group = group_panels(panel_split);
         bufs.w.resize(group * nb * P * 16, Line([0; 64]));
         let mut g0 = panels.start;
         while g0 < panels.end {
@@ -368,12 +370,12 @@ unsafe fn run_float<const P: usize>(
                 let mut p = g0;
                 while p < g1 {
                     let n = (g1 - p).min(2);
-                    let wp = bufs.w.as_ptr().cast::<u8>().wrapping_add((p - g0) * nb * P * 1024);
+                    let wp = bufs.w.as_ptr().cast::<u8>().wrapping_add((p - g0) * panel_split);
                     let parts = Parts {
                         x: bufs.x.as_ptr().cast(),
                         x_part: part_lines * 64,
                         w0: wp,
-                        w1: wp.wrapping_add(nb * P * 1024),
+                        w1: wp.wrapping_add(panel_split),
                         w_block: P * 1024,
                     };
                     // SAFETY: rows r0..r0 + 16·m exist in the part buffers; panels p..p + n's B tiles are in `wp`;
