@@ -191,6 +191,13 @@ impl Quants for K4 {
 
 impl Quants for K6 {
     const FORMAT: PackedFormat = PackedFormat::K6;
+    /// No limit, as for Q5: merging each pair's bit pairs into its nibbles takes six vector operations, and a
+    /// K6 tile holds only two output rows (its halves' sums stay apart), so a chunk has 16 tiles that each paid
+    /// them again. One thread, Q8x2, 512 output rows, 640×2048 (Gemma 3's FFN-down, 64 KB unpacked, more than
+    /// L1), best G weight-MAC/s of 12 interleaved slices, per tile → per chunk, 8 pairs from three runs on the AMX
+    /// Xeon: 49.8 → 57.5, 50.1 → 62.8, 54.3 → 64.9, 55.2 → 63.0, 52.5 → 62.4, 54.7 → 62.9, 59.2 → 70.0,
+    /// 61.6 → 69.2 (+13–25%; an earlier session measured 33 → 31–32 by medians on a busier host).
+    const PRE_BLOCKS: usize = usize::MAX;
     #[inline(always)]
     unsafe fn unpack_pair(qs: *const u8, jj: usize, _: __m512i) -> [__m512i; 2] {
         // SAFETY: the nibble chunk jj and the bit-pair chunk 4 + jj/2 of the block, by the caller's contract.
@@ -324,7 +331,8 @@ pub(super) const UNPACKED_BLOCK: usize = 8 * 64;
 ///
 /// One thread, Intel Xeon (AMX host), Q8x2, 512 output rows, in weight-MACs/s, median of 12 interleaved slices
 /// per side, per-tile → per-chunk unpacking: Q5_0 2048×640 38–59 → 48–78 G (+25–33%), 640×2048 40–41 → 47 G;
-/// Q6_K 640×512 31–33 → 37 G, but 640×2048 (64 KB unpacked, more than L1) 33 → 31–32 G; Q4_0 2048×640 41 → 49
+/// Q6_K 640×512 31–33 → 37 G, and 640×2048 (64 KB unpacked, more than L1) 33 → 31–32 G then, +13–25% later
+/// (see `K6`); Q4_0 2048×640 41 → 49
 /// G, 1536×576 56–60 → 59–60 G; Q4_K 640×512 77 → 80 G; Q4_1 576×1536 (48 KB) 75–77 → 70–72 G. Hence the
 /// limits of [`Quants::PRE_BLOCKS`].
 ///
