@@ -8,7 +8,7 @@
 //! Each block has scales of its own per weight row and per activation row, so each block's 16 × 16 sums leave
 //! the tile unit for a float epilogue on the vector pipes, in exactly the order [`crate::packed::panel_ref`]
 //! states: the results are bit-identical to the reference and to the 512-bit kernel (the kernel tests compare
-//! them bit for bit at every level). The products of the next block run while the epilogue of the one before
+//! them bit for bit at every level). The products of the next row tile run while the epilogue of the one before
 //! reads its stored sums (two sets of result buffers).
 //!
 //! The activations of a chunk of rows are first copied into tile order (each A tile's 16 rows of one block, 512
@@ -21,9 +21,23 @@
 //! against 1.1× for Q4_0) issues a block's products, then the previous block's epilogue, then the block's stores.
 //! Keeping a slab of blocks in L1 while all row tiles meet it measured no different from whole rows.
 //!
-//! Tiles (palette 1): `tmm0`, `tmm1` two A tiles (32 activation rows), `tmm2`, `tmm3` two panels' blocks (B),
-//! `tmm4..tmm7` the four products. Fewer than 16 rows, and the rows past a multiple of 16, go to the 512-bit
-//! kernel: decode never comes here.
+//! A later microbenchmark put the limit on the tile side, not on the vector pipes: 32 independent vector
+//! operations (adds, conversions, shifts or fused multiply-adds) beside four products cost 1–4 TSC ticks more than
+//! the products alone (~116–120 per four, K = 32), but loading the four operand tiles, the products and the stores
+//! in a row took ~236: tile registers are not renamed, so a tile load waits for the products that still read the
+//! register. So [`blocks`] goes block by block: a block's two B tiles are loaded once for the chunk's four row
+//! tiles, and the row tiles' A tiles alternate between `tmm0` and `tmm1` (their products between `tmm4`/`tmm5` and
+//! `tmm6`/`tmm7`), so that the next row tile's A load does not wait on the products in flight. One tile load per
+//! two products instead of one per product. One thread, 512 Q8x2 rows, best G weight-MAC/s of 12 interleaved
+//! slices, old order → this one, two pairs per shape on a loaded host: Q4_0 1536×576 73.5 → 87.2, 61.0 → 67.8;
+//! 576×1536 82.0 → 82.6, 94.1 → 97.4; Q4_1 576×1536 93.3 → 106.0, 87.4 → 110.8; Q8_0 1536×576 90.7 → 114.0,
+//! 106.1 → 108.8; Q5_0 2048×640 91.5 → 108.2, 91.3 → 101.6; 640×2048 93.0 → 97.0, 69.7 → 70.3 (medians, stuck
+//! near 60 while the host ran at half speed, moved neither way; an earlier, quieter run gave Q4_0 medians
+//! 94 → 105 and 93 → 110, and a third 86 → 77 with bests 97 → 117).
+//!
+//! Tiles (palette 1): `tmm0`, `tmm1` the A tiles of alternate row tiles (16 activation rows each), `tmm2`, `tmm3`
+//! two panels' blocks (B), `tmm4`, `tmm5` and `tmm6`, `tmm7` the products of alternate row tiles. Fewer than 16
+//! rows, and the rows past a multiple of 16, go to the 512-bit kernel: decode never comes here.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -38,7 +52,7 @@ use crate::packed::{Line, PANEL_ROWS, PackedFormat, PackedView, Sections, check_
 /// Activation rows copied into tile order at a time, and met by every panel pair of the task before the next.
 const CHUNK: usize = 64;
 
-/// Bytes between the two sets of four C tiles. Not 4 KB, which would put each line of one set at the same address
+/// Bytes between the two sets of C tiles (two each). Not 4 KB, which would put each line of one set at the same address
 /// modulo 4 KB as the other's, where the epilogue's loads of one set could be taken to depend on the tile stores
 /// into the other (loads are matched to earlier stores by their low 12 address bits first). A precaution: the
 /// difference was within this host's noise.
@@ -67,7 +81,7 @@ struct Buffers {
     offs: Vec<i32>,
     /// A panel pair's blocks unpacked (see [`packed512::unpack_group`]).
     b: Vec<Line>,
-    /// Two sets of the four C tiles.
+    /// Two sets of two C tiles.
     c: Vec<Line>,
     /// f32 accumulators: output row `o` of the chunk, panel `i` at line `2·o + i`.
     acc: Vec<Line>,
@@ -204,22 +218,14 @@ unsafe fn run<F: Quants, const G: usize>(
                         _mm512_store_ps(acc.add(16 * i), _mm512_setzero_ps());
                     }
                 }
-                let mut t = 0;
                 let tiles = chunk.len() / TILE_M;
-                while t < tiles {
-                    let m = (tiles - t).min(2);
-                    // SAFETY (all four): panels p..p + n and the chunk's rows exist; their tiles are as stated;
-                    // the accumulators of row tiles t.. start at output row t·16/G.
-                    unsafe {
-                        let acc = acc.add(16 * 2 * (t * TILE_M / G));
-                        match (m, n) {
-                            (2, 2) => blocks::<F, G, 2, 2>(w, p, bq, stride, act, c0, t, bufs, acc),
-                            (2, _) => blocks::<F, G, 2, 1>(w, p, bq, stride, act, c0, t, bufs, acc),
-                            (_, 2) => blocks::<F, G, 1, 2>(w, p, bq, stride, act, c0, t, bufs, acc),
-                            _ => blocks::<F, G, 1, 1>(w, p, bq, stride, act, c0, t, bufs, acc),
-                        }
+                // SAFETY: panels p..p + n and the chunk's row tiles exist, and the accumulators hold them.
+                unsafe {
+                    if n == 2 {
+                        blocks::<F, G, 2>(w, p, bq, stride, act, c0, tiles, bufs, acc)
+                    } else {
+                        blocks::<F, G, 1>(w, p, bq, stride, act, c0, tiles, bufs, acc)
                     }
-                    t += m;
                 }
                 for o in 0..outs {
                     for i in 0..n {
@@ -236,23 +242,23 @@ unsafe fn run<F: Quants, const G: usize>(
     unsafe { amx::release() };
 }
 
-/// Panels `p..p + N` against row tiles `t..t + M` of the chunk at `c0`: every block's (and part's) products on
-/// the tile unit, each one's epilogue while the next one's products run.
+/// Panels `p..p + N` against every row tile of the chunk, block by block: each block's B tiles are loaded once
+/// for all the chunk's row tiles, whose A tiles alternate between two tile registers (and their products between
+/// two sets of C tiles), so that a row tile's A load need not wait for the products that read the other.
 ///
 /// # Safety
-/// As [`run`]: the tiles exist in `bufs.a`, `p + N` ≤ `w.n_panels`, the configuration is loaded, and panel
-/// `p + i`'s block `b` is a B tile at `bq[i] + b·stride` (or, with `stride` 0, at its quants in the panel).
+/// As [`blocks`], for row tiles `0..tiles`.
 #[inline]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn blocks<F: Quants, const G: usize, const M: usize, const N: usize>(
+unsafe fn blocks<F: Quants, const G: usize, const N: usize>(
     w: &PackedView<'_>,
     p: usize,
     bq: [*const u8; 2],
     stride: usize,
     act: &Act32<'_>,
     c0: usize,
-    t: usize,
+    tiles: usize,
     bufs: &mut Buffers,
     acc: *mut f32,
 ) {
@@ -264,65 +270,70 @@ unsafe fn blocks<F: Quants, const G: usize, const M: usize, const N: usize>(
         let a = bufs.a.as_ptr().cast::<u8>();
         let c = bufs.c.as_mut_ptr().cast::<u8>();
         let base: [*const u8; N] = std::array::from_fn(|i| w.bytes.as_ptr().add((p + i) * w.panel_bytes));
-        let start = |step: usize| {
-            let b = step;
-            let at = a.add((t * nb + b) * 512);
-            load::<0>(at, 32);
-            if M == 2 {
-                load::<1>(at.add(nb * 512), 32);
-            }
-            let bt = |i: usize| {
-                if stride == 0 { base[i.min(N - 1)].add(sec.qs(b)) } else { bq[i].add(b * stride) }
-            };
+        // Item k (row tile t, block b) has its sums in result set k % 2; its epilogue runs while item k + 1's
+        // products do.
+        let scale = |(t, b, k): (usize, usize, usize)| {
+            let acc = acc.add(16 * 2 * (t * TILE_M / G));
+            epilogue::<F, G, N>(&base, &sec, nb, act, c0, t, offs, c.add((k % 2) * SET_BYTES), acc, b);
+        };
+        let mut prev = None;
+        let mut k = 0;
+        for b in 0..nb {
+            let bt = |i: usize| if stride == 0 { base[i.min(N - 1)].add(sec.qs(b)) } else { bq[i].add(b * stride) };
             load::<2>(bt(0), 64);
             if N == 2 {
                 load::<3>(bt(1), 64);
             }
-            product::<4, 0, 2>();
-            if N == 2 {
-                product::<5, 0, 3>();
-            }
-            if M == 2 {
-                product::<6, 1, 2>();
-                if N == 2 {
-                    product::<7, 1, 3>();
+            for t in 0..tiles {
+                let at = a.add((t * nb + b) * 512);
+                let set = c.add((k % 2) * SET_BYTES);
+                if k % 2 == 0 {
+                    load::<0>(at, 32);
+                    product::<4, 0, 2>();
+                    if N == 2 {
+                        product::<5, 0, 3>();
+                    }
+                } else {
+                    load::<1>(at, 32);
+                    product::<6, 1, 2>();
+                    if N == 2 {
+                        product::<7, 1, 3>();
+                    }
                 }
-            }
-        };
-        let finish = |set: usize| {
-            let s = c.add(set * SET_BYTES);
-            store::<4>(s);
-            if N == 2 {
-                store::<5>(s.add(1024));
-            }
-            if M == 2 {
-                store::<6>(s.add(2048));
-                if N == 2 {
-                    store::<7>(s.add(3072));
+                if let Some(item) = prev {
+                    scale(item);
                 }
+                if k % 2 == 0 {
+                    store::<4>(set);
+                    if N == 2 {
+                        store::<5>(set.add(1024));
+                    }
+                } else {
+                    store::<6>(set);
+                    if N == 2 {
+                        store::<7>(set.add(1024));
+                    }
+                }
+                prev = Some((t, b, k));
+                k += 1;
             }
-        };
-        for step in 0..nb {
-            start(step);
-            if step > 0 {
-                epilogue::<F, G, M, N>(&base, &sec, nb, act, c0, t, offs, c, acc, step - 1);
-            }
-            finish(step % 2);
         }
-        epilogue::<F, G, M, N>(&base, &sec, nb, act, c0, t, offs, c, acc, nb - 1);
+        if let Some(item) = prev {
+            scale(item);
+        }
     }
 }
 
-/// Scales the sums of step `step` (block `b`), stored in result set `step % 2`, into the accumulators,
-/// in the order of [`crate::packed::panel_ref`]: the integer sum (Q8x2 pairs as `256·i₁ + i₂`) less the offset
-/// term, times `scale · d`, added with one fused multiply-add; then the offset term `m · s` of formats with one.
+/// Scales the sums of row tile `t` and block `b`, stored in the result set at `set`, into the row tile's
+/// accumulators at `acc`, in the order of [`crate::packed::panel_ref`]: the integer sum (Q8x2 pairs as
+/// `256·i₁ + i₂`) less the offset term, times `scale · d`, added with one fused multiply-add; then the offset term
+/// `m · s` of formats with one.
 ///
 /// # Safety
-/// As [`blocks`], whose products of `step` are in result set `step % 2` at `sets`; `offs` and `acc` as in
-/// [`Buffers`].
+/// As [`blocks`], whose products of that tile and block are in the set; `offs` as in [`Buffers`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn epilogue<F: Quants, const G: usize, const M: usize, const N: usize>(
+unsafe fn epilogue<F: Quants, const G: usize, const N: usize>(
     base: &[*const u8; N],
     sec: &Sections,
     nb: usize,
@@ -330,55 +341,51 @@ unsafe fn epilogue<F: Quants, const G: usize, const M: usize, const N: usize>(
     c0: usize,
     t: usize,
     offs: *const i32,
-    sets: *const u8,
+    set: *const u8,
     acc: *mut f32,
-    step: usize,
+    b: usize,
 ) {
-    let b = step;
     let off = F::FORMAT.offset();
     // SAFETY: the caller's contract: block b's scales in each panel, the chunk's activation rows, the buffers.
     unsafe {
-        let set = sets.add((step % 2) * SET_BYTES);
         let sv: [[__m512; 2]; N] = std::array::from_fn(|i| F::scales(base[i], sec, b));
-        for m in 0..M {
-            // Output row o's scalars, a pointer step per row: d of its last activation row, s of its first, and
-            // its offset term.
-            let row0 = c0 + (t + m) * TILE_M;
-            let mut d = act.d.as_ptr().add((row0 + G - 1) * nb + b);
-            let mut s = act.s.as_ptr().add(row0 * nb + b);
-            let mut of = offs.wrapping_add((row0 - c0) / G * nb + b);
-            let mut line = set.add(2048 * m).cast::<i32>();
-            let mut ap = acc.add(16 * 2 * (m * TILE_M / G));
-            for _ in 0..TILE_M / G {
-                let (da, sa) = (_mm512_set1_ps(*d), _mm512_set1_ps(*s));
-                let init = if off != 0 { _mm512_set1_epi32(*of) } else { _mm512_setzero_si512() };
-                for i in 0..N {
-                    let tile = line.add(256 * i);
-                    let mut iv = if G == 2 {
-                        _mm512_add_epi32(
-                            _mm512_slli_epi32(_mm512_load_si512(tile.cast()), 8),
-                            _mm512_load_si512(tile.add(16).cast()),
-                        )
-                    } else {
-                        _mm512_load_si512(tile.cast())
-                    };
-                    if off != 0 {
-                        iv = _mm512_add_epi32(iv, init);
-                    }
-                    let scale = _mm512_mul_ps(sv[i][0], da);
-                    let a = ap.add(16 * i);
-                    let mut v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), scale, _mm512_load_ps(a));
-                    if F::FORMAT.has_min() {
-                        v = _mm512_fmadd_ps(sv[i][1], sa, v);
-                    }
-                    _mm512_store_ps(a, v);
+        // Output row o's scalars, a pointer step per row: d of its last activation row, s of its first, and
+        // its offset term.
+        let row0 = c0 + t * TILE_M;
+        let mut d = act.d.as_ptr().add((row0 + G - 1) * nb + b);
+        let mut s = act.s.as_ptr().add(row0 * nb + b);
+        let mut of = offs.wrapping_add((row0 - c0) / G * nb + b);
+        let mut line = set.cast::<i32>();
+        let mut ap = acc;
+        for _ in 0..TILE_M / G {
+            let (da, sa) = (_mm512_set1_ps(*d), _mm512_set1_ps(*s));
+            let init = if off != 0 { _mm512_set1_epi32(*of) } else { _mm512_setzero_si512() };
+            for i in 0..N {
+                let tile = line.add(256 * i);
+                let mut iv = if G == 2 {
+                    _mm512_add_epi32(
+                        _mm512_slli_epi32(_mm512_load_si512(tile.cast()), 8),
+                        _mm512_load_si512(tile.add(16).cast()),
+                    )
+                } else {
+                    _mm512_load_si512(tile.cast())
+                };
+                if off != 0 {
+                    iv = _mm512_add_epi32(iv, init);
                 }
-                d = d.add(G * nb);
-                s = s.add(G * nb);
-                of = of.wrapping_add(nb);
-                line = line.add(16 * G);
-                ap = ap.add(32);
+                let scale = _mm512_mul_ps(sv[i][0], da);
+                let a = ap.add(16 * i);
+                let mut v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), scale, _mm512_load_ps(a));
+                if F::FORMAT.has_min() {
+                    v = _mm512_fmadd_ps(sv[i][1], sa, v);
+                }
+                _mm512_store_ps(a, v);
             }
+            d = d.add(G * nb);
+            s = s.add(G * nb);
+            of = of.wrapping_add(nb);
+            line = line.add(16 * G);
+            ap = ap.add(32);
         }
     }
 }
