@@ -21,19 +21,18 @@
 //! against 1.1× for Q4_0) issues a block's products, then the previous block's epilogue, then the block's stores.
 //! Keeping a slab of blocks in L1 while all row tiles meet it measured no different from whole rows.
 //!
-//! A later microbenchmark put the limit on the tile side, not on the vector pipes: 32 independent vector
-//! operations (adds, conversions, shifts or fused multiply-adds) beside four products cost 1–4 TSC ticks more than
-//! the products alone (~116–120 per four, K = 32), but loading the four operand tiles, the products and the stores
-//! in a row took ~236: tile registers are not renamed, so a tile load waits for the products that still read the
-//! register. So [`blocks`] goes block by block: a block's two B tiles are loaded once for the chunk's four row
-//! tiles, and the row tiles' A tiles alternate between `tmm0` and `tmm1` (their products between `tmm4`/`tmm5` and
-//! `tmm6`/`tmm7`), so that the next row tile's A load does not wait on the products in flight. One tile load per
-//! two products instead of one per product. One thread, 512 Q8x2 rows, best G weight-MAC/s of 12 interleaved
-//! slices, old order → this one, two pairs per shape on a loaded host: Q4_0 1536×576 73.5 → 87.2, 61.0 → 67.8;
-//! 576×1536 82.0 → 82.6, 94.1 → 97.4; Q4_1 576×1536 93.3 → 106.0, 87.4 → 110.8; Q8_0 1536×576 90.7 → 114.0,
-//! 106.1 → 108.8; Q5_0 2048×640 91.5 → 108.2, 91.3 → 101.6; 640×2048 93.0 → 97.0, 69.7 → 70.3 (medians, stuck
-//! near 60 while the host ran at half speed, moved neither way; an earlier, quieter run gave Q4_0 medians
-//! 94 → 105 and 93 → 110, and a third 86 → 77 with bests 97 → 117).
+//! A later microbenchmark put the limit on the tile side, not on the vector pipes: 32 independent vector operations
+//! (adds, conversions, shifts or fused multiply-adds) beside four products cost 1–4 TSC ticks more than the products
+//! alone (~116–120 per four, K = 32), but loading the four operand tiles, the products and the stores in a row took
+//! ~236: tile registers appear not to be renamed, so a tile load waits for the products that still read the register.
+//! So [`blocks`] goes block by block: a block's two B tiles are loaded once for the chunk's four row tiles, and the row
+//! tiles' A tiles alternate between `tmm0` and `tmm1` (their products between `tmm4`/`tmm5` and `tmm6`/`tmm7`), so that
+//! the next row tile's A load does not wait on the products in flight. One tile load per two products instead of one
+//! per product. One thread, 512 Q8x2 rows, best G weight-MAC/s of 12 interleaved slices, old order → this one, two
+//! pairs per shape on a loaded host: Q4_0 1536×576 73.5 → 87.2, 61.0 → 67.8; 576×1536 82.0 → 82.6, 94.1 → 97.4; Q4_1
+//! 576×1536 93.3 → 106.0, 87.4 → 110.8; Q8_0 1536×576 90.7 → 114.0, 106.1 → 108.8; Q5_0 2048×640 91.5 → 108.2, 91.3 →
+//! 101.6; 640×2048 93.0 → 97.0, 69.7 → 70.3 (medians, stuck near 60 while the host ran at half speed, moved neither
+//! way; an earlier, quieter run gave Q4_0 medians 94 → 105 and 93 → 110, and a third 86 → 77 with bests 97 → 117).
 //!
 //! Tiles (palette 1): `tmm0`, `tmm1` the A tiles of alternate row tiles (16 activation rows each), `tmm2`, `tmm3`
 //! two panels' blocks (B), `tmm4`, `tmm5` and `tmm6`, `tmm7` the products of alternate row tiles. Fewer than 16
