@@ -246,7 +246,9 @@ unsafe fn run<F: Quants, const G: usize>(
 /// two sets of C tiles), so that a row tile's A load need not wait for the products that read the other.
 ///
 /// # Safety
-/// As [`blocks`], for row tiles `0..tiles`.
+/// As [`run`]: row tiles `0..tiles` of the chunk at `c0` exist in `bufs.a` and their accumulators at `acc`,
+/// `p + N` ≤ `w.n_panels`, the configuration is loaded, and panel `p + i`'s block `b` is a B tile at
+/// `bq[i] + b·stride` (or, with `stride` 0, at its quants in the panel).
 #[inline]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -287,31 +289,9 @@ unsafe fn blocks<F: Quants, const G: usize, const N: usize>(
                 let at = a.add((t * nb + b) * 512);
                 let set = c.add((k % 2) * SET_BYTES);
                 if k % 2 == 0 {
-                    load::<0>(at, 32);
-                    product::<4, 0, 2>();
-                    if N == 2 {
-                        product::<5, 0, 3>();
-                    }
+                    row_tile::<0, 4, 5, N>(at, || prev.map_or((), scale), set);
                 } else {
-                    load::<1>(at, 32);
-                    product::<6, 1, 2>();
-                    if N == 2 {
-                        product::<7, 1, 3>();
-                    }
-                }
-                if let Some(item) = prev {
-                    scale(item);
-                }
-                if k % 2 == 0 {
-                    store::<4>(set);
-                    if N == 2 {
-                        store::<5>(set.add(1024));
-                    }
-                } else {
-                    store::<6>(set);
-                    if N == 2 {
-                        store::<7>(set.add(1024));
-                    }
+                    row_tile::<1, 6, 7, N>(at, || prev.map_or((), scale), set);
                 }
                 prev = Some((t, b, k));
                 k += 1;
@@ -319,6 +299,33 @@ unsafe fn blocks<F: Quants, const G: usize, const N: usize>(
         }
         if let Some(item) = prev {
             scale(item);
+        }
+    }
+}
+
+/// One row tile of [`blocks`] on tile registers `A` (its A tile, loaded from `at`) and `C0`, `C1` (its products
+/// with the B tiles in `tmm2` and, for `N` = 2, `tmm3`): the products, then `between` (the previous row tile's
+/// epilogue, which runs while they do), then the products' stores to `set`.
+///
+/// # Safety
+/// As [`blocks`]: `at` holds an A tile, the B tiles are loaded, and `set` has room for `N` C tiles.
+#[inline(always)]
+unsafe fn row_tile<const A: u8, const C0: u8, const C1: u8, const N: usize>(
+    at: *const u8,
+    between: impl FnOnce(),
+    set: *mut u8,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        load::<A>(at, 32);
+        product::<C0, A, 2>();
+        if N == 2 {
+            product::<C1, A, 3>();
+        }
+        between();
+        store::<C0>(set);
+        if N == 2 {
+            store::<C1>(set.add(1024));
         }
     }
 }
