@@ -183,8 +183,11 @@ impl Quants for K4 {
         unsafe {
             let d = _mm512_mul_ps(super_scale(panel, sec.d(b)), scale16::<false>(panel.add(sec.sc(b))));
             let m = _mm512_mul_ps(super_scale(panel, sec.m(b)), scale16::<false>(panel.add(sec.mn(b))));
-            // −(dmin·mn), negated exactly (a sign flip, as the reference's unary minus).
-            [d, _mm512_xor_ps(m, _mm512_set1_ps(-0.0))]
+            // −(dmin·mn), negated exactly (a sign flip, as the reference's unary minus). An integer xor of the sign
+            // bit: `_mm512_xor_ps` is AVX-512 DQ, which this level does not enable, so it was an out-of-line call
+            // per block.
+            let sign = _mm512_set1_epi32(i32::MIN);
+            [d, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), sign))]
         }
     }
 }
