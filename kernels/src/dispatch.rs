@@ -187,6 +187,15 @@ pub fn isa() -> Isa {
     }
 }
 
+/// The size of the L1 data cache in bytes, where CPUID states it. The AVX-512 decode kernels prefetch their weight
+/// streams into L2 instead of L1 when it is 32 KB or less.
+pub fn l1d_bytes() -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    return crate::arch::cache::l1d_bytes();
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
 /// The kernel table of [`isa()`].
 pub fn kernels() -> &'static Kernels {
     static TABLE: OnceLock<&'static Kernels> = OnceLock::new();

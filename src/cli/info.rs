@@ -208,9 +208,14 @@ fn summarise_array_head(v: &MetaValue) -> serde_json::Value {
 /// What the CPU offers and what the kernels will use.
 pub fn simd_line() -> String {
     let offered = crate::cli::cpu_features().join(" ");
-    format!("{} (cpu: {offered})", crate::cli::isa_in_use())
+    let l1d = infer_kernels::dispatch::l1d_bytes().map(|b| format!("; L1D {} KB", b / 1024)).unwrap_or_default();
+    format!("{} (cpu: {offered}{l1d})", crate::cli::isa_in_use())
 }
 
 fn simd_json() -> serde_json::Value {
-    json!({ "in_use": crate::cli::isa_in_use(), "cpu": crate::cli::cpu_features() })
+    json!({
+        "in_use": crate::cli::isa_in_use(),
+        "cpu": crate::cli::cpu_features(),
+        "l1d_bytes": infer_kernels::dispatch::l1d_bytes(),
+    })
 }

@@ -25,6 +25,9 @@ pub mod avx2;
 #[path = "x86_64/avx512.rs"]
 pub mod avx512;
 #[cfg(target_arch = "x86_64")]
+#[path = "x86_64/cache.rs"]
+pub(crate) mod cache;
+#[cfg(target_arch = "x86_64")]
 #[path = "x86_64/packed256.rs"]
 pub(crate) mod packed256;
 #[cfg(target_arch = "x86_64")]

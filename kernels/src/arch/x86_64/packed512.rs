@@ -21,6 +21,7 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 use std::ops::Range;
 
+use super::cache::small_l1d;
 use super::packed256::{DECODE_F, prefetch_l2, prefetch_lines, prefetch_streams};
 use crate::dispatch::{Act32, OutSink};
 use crate::packed::{Line, PANEL_ROWS, PackedFormat, PackedView, Sections, check_args, check_args_f};
@@ -287,11 +288,14 @@ unsafe fn run<F: Quants, const G: usize>(
         let decode = o1 - o0 == 1;
         // The end of the task's panels, where a decode stream's prefetch stops (later panels are another task's).
         let end = w.bytes.as_ptr().wrapping_add(panels.end * w.panel_bytes);
+        // Decode's stream goes to L2 where L1 is small (see `DECODE_AHEAD`).
+        let l2 = decode && small_l1d();
         if decode {
             // Decode: the first `DECODE_AHEAD` bytes of the task are fetched here; each block then fetches its
             // own lines that far ahead (see `tile`).
             let first = w.bytes.as_ptr().wrapping_add(p * w.panel_bytes);
-            prefetch_lines(first, 0..stream_lines(first, DECODE_AHEAD, end));
+            let lines = 0..stream_lines(first, DECODE_AHEAD, end);
+            if l2 { prefetch_l2(first, lines) } else { prefetch_lines(first, lines) }
         }
         // Decode runs one panel per tile: with two, the two panels in use and the two being fetched overflowed L1
         // (4 × 26 KB for the Q8 FFN-down panels of SmolLM2); one panel per tile measured faster for Q4_1 and Q8_0.
@@ -301,7 +305,7 @@ unsafe fn run<F: Quants, const G: usize>(
             // Batches: the panels this group's tiles fetch as they go, the next group.
             let from = p + n;
             let lines = panels.end.saturating_sub(from).min(most) * w.panel_bytes / 64;
-            let next = if decode { Ahead::Stream { end } } else { Ahead::Group { from, lines } };
+            let next = if decode { Ahead::Stream { end, l2 } } else { Ahead::Group { from, lines } };
             // SAFETY (both): p + n ≤ panels.end; the rest is the caller's.
             if n == 2 {
                 unsafe { rows::<F, G, 2>(w, p, act, o0..o1, next, &mut unpacked, out) };
@@ -490,16 +494,27 @@ enum Ahead {
         /// Its size in 64-byte lines.
         lines: usize,
     },
-    /// Decode: the task's panels as one stream, [`DECODE_AHEAD`] bytes ahead of the reads, into L1, stopping at
-    /// `end` (the end of the task's last panel).
-    Stream { end: *const u8 },
+    /// Decode: the task's panels as one stream, [`DECODE_AHEAD`] bytes ahead of the reads, into L1 (or with `l2`
+    /// into L2), stopping at `end` (the end of the task's last panel).
+    Stream { end: *const u8, l2: bool },
 }
 
-/// How far ahead of its reads (in bytes) a decode tile prefetches the panel stream into L1. The whole next panel
-/// (what decode fetched before) is 26 KB for SmolLM2's Q8_0 FFN-down panels, and with the 26 KB panel in use
-/// that overflows Zen 5's 48 KB L1. Per CPU-second GB/s over SmolLM2's 30 layers of panels (one Q8x2 decode row,
-/// 2 threads each streaming its own copy, Zen 5, best of 3 interleaved rounds on a loaded host): the next panel
-/// Q4_1 29.7 / Q8_0 25.3; 8 KB ahead 30.5 / 29.5; 7 KB 27.1 / 32.3; 10 KB 30.1 / 28.0; no prefetch 27.8 / 31.0.
+/// How far ahead of its reads (in bytes) a decode tile prefetches the panel stream: into L1 where L1D holds more
+/// than 32 KB, into L2 where it holds 32 KB or less ([`small_l1d`]). The whole next panel (what decode fetched
+/// before) is 26 KB for SmolLM2's Q8_0 FFN-down panels, and with the 26 KB panel in use that overflows Zen 5's
+/// 48 KB L1. Per CPU-second GB/s over SmolLM2's 30 layers of panels (one Q8x2 decode row, 2 threads each streaming
+/// its own copy, Zen 5, best of 3 interleaved rounds on a loaded host), all into L1: the next panel Q4_1 29.7 /
+/// Q8_0 25.3; 8 KB ahead 30.5 / 29.5; 7 KB 27.1 / 32.3; 10 KB 30.1 / 28.0; no prefetch 27.8 / 31.0.
+///
+/// On Zen 4 (32 KB L1D) the same 8 KB into L1 left Q8_0 decode slower per CPU-second than the 256-bit kernel,
+/// which streams Q8 panels into L2. SmolLM2's 30 layers, Q8x2 decode, tokens per CPU-second on one thread / per
+/// wall second on two, medians of 5-7 interleaved rounds per run (`matmul` bench, scratch build with the choice as
+/// a runtime knob), 8 KB into L1 → into L2: Q8_0 128 → 158 / 186 → 216 and 131 → 144 / 171 → 202; Q4_1 222 → 267 /
+/// 361 → 389 and 227 → 261 / 384 → 402 (the 256-bit kernel, same rounds: Q8_0 157 / 209, Q4_1 257 / 402). Other
+/// distances into L2, one run: Q8_0 3 KB 144 / 219, 4 KB 161 / 239, 6 KB 176 / 235, 8 KB 189 / 248, 12 KB 148 /
+/// 227; into L1: 2 KB 111 / 179, 4 KB 125 / 215; none 97 / 111. End to end, tg128 on 2 threads, 4 interleaved
+/// rounds, L1 → L2 medians: Q8_0 163 → 181, Q4_1 222 → 254, Q4_0 269 → 272, Gemma 3 98 → 105 t/s (L2 ahead in
+/// 14 of those 16 pairs).
 const DECODE_AHEAD: usize = 8 * 1024;
 
 /// Cache lines of the `bytes` from `at` that lie before `end` (none when `at` is at or past it).
@@ -554,7 +569,7 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
             let (lo, hi) = (at(rows.start), at(rows.end));
             Prefetch::Lines { first: ahead.wrapping_add(64 * lo), count: hi - lo }
         }
-        Ahead::Stream { end } => Prefetch::Stream { end },
+        Ahead::Stream { end, l2 } => Prefetch::Stream { end, l2 },
     };
     let mut o = outs.start;
     // SAFETY (all): o + C ≤ outs.end in every call; the rest is the caller's.
@@ -594,8 +609,9 @@ enum Prefetch {
     /// Q4_1 181.6 → 220.4, Q8_0 106.8 → 147.6 tokens; with 2 and 4 activation rows Q8_0 211 → 327 and 317 → 410;
     /// with 16 unchanged. (Decode, one panel per tile, now streams into L1: [`DECODE_AHEAD`].)
     Lines { first: *const u8, count: usize },
-    /// Each block's own lines [`DECODE_AHEAD`] bytes further on, into L1, none at or past `end`.
-    Stream { end: *const u8 },
+    /// Each block's own lines [`DECODE_AHEAD`] bytes further on, into L1 (with `l2` into L2), none at or past
+    /// `end`.
+    Stream { end: *const u8, l2: bool },
 }
 
 /// Repeats `body` with `c` bound to each constant `0..C` (`C` ≤ 8) so that `[_; C]` accumulators indexed by `c`
@@ -667,13 +683,14 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
                     let per_block = count.div_ceil(nb);
                     prefetch_l2(first, b * per_block..((b + 1) * per_block).min(count))
                 }
-                Prefetch::Stream { end } => {
+                Prefetch::Stream { end, l2 } => {
                     // Block b's lines: its quants, and after a group's last block the group's scales (the last
                     // block of a panel also its padding, so that consecutive panels are one stream).
                     let (start, stop) = (sec.qs(b), if b + 1 < nb { sec.qs(b + 1) } else { w.panel_bytes });
                     for panel in base {
                         let at = panel.wrapping_add(start + DECODE_AHEAD);
-                        prefetch_lines(at, 0..stream_lines(at, stop - start, end));
+                        let lines = 0..stream_lines(at, stop - start, end);
+                        if l2 { prefetch_l2(at, lines) } else { prefetch_lines(at, lines) }
                     }
                 }
             }
@@ -847,14 +864,15 @@ pub(crate) unsafe fn panel_f(w: PackedView<'_>, panels: Range<usize>, x: &[f32],
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn decode_f<T: FloatZ>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], out: &OutSink<'_>) {
     let mut p = panels.start;
+    let l2 = small_l1d();
     // SAFETY (all tiles): panels p..p + P lie in the checked range.
     unsafe {
         while p < panels.end {
             match panels.end - p {
-                1 => decode_tile_f::<T, 1>(w, p, x, out),
-                2 => decode_tile_f::<T, 2>(w, p, x, out),
-                3 => decode_tile_f::<T, 3>(w, p, x, out),
-                _ => decode_tile_f::<T, DECODE_F>(w, p, x, out),
+                1 => decode_tile_f::<T, 1>(w, p, x, l2, out),
+                2 => decode_tile_f::<T, 2>(w, p, x, l2, out),
+                3 => decode_tile_f::<T, 3>(w, p, x, l2, out),
+                _ => decode_tile_f::<T, DECODE_F>(w, p, x, l2, out),
             }
             p += (panels.end - p).min(DECODE_F);
         }
@@ -866,16 +884,29 @@ unsafe fn decode_f<T: FloatZ>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32
 /// layers of F16 panels (2 threads each streaming its own copy, Zen 5, 3 interleaved rounds on a loaded host):
 /// the next tile's panels into L2 (as before) 21.9 / 24.9 / 23.0, into L1 21.8 / 22.9 / 23.0; 2 KB ahead 24.4 /
 /// 26.2 / 25.7; 1 KB 21.2 / 22.7 / 22.8; 4 KB 23.6 / 24.3 / 23.0; none 19.2 / 19.7 / 18.4. F32 reads at the probe's
-/// rate without any.
+/// rate without any (on Zen 4 too: 4 KB into L2 cost it 54 → 45 tokens per CPU-second on one thread).
 const DECODE_AHEAD_F: usize = 2 * 1024;
 
-/// Panels `p..p + P` against the one activation row `x`, prefetching their streams on the way (`T::PREFETCH`).
+/// [`DECODE_AHEAD_F`] where L1D is 32 KB or less ([`small_l1d`]), whose streams go to L2 instead. Zen 4, SmolLM2's
+/// 30 layers of F16 panels, tokens per CPU-second on one thread / per wall second on two, medians of 5 interleaved
+/// rounds: 2 KB into L1 77 / 113, into L2 87 / 132; 4 KB into L2 92 / 139; 8 KB 89 / 126; none 83 / 117; a
+/// second run, 2 KB into L1 65 / 112 against 4 KB into L2 76 / 115.
+const DECODE_AHEAD_F_L2: usize = 4 * 1024;
+
+/// Panels `p..p + P` against the one activation row `x`, prefetching their streams on the way (`T::PREFETCH`;
+/// with `l2`, [`DECODE_AHEAD_F_L2`] ahead into L2).
 ///
 /// # Safety
 /// As [`decode_f`], with `p + P` ≤ `w.n_panels`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn decode_tile_f<T: FloatZ, const P: usize>(w: &PackedView<'_>, p: usize, x: &[f32], out: &OutSink<'_>) {
+unsafe fn decode_tile_f<T: FloatZ, const P: usize>(
+    w: &PackedView<'_>,
+    p: usize,
+    x: &[f32],
+    l2: bool,
+    out: &OutSink<'_>,
+) {
     const { assert!(P >= 1 && P <= DECODE_F) };
     let cols = w.nb * 32;
     let column = PANEL_ROWS * T::SIZE;
@@ -888,7 +919,13 @@ unsafe fn decode_tile_f<T: FloatZ, const P: usize>(w: &PackedView<'_>, p: usize,
         let mut acc = [_mm512_setzero_ps(); P];
         for k in 0..cols {
             if T::PREFETCH && k % per_line == 0 {
-                prefetch_streams(base, k * column, DECODE_AHEAD_F);
+                if l2 {
+                    for panel in base {
+                        prefetch_l2(panel.wrapping_add(k * column + DECODE_AHEAD_F_L2), 0..1);
+                    }
+                } else {
+                    prefetch_streams(base, k * column, DECODE_AHEAD_F);
+                }
             }
             let xb = _mm512_set1_ps(*x.as_ptr().add(k));
             for i in 0..P {
