@@ -607,7 +607,7 @@ enum Prefetch {
     /// one Q8 group of SmolLM2's FFN-down matrix 52 KB). Single-thread decode per CPU-second on SmolLM2's layer
     /// matmuls, L1 → L2, best of 4 interleaved rounds on a loaded host, when decode also ran two panels per tile:
     /// Q4_1 181.6 → 220.4, Q8_0 106.8 → 147.6 tokens; with 2 and 4 activation rows Q8_0 211 → 327 and 317 → 410;
-    /// with 16 unchanged. (Decode, one panel per tile, now streams into L1: [`DECODE_AHEAD`].)
+    /// with 16 unchanged. (Decode, one panel per tile, streams instead: [`DECODE_AHEAD`].)
     Lines { first: *const u8, count: usize },
     /// Each block's own lines [`DECODE_AHEAD`] bytes further on, into L1 (with `l2` into L2), none at or past
     /// `end`.
