@@ -26,6 +26,7 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 use std::ops::Range;
 
+use super::cache::small_l1d;
 use crate::dispatch::{Act32, OutSink};
 use crate::packed::{PANEL_ROWS, PackedFormat, PackedView, Sections, check_args, check_args_f};
 
@@ -928,18 +929,19 @@ unsafe fn run_f<T: FloatW>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], 
     // SAFETY (all tiles): the panels lie in the checked range and the rows o..o + C exist.
     unsafe {
         if n_act == 1 {
+            let l2 = small_l1d();
             let mut p = panels.start;
             while p < panels.end {
                 // F16 decode tiles wait on memory with the hardware prefetcher alone: perf put most of the tile's
                 // cpu-clock samples on the instruction after each panel's first load. Each tile's column streams
-                // are prefetched [`DECODE_AHEAD_F`] ahead into L1 (see there); F32 got slower with software
-                // prefetches (fetching the next tile into L2, 1 thread: 57 → 46-48 tokens per CPU-second in every
-                // round), so it does without.
+                // are prefetched [`DECODE_AHEAD_F`] ahead into L1, or [`DECODE_AHEAD_F_L2`] into L2 where L1 is
+                // small (see there); F32 got slower with software prefetches (fetching the next tile into L2, 1
+                // thread: 57 → 46-48 tokens per CPU-second in every round), so it does without.
                 match panels.end - p {
-                    1 => tile_f::<T, 1, 1>(w, p, x, 0, T::PREFETCH, out),
-                    2 => tile_f::<T, 1, 2>(w, p, x, 0, T::PREFETCH, out),
-                    3 => tile_f::<T, 1, 3>(w, p, x, 0, T::PREFETCH, out),
-                    _ => tile_f::<T, 1, DECODE_F>(w, p, x, 0, T::PREFETCH, out),
+                    1 => decode_tile_f::<T, 1>(w, p, x, l2, out),
+                    2 => decode_tile_f::<T, 2>(w, p, x, l2, out),
+                    3 => decode_tile_f::<T, 3>(w, p, x, l2, out),
+                    _ => decode_tile_f::<T, DECODE_F>(w, p, x, l2, out),
                 }
                 p += (panels.end - p).min(DECODE_F);
             }
@@ -952,12 +954,12 @@ unsafe fn run_f<T: FloatW>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], 
                 let mut o = o0;
                 while o < o1 {
                     match o1 - o {
-                        1 => tile_f::<T, 1, 1>(w, p, x, o, false, out),
-                        2 => tile_f::<T, 2, 1>(w, p, x, o, false, out),
-                        3 => tile_f::<T, 3, 1>(w, p, x, o, false, out),
-                        4 => tile_f::<T, 4, 1>(w, p, x, o, false, out),
-                        5 => tile_f::<T, 5, 1>(w, p, x, o, false, out),
-                        _ => tile_f::<T, TILE_F, 1>(w, p, x, o, false, out),
+                        1 => tile_f::<T, 1, 1>(w, p, x, o, out),
+                        2 => tile_f::<T, 2, 1>(w, p, x, o, out),
+                        3 => tile_f::<T, 3, 1>(w, p, x, o, out),
+                        4 => tile_f::<T, 4, 1>(w, p, x, o, out),
+                        5 => tile_f::<T, 5, 1>(w, p, x, o, out),
+                        _ => tile_f::<T, TILE_F, 1>(w, p, x, o, out),
                     }
                     o += (o1 - o).min(TILE_F);
                 }
@@ -975,10 +977,23 @@ unsafe fn run_f<T: FloatW>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], 
 /// next tile into L2 (before) 61.9 / 76.5 / 72.5 and 81.0 / 73.9 / 60.3; none 73.8 / 86.7 / 90.2; 2 KB ahead into
 /// L1 59.4 / 83.1 / 82.9; 1.5 KB 66.7 / 87.5 / 83.6; 1 KB 90.9 / 95.4 / 93.9 and 93.3 / 88.5 / 78.4; 512 B 97.4 /
 /// 82.4 / 95.3; 1 KB into L2 96.8 / 85.6 / 90.7. (The AVX-512 kernel's Zen 5 choice is 2 KB; its 1 KB lost there.)
+/// Where L1D is 32 KB or less, the streams now go [`DECODE_AHEAD_F_L2`] ahead into L2 instead (see there).
 const DECODE_AHEAD_F: usize = 1024;
 
-/// Panels `p..p + P` against activation rows `o..o + C`; a decode tile (`C` = 1) with `pf` also prefetches its
-/// column streams into L1.
+/// How far ahead each F16 column stream of a decode tile is prefetched into L2, rather than into L1, where L1D is
+/// 32 KB or less ([`small_l1d`]): both panel kernels use it there.
+/// - AVX-512 on Zen 4 (32 KB L1D, 1 MB L2), SmolLM2's 30 layers of F16 panels in the kernel bench, tokens per
+///   CPU-second on one thread / per wall second on two, medians of 5 interleaved rounds: 2 KB into L1 77 / 113,
+///   into L2 87 / 132; 4 KB into L2 92 / 139; 8 KB 89 / 126; none 83 / 117; a second run, 2 KB into L1 65 / 112
+///   against 4 KB into L2 76 / 115.
+/// - AVX2 forced on the same Zen 4, SmolLM2 F16 `bench -n 128 -t 2`, 9 interleaved rounds (after
+///   [`decode_tile_f`] stopped spilling): 1 KB into L1 (before) median 108.7 t/s (95.6-122.7); none 125.4
+///   (103.4-153.6); 2 KB into L2 132.3 (107.3-150.1); 4 KB into L2 130.7 (110.7-149.2); each L2 variant beat
+///   the L1 one in every round. The AVX2-only Zen 3 above (32 KB L1D, 512 KB L2) has measured only 1 KB into L2,
+///   level with 1 KB into L1.
+pub(crate) const DECODE_AHEAD_F_L2: usize = 4 * 1024;
+
+/// Panels `p..p + P` against activation rows `o..o + C`.
 ///
 /// # Safety
 /// As [`run_f`], with `p + P` ≤ `w.n_panels` and rows `o..o + C` in `x`.
@@ -989,7 +1004,6 @@ unsafe fn tile_f<T: FloatW, const C: usize, const P: usize>(
     p: usize,
     x: &[f32],
     o: usize,
-    pf: bool,
     out: &OutSink<'_>,
 ) {
     const { assert!(C >= 1 && C <= TILE_F && P >= 1 && P <= DECODE_F) };
@@ -1001,12 +1015,7 @@ unsafe fn tile_f<T: FloatW, const C: usize, const P: usize>(
         let base: [*const u8; P] = std::array::from_fn(|i| w.bytes.as_ptr().add((p + i) * w.panel_bytes));
         let xr: [*const f32; C] = std::array::from_fn(|c| x.as_ptr().add((o + c) * cols));
         let mut acc = [[[_mm256_setzero_ps(); 2]; P]; C];
-        // Columns per cache line: each stream fetches one line per line it reads.
-        let per_line = 64 / column;
         for k in 0..cols {
-            if C == 1 && pf && k % per_line == 0 {
-                prefetch_streams(base, k * column, DECODE_AHEAD_F);
-            }
             let wv: [[__m256; 2]; P] = std::array::from_fn(|i| {
                 let col = base[i].add(k * column);
                 [T::load8(col), T::load8(col.add(8 * T::SIZE))]
@@ -1026,6 +1035,64 @@ unsafe fn tile_f<T: FloatW, const C: usize, const P: usize>(
                 _mm256_storeu_ps(lanes.as_mut_ptr().add(HALF), halves[1]);
                 out.put_row(o + c, (p + i) * PANEL_ROWS, &lanes);
             }
+        }
+    }
+}
+
+/// Panels `p..p + P` against the one activation row `x`, prefetching their column streams on the way
+/// (`T::PREFETCH`): [`DECODE_AHEAD_F`] ahead into L1, or with `l2` [`DECODE_AHEAD_F_L2`] ahead into L2.
+///
+/// Each weight register goes into its product as soon as it is loaded, so that the 2·P accumulators, a weight and
+/// the broadcast fit in 16 registers, and the loop steps a cache line at a time, so that the prefetch needs no
+/// test per column. [`tile_f`]'s shape (all 2·P weights loaded first, a prefetch test per column) made the
+/// compiler keep one accumulator on the stack, its chain running through a store and a load every column:
+/// forced AVX2 on Zen 4, one thread, per CPU-second, F16 panels that stay in L2 ran at 30-32 GB/s, now 62-89.
+///
+/// # Safety
+/// As [`run_f`], with `p + P` ≤ `w.n_panels` and `x` one row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_tile_f<T: FloatW, const P: usize>(
+    w: &PackedView<'_>,
+    p: usize,
+    x: &[f32],
+    l2: bool,
+    out: &OutSink<'_>,
+) {
+    const { assert!(P >= 1 && P <= DECODE_F) };
+    let cols = w.nb * 32;
+    let column = PANEL_ROWS * T::SIZE;
+    // Columns per cache line (2 for f16, 1 for f32): `cols`, a multiple of 32, is a whole number of lines.
+    let per_line = 64 / column;
+    // SAFETY: the pointers stay inside panels p..p + P (nb blocks of 32 columns, `panel_bytes` each, checked) and
+    // inside x's `cols` values; every column starts on a multiple of its size.
+    unsafe {
+        let base: [*const u8; P] = std::array::from_fn(|i| w.bytes.as_ptr().add((p + i) * w.panel_bytes));
+        let mut acc = [[_mm256_setzero_ps(); 2]; P];
+        for line in 0..cols / per_line {
+            if T::PREFETCH {
+                if l2 {
+                    for panel in base {
+                        prefetch_l2(panel.wrapping_add(line * 64 + DECODE_AHEAD_F_L2), 0..1);
+                    }
+                } else {
+                    prefetch_streams(base, line * 64, DECODE_AHEAD_F);
+                }
+            }
+            for k in line * per_line..(line + 1) * per_line {
+                let xb = _mm256_broadcast_ss(&*x.as_ptr().add(k));
+                for i in 0..P {
+                    let col = base[i].add(k * column);
+                    acc[i][0] = _mm256_fmadd_ps(T::load8(col), xb, acc[i][0]);
+                    acc[i][1] = _mm256_fmadd_ps(T::load8(col.add(8 * T::SIZE)), xb, acc[i][1]);
+                }
+            }
+        }
+        for (i, halves) in acc.iter().enumerate() {
+            let mut lanes = [0f32; PANEL_ROWS];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), halves[0]);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(HALF), halves[1]);
+            out.put_row(0, (p + i) * PANEL_ROWS, &lanes);
         }
     }
 }

@@ -22,7 +22,7 @@ use std::cell::Cell;
 use std::ops::Range;
 
 use super::cache::small_l1d;
-use super::packed256::{DECODE_F, prefetch_l2, prefetch_lines, prefetch_streams};
+use super::packed256::{DECODE_AHEAD_F_L2, DECODE_F, prefetch_l2, prefetch_lines, prefetch_streams};
 use crate::dispatch::{Act32, OutSink};
 use crate::packed::{Line, PANEL_ROWS, PackedFormat, PackedView, Sections, check_args, check_args_f};
 
@@ -886,12 +886,6 @@ unsafe fn decode_f<T: FloatZ>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32
 /// 26.2 / 25.7; 1 KB 21.2 / 22.7 / 22.8; 4 KB 23.6 / 24.3 / 23.0; none 19.2 / 19.7 / 18.4. F32 reads at the probe's
 /// rate without any (on Zen 4 too: 4 KB into L2 cost it 54 → 45 tokens per CPU-second on one thread).
 const DECODE_AHEAD_F: usize = 2 * 1024;
-
-/// [`DECODE_AHEAD_F`] where L1D is 32 KB or less ([`small_l1d`]), whose streams go to L2 instead. Zen 4, SmolLM2's
-/// 30 layers of F16 panels, tokens per CPU-second on one thread / per wall second on two, medians of 5 interleaved
-/// rounds: 2 KB into L1 77 / 113, into L2 87 / 132; 4 KB into L2 92 / 139; 8 KB 89 / 126; none 83 / 117; a
-/// second run, 2 KB into L1 65 / 112 against 4 KB into L2 76 / 115.
-const DECODE_AHEAD_F_L2: usize = 4 * 1024;
 
 /// Panels `p..p + P` against the one activation row `x`, prefetching their streams on the way (`T::PREFETCH`;
 /// with `l2`, [`DECODE_AHEAD_F_L2`] ahead into L2).
