@@ -1045,8 +1045,10 @@ unsafe fn tile_f<T: FloatW, const C: usize, const P: usize>(
 /// Each weight register goes into its product as soon as it is loaded, so that the 2·P accumulators, a weight and
 /// the broadcast fit in 16 registers, and the loop steps a cache line at a time, so that the prefetch needs no
 /// test per column. [`tile_f`]'s shape (all 2·P weights loaded first, a prefetch test per column) made the
-/// compiler keep one accumulator on the stack, its chain running through a store and a load every column:
-/// forced AVX2 on Zen 4, one thread, per CPU-second, F16 panels that stay in L2 ran at 30-32 GB/s, now 62-89.
+/// compiler keep one accumulator on the stack, its chain running through a store and a load every column.
+/// Forced AVX2 on Zen 4, kernel bench, one thread, per CPU-second: F16 panels that stay in L2 ran at 30-32 GB/s,
+/// 62-89 in this shape with the same prefetch into L1 (45-52 with the L2 prefetch Zen 4 now takes, see
+/// [`DECODE_AHEAD_F_L2`]); SmolLM2's 49152×576 F16 head, from memory, 19-22 → 22-29 GB/s.
 ///
 /// # Safety
 /// As [`run_f`], with `p + P` ≤ `w.n_panels` and `x` one row.
