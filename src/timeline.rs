@@ -4,7 +4,7 @@
 //! thread's name (marks: the file opened, the tokenizer built, the matrices packed, the KV cache made, each forward
 //! pass of a generation). Unset, a mark costs one load.
 //!
-//! [`Clock`] and [`print`] also serve `infer quantize`'s own timeline ([`crate::quantize::timeline`]).
+//! [`Clock`] and [`print()`] also serve `infer quantize`'s own timeline ([`crate::quantize::timeline`]).
 
 use std::fmt;
 use std::sync::OnceLock;

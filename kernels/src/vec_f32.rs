@@ -22,7 +22,7 @@ pub fn prefetch_l2<T>(data: &[T]) {
     let _ = data;
 }
 
-/// Σ a[i]·b[i]. Panics if the lengths differ.
+/// Σ `a[i]·b[i]`. Panics if the lengths differ.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     (kernels().dot_f32)(a, b)
 }
@@ -37,7 +37,7 @@ pub fn scale(alpha: f32, y: &mut [f32]) {
     (kernels().scale_f32)(alpha, y)
 }
 
-/// Σ a[i]·b[i] with `b` in f16 (e.g. an f16 key cache). Panics if the lengths differ.
+/// Σ `a[i]·b[i]` with `b` in f16 (e.g. an f16 key cache). Panics if the lengths differ.
 pub fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
     (kernels().dot_f16)(a, b)
 }

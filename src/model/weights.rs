@@ -53,7 +53,7 @@ impl Linear {
     }
 
     /// Rows `r` of this matrix as a matrix of their own (a fused matrix's part: phi3's `attn_qkv`), still zero-copy
-    /// in the file. Call before [`Linear::pack`].
+    /// in the file. Call before [`ModelWeights::pack`].
     fn rows_of(&self, r: Range<usize>) -> Linear {
         let row_len = self.bytes.len() / self.rows;
         let start = self.bytes.start + r.start * row_len;

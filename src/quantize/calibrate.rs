@@ -145,7 +145,7 @@ pub struct Staged {
 
 #[derive(Default)]
 struct StagedState {
-    /// Per layer the pass has left, each site's importance (indexed by [`Site`]).
+    /// Per layer the pass has left, each site's importance (indexed by [`crate::model::stats::Site`]).
     layers: Vec<Option<[Option<Vec<f32>>; 4]>>,
     /// The output projection's input, once the pass has reached it.
     output: Option<Option<Vec<f32>>>,

@@ -8,7 +8,7 @@
 //!
 //! The quantizer either rounds to the nearest level ([`Mode::Rtn`]: llama-quantize's bytes) or searches each
 //! block's scale ([`Mode::Search`], the default), optionally weighting each column by the [`Importance`] that
-//! [`calibrate`] gathers by running the model over a text.
+//! [`calibrate()`] gathers by running the model over a text.
 
 pub mod calibrate;
 pub mod gptq;
@@ -48,7 +48,7 @@ pub enum Mode {
 pub enum Weighting<'a> {
     /// Nothing gathered: the search weighs columns by the norm before each matrix (where there is one).
     Norms,
-    /// Gathered before the run ([`calibrate`]).
+    /// Gathered before the run ([`calibrate()`]).
     Gathered(&'a Importance),
     /// Being gathered while the run goes on ([`self_calibrate`]): tensors are converted as their layer's
     /// statistics arrive (by layer, the output projection last) and written in place.

@@ -1,7 +1,7 @@
 //! Checked quantization of f32 values into raw tensor bytes: the writer-side counterpart of
 //! [`crate::dequant::dequantize`], for tools that produce GGUF files (`infer quantize`, test fixtures).
 //! [`quantize`] uses each format's `quantize_row_ref`, so the bytes are llama.cpp's (see
-//! `tests/reference_quantize.rs` in the root crate); [`quantize_with`] can also search each block's scale and weight
+//! `tests/reference_quantize.rs` in the root crate); [`quantize_rows`] can also search each block's scale and weight
 //! the error by the columns' importance.
 
 use std::fmt;
@@ -51,7 +51,7 @@ pub fn can_quantize(ty: GgmlType) -> bool {
     matches!(ty, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q2_K | Q4_K | Q6_K | Q8_K)
 }
 
-/// How [`quantize_with`] chooses each block's scale.
+/// How [`quantize_rows`] chooses each block's scale.
 #[derive(Debug, Clone, Copy)]
 pub enum Method<'a> {
     /// Each format's reference quantizer, byte-identical to llama.cpp's without an importance matrix: Q4_0, Q4_1,

@@ -197,8 +197,8 @@ mod x86 {
 
     use super::*;
 
-    /// [`Lanes`] with 256-bit vectors. Only [`symmetric_avx2`] and [`affine_avx2`] make one, and they run only on
-    /// CPUs with AVX2 (their callers check), so the intrinsics below always have their features.
+    /// [`Lanes`] with 256-bit vectors. Only [`affine_avx2`] makes one, and it runs only on CPUs with AVX2 (its
+    /// callers check), so the intrinsics below always have their features.
     #[derive(Clone, Copy)]
     pub struct Avx2(());
 

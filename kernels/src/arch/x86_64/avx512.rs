@@ -448,7 +448,7 @@ fn h2_pair(a: f16, b: f16) -> __m512 {
     _mm512_cvtph_ps(_mm256_permutexvar_epi16(idx, bits))
 }
 
-/// (s[i] ×8, s[i + 1] ×8).
+/// (`s[i]` ×8, `s[i + 1]` ×8).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn f2_pair(s: &[f32], i: usize) -> __m512 {
@@ -459,7 +459,7 @@ fn f2_pair(s: &[f32], i: usize) -> __m512 {
     _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_castsi128_ps(v)))
 }
 
-/// (v[i] in lane 0, v[i + 1] in lane 8, zeros elsewhere), times `k`.
+/// (`v[i]` in lane 0, `v[i + 1]` in lane 8, zeros elsewhere), times `k`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn i2_seed(v: &[i32], i: usize, k: i32) -> __m512i {

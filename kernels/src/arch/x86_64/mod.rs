@@ -1,6 +1,6 @@
 //! The x86-64 kernels, written once and instantiated per instruction-set level.
 //!
-//! [`x86_kernels!`] expands to a whole set of kernels compiled with one `#[target_feature]` string, one macro per
+//! `x86_kernels!` expands to a whole set of kernels compiled with one `#[target_feature]` string, one macro per
 //! concern: the table (`table.rs`), attention (`attention.rs`), f32 helpers and F32/F16 weights (`float.rs`), and
 //! the 32-weight formats (`blocks32.rs`) and K-quants (`kquants.rs`) in their GGUF layout. The panel kernels for
 //! repacked weights ([`crate::packed`]) are plain modules, one per level (`packed256.rs`, `packed512.rs`), over the
