@@ -143,14 +143,18 @@ pub(crate) fn prefetch_l2(at: *const u8, lines: Range<usize>) {
     prefetch_hint::<_MM_HINT_T1>(at, lines);
 }
 
-/// The float decode tiles of both panel kernels: one line of each panel's column stream, `ahead` bytes past byte
-/// `at` of the panel, into L1. Called once per line a stream reads, so each stream stays `ahead` bytes in front of
-/// its loads. Past a panel's end the stream runs into the next panel (for a task's last tile, perhaps the next
-/// task's): a harmless hint.
+/// The float decode tiles of both panel kernels: one line of each panel's column stream past byte `at` of the
+/// panel, `ahead` bytes on into L1, or with `l2` [`DECODE_AHEAD_F_L2`] bytes on into L2 (where L1D is small).
+/// Called once per line a stream reads, so each stream stays that far in front of its loads. Past a panel's end the
+/// stream runs into the next panel (for a task's last tile, perhaps the next task's): a harmless hint.
 #[inline(always)]
-pub(crate) fn prefetch_streams<const P: usize>(panels: [*const u8; P], at: usize, ahead: usize) {
+pub(crate) fn prefetch_streams<const P: usize>(panels: [*const u8; P], at: usize, l2: bool, ahead: usize) {
     for panel in panels {
-        prefetch_lines(panel.wrapping_add(at + ahead), 0..1);
+        if l2 {
+            prefetch_l2(panel.wrapping_add(at + DECODE_AHEAD_F_L2), 0..1);
+        } else {
+            prefetch_lines(panel.wrapping_add(at + ahead), 0..1);
+        }
     }
 }
 
@@ -1073,13 +1077,7 @@ unsafe fn decode_tile_f<T: FloatW, const P: usize>(
         let mut acc = [[_mm256_setzero_ps(); 2]; P];
         for line in 0..cols / per_line {
             if T::PREFETCH {
-                if l2 {
-                    for panel in base {
-                        prefetch_l2(panel.wrapping_add(line * 64 + DECODE_AHEAD_F_L2), 0..1);
-                    }
-                } else {
-                    prefetch_streams(base, line * 64, DECODE_AHEAD_F);
-                }
+                prefetch_streams(base, line * 64, l2, DECODE_AHEAD_F);
             }
             for k in line * per_line..(line + 1) * per_line {
                 let xb = _mm256_broadcast_ss(&*x.as_ptr().add(k));

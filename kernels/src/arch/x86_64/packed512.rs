@@ -22,7 +22,7 @@ use std::cell::Cell;
 use std::ops::Range;
 
 use super::cache::small_l1d;
-use super::packed256::{DECODE_AHEAD_F_L2, DECODE_F, prefetch_l2, prefetch_lines, prefetch_streams};
+use super::packed256::{DECODE_F, prefetch_l2, prefetch_lines, prefetch_streams};
 use crate::dispatch::{Act32, OutSink};
 use crate::packed::{Line, PANEL_ROWS, PackedFormat, PackedView, Sections, check_args, check_args_f};
 
@@ -888,7 +888,7 @@ unsafe fn decode_f<T: FloatZ>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32
 const DECODE_AHEAD_F: usize = 2 * 1024;
 
 /// Panels `p..p + P` against the one activation row `x`, prefetching their streams on the way (`T::PREFETCH`;
-/// with `l2`, [`DECODE_AHEAD_F_L2`] ahead into L2).
+/// with `l2`, [`super::packed256::DECODE_AHEAD_F_L2`] ahead into L2).
 ///
 /// # Safety
 /// As [`decode_f`], with `p + P` ≤ `w.n_panels`.
@@ -913,13 +913,7 @@ unsafe fn decode_tile_f<T: FloatZ, const P: usize>(
         let mut acc = [_mm512_setzero_ps(); P];
         for k in 0..cols {
             if T::PREFETCH && k % per_line == 0 {
-                if l2 {
-                    for panel in base {
-                        prefetch_l2(panel.wrapping_add(k * column + DECODE_AHEAD_F_L2), 0..1);
-                    }
-                } else {
-                    prefetch_streams(base, k * column, DECODE_AHEAD_F);
-                }
+                prefetch_streams(base, k * column, l2, DECODE_AHEAD_F);
             }
             let xb = _mm512_set1_ps(*x.as_ptr().add(k));
             for i in 0..P {
