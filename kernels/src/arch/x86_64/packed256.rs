@@ -37,8 +37,10 @@ const HALF: usize = PANEL_ROWS / 2;
 /// multiple of [`TILE_W`], so that a prefill chunk has no remainder tile.
 const ACT_CHUNK: usize = 48;
 
-/// Output rows of a batch tile ([`tile_w`]): 3 rows × 2 halves = 6 integer and 6 float accumulators, two
-/// activation broadcasts and a product, out of 16 registers (the weights are memory operands).
+/// Output rows of a batch tile ([`tile_w`]): 3 rows × 2 halves = 6 integer accumulators, with the 4 weight
+/// registers of a pair of groups, 2 activation broadcasts and 2 products, in 14 of the 16 registers
+/// ([`wide_step3`]; the float accumulators live in L1). Also for Q6_K, whose half blocks are scaled apart: its
+/// two parts are summed one after the other into 6 accumulators each.
 const TILE_W: usize = 3;
 
 /// Blocks of a panel widened at a time ([`widen`]): 1 KB each, so 16 KB stay in L1 while every tile of the chunk
@@ -704,9 +706,8 @@ unsafe fn wide_tiles<F: Quants>(
     wide.resize(wide.len().max(WIDE_BLOCKS * WIDE_PER_BLOCK), _mm256_setzero_si256());
     accs.resize(accs.len().max(n), [_mm256_setzero_ps(); 2]);
     let nb = w.nb;
-    let step = if F::FORMAT.split_halves() { 2 } else { TILE_W };
     // Tiles per panel, each of which fetches its share of the next panel.
-    let tiles = nb.div_ceil(WIDE_BLOCKS) * n.div_ceil(step);
+    let tiles = nb.div_ceil(WIDE_BLOCKS) * n.div_ceil(TILE_W);
     for p in panels.clone() {
         accs[..n].fill([_mm256_setzero_ps(); 2]);
         // `widen` reads a panel in bursts, a chunk at a time between long runs of tiles, and waited on memory with
@@ -734,10 +735,9 @@ unsafe fn wide_tiles<F: Quants>(
                 match n - o {
                     1 => unsafe { tile_w::<F, 1>(w, p, b0..b1, &wide, a16, o, acc) },
                     2 => unsafe { tile_w::<F, 2>(w, p, b0..b1, &wide, a16, o, acc) },
-                    _ if F::FORMAT.split_halves() => unsafe { tile_w::<F, 2>(w, p, b0..b1, &wide, a16, o, acc) },
                     _ => unsafe { tile_w::<F, TILE_W>(w, p, b0..b1, &wide, a16, o, acc) },
                 }
-                o += (n - o).min(step);
+                o += (n - o).min(TILE_W);
             }
             b0 = b1;
         }
@@ -789,6 +789,95 @@ unsafe fn widen<F: Quants>(w: &PackedView<'_>, p: usize, blocks: Range<usize>, d
     }
 }
 
+/// One pair of weight groups `(JJ, PART)` of a widened block against three rows: the products of [`tile_w`] for
+/// `C = 3`, in assembly so that the register allocation is ours: 6 accumulators, the pair's 4 weight registers, 2
+/// broadcasts and 2 products take 14 of the 16 registers, each weight is loaded once for the three rows, and
+/// nothing spills. Compiled from the loop, LLVM hoisted two pairs' 8 weight loads and kept an accumulator on the
+/// stack (a store and a reload per pair, on the accumulator's chain), and with Q6_K's two sets of sums (a tile of
+/// 2 rows then) it spilled 149 times per 64 products.
+///
+/// Measured alone (kernel bench, forced AVX2, one thread, 1536×576 or ×1024 panels against 48 rows at `q8x2`,
+/// best of 40 interleaved runs each, Zen 4): Q4_0 65.2 → 67.2 G multiply-adds/s, Q8_0 65.8 → 67.8, Q4_1 65.9 →
+/// 67.4, Q5_0 65.4 → 67.2, Q4_K 61.0 → 63.3, Q6_K 22.8 → 59.8. The shape itself, alone in a loop, issues 5.0-5.5 G
+/// `vpmaddwd`/s, where a bare stream of `vpmaddwd` + `vpaddd` pairs reaches 5.5 and `vpmaddwd` alone 7.2: so the
+/// rest of the tile (the float epilogue per block, the widening) holds what remains between 67 and ~85.
+///
+/// # Safety
+/// `wb` points at a widened block ([`WIDE_PER_BLOCK`] registers, 32-byte aligned); each `a[c]` at the block's
+/// first 16-bit activation of row `c` (32 readable values). The CPU must have AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn wide_step3<const JJ: usize, const PART: usize>(
+    wb: *const __m256i,
+    a: [*const i16; 3],
+    iv: &mut [[__m256i; 3]; 2],
+) {
+    // SAFETY: the caller's contract; every read is inside the block or the rows' 32 values.
+    unsafe {
+        std::arch::asm!(
+            // The pair's weights, both halves: (w0, w2) and (w1, w3) of rows 0..8, then of rows 8..16.
+            "vmovdqa {w0}, ymmword ptr [{wb} + {wo}]",
+            "vmovdqa {w1}, ymmword ptr [{wb} + {wo} + 32]",
+            "vmovdqa {w2}, ymmword ptr [{wb} + {wo} + 512]",
+            "vmovdqa {w3}, ymmword ptr [{wb} + {wo} + 544]",
+            // Row c: its (a0, a2) and (a1, a3) broadcast, two products into each half's accumulator.
+            "vpbroadcastd {be}, dword ptr [{a0} + {ao}]",
+            "vpbroadcastd {bo}, dword ptr [{a0} + {ao} + 4]",
+            "vpmaddwd {t0}, {w0}, {be}",
+            "vpmaddwd {t1}, {w1}, {bo}",
+            "vpaddd {s00}, {s00}, {t0}",
+            "vpaddd {s00}, {s00}, {t1}",
+            "vpmaddwd {t0}, {w2}, {be}",
+            "vpmaddwd {t1}, {w3}, {bo}",
+            "vpaddd {s10}, {s10}, {t0}",
+            "vpaddd {s10}, {s10}, {t1}",
+            "vpbroadcastd {be}, dword ptr [{a1} + {ao}]",
+            "vpbroadcastd {bo}, dword ptr [{a1} + {ao} + 4]",
+            "vpmaddwd {t0}, {w0}, {be}",
+            "vpmaddwd {t1}, {w1}, {bo}",
+            "vpaddd {s01}, {s01}, {t0}",
+            "vpaddd {s01}, {s01}, {t1}",
+            "vpmaddwd {t0}, {w2}, {be}",
+            "vpmaddwd {t1}, {w3}, {bo}",
+            "vpaddd {s11}, {s11}, {t0}",
+            "vpaddd {s11}, {s11}, {t1}",
+            "vpbroadcastd {be}, dword ptr [{a2} + {ao}]",
+            "vpbroadcastd {bo}, dword ptr [{a2} + {ao} + 4]",
+            "vpmaddwd {t0}, {w0}, {be}",
+            "vpmaddwd {t1}, {w1}, {bo}",
+            "vpaddd {s02}, {s02}, {t0}",
+            "vpaddd {s02}, {s02}, {t1}",
+            "vpmaddwd {t0}, {w2}, {be}",
+            "vpmaddwd {t1}, {w3}, {bo}",
+            "vpaddd {s12}, {s12}, {t0}",
+            "vpaddd {s12}, {s12}, {t1}",
+            // Register index 16·half + 4·JJ + 2·PART (+1 for the odd pair) of the block, 32 bytes each.
+            wo = const 32 * (4 * JJ + 2 * PART),
+            // Values 4·JJ + 16·PART of the row, 2 bytes each.
+            ao = const 2 * (4 * JJ + 16 * PART),
+            wb = in(reg) wb,
+            a0 = in(reg) a[0],
+            a1 = in(reg) a[1],
+            a2 = in(reg) a[2],
+            s00 = inout(ymm_reg) iv[0][0],
+            s01 = inout(ymm_reg) iv[0][1],
+            s02 = inout(ymm_reg) iv[0][2],
+            s10 = inout(ymm_reg) iv[1][0],
+            s11 = inout(ymm_reg) iv[1][1],
+            s12 = inout(ymm_reg) iv[1][2],
+            w0 = out(ymm_reg) _,
+            w1 = out(ymm_reg) _,
+            w2 = out(ymm_reg) _,
+            w3 = out(ymm_reg) _,
+            be = out(ymm_reg) _,
+            bo = out(ymm_reg) _,
+            t0 = out(ymm_reg) _,
+            t1 = out(ymm_reg) _,
+            options(nostack, pure, readonly),
+        );
+    }
+}
+
 /// Both halves of panel `p` over blocks `blocks` (widened into `wide` by [`widen`]) against output rows
 /// `o..o + C` of the chunk in `a16`, adding into `acc[..C]` (each row's two halves). The float epilogue is the
 /// decode tile's, so the results equal [`crate::packed::panel_ref`] bit for bit.
@@ -829,21 +918,40 @@ unsafe fn tile_w<F: Quants, const C: usize>(
             // One 32-bit lane per row: the exact integer sum of the block's products (of each half block's, for
             // formats that scale them separately).
             let mut iv = [[[_mm256_setzero_si256(); C]; 2]; 2];
-            for jj in 0..4 {
-                for part in 0..2 {
-                    let k = (b << 5) + 4 * jj + 16 * part;
-                    let into = if split { part } else { 0 };
-                    let wr = wb.add(4 * jj + 2 * part);
-                    for_each_c!(C, c, {
-                        let pair = aq[c].add(k).cast::<i32>();
-                        let (ae, ao) =
-                            (_mm256_set1_epi32(pair.read_unaligned()), _mm256_set1_epi32(pair.add(1).read_unaligned()));
-                        for s in 0..2 {
-                            let ws = wr.add(16 * s);
-                            let v = _mm256_add_epi32(_mm256_madd_epi16(*ws, ae), _mm256_madd_epi16(*ws.add(1), ao));
-                            iv[into][s][c] = _mm256_add_epi32(iv[into][s][c], v);
-                        }
-                    });
+            if C == 3 {
+                let a3 = [aq[0].add(b << 5), aq[1 % C].add(b << 5), aq[2 % C].add(b << 5)];
+                // The first part's four pairs of groups, then the second's (into sums of their own where the format
+                // scales the parts apart), so that only one set of 6 sums is being added to at a time.
+                // SAFETY: C is 3, so iv[i] is a [[__m256i; 3]; 2]; the reads are the ones the loop below makes.
+                let iv3 = &mut *(&raw mut iv[0]).cast::<[[__m256i; 3]; 2]>();
+                wide_step3::<0, 0>(wb, a3, iv3);
+                wide_step3::<1, 0>(wb, a3, iv3);
+                wide_step3::<2, 0>(wb, a3, iv3);
+                wide_step3::<3, 0>(wb, a3, iv3);
+                let iv3 = &mut *(&raw mut iv[usize::from(split)]).cast::<[[__m256i; 3]; 2]>();
+                wide_step3::<0, 1>(wb, a3, iv3);
+                wide_step3::<1, 1>(wb, a3, iv3);
+                wide_step3::<2, 1>(wb, a3, iv3);
+                wide_step3::<3, 1>(wb, a3, iv3);
+            } else {
+                for jj in 0..4 {
+                    for part in 0..2 {
+                        let k = (b << 5) + 4 * jj + 16 * part;
+                        let into = if split { part } else { 0 };
+                        let wr = wb.add(4 * jj + 2 * part);
+                        for_each_c!(C, c, {
+                            let pair = aq[c].add(k).cast::<i32>();
+                            let (ae, ao) = (
+                                _mm256_set1_epi32(pair.read_unaligned()),
+                                _mm256_set1_epi32(pair.add(1).read_unaligned()),
+                            );
+                            for s in 0..2 {
+                                let ws = wr.add(16 * s);
+                                let v = _mm256_add_epi32(_mm256_madd_epi16(*ws, ae), _mm256_madd_epi16(*ws.add(1), ao));
+                                iv[into][s][c] = _mm256_add_epi32(iv[into][s][c], v);
+                            }
+                        });
+                    }
                 }
             }
             for s in 0..2 {
