@@ -580,8 +580,11 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const S: usize>(
 /// 32-bit sum. That is `256·Σw·q1 + Σw·q2`, exactly the sum the widened path forms from the combined values
 /// `256·q1 + q2`, so the results do not change by a bit. Per register of weights: 2 multiplies and 2 adds (with
 /// Q8x2), where the widened path spends 2 widening operations, 2 multiplies and 2 adds, and the block's end costs
-/// 2 multiplies and 2 adds per half and register of sums. Decode on AVX2 is short of instructions more than of
-/// bandwidth: one thread runs Q4_1 panels of an L2-resident matrix at about 24-27 G multiply-adds/s, AVX-512 at 42.
+/// 2 multiplies and 2 adds per half and register of sums. One thread once ran Q4_1 panels of an L2-resident
+/// matrix at about 24-27 G multiply-adds/s this way, AVX-512 at 42; on Zen 4 (2026-12-04, 1536×576 against one
+/// `q8x2` row, best of 40 runs, two runs) Q4_1 ran at 51, Q4_0 at 36-52 and Q5_0 at 27: the 4-bit formats now
+/// outrun one core's share of memory, while Q5_0, whose high bits cost 5 operations per register to merge, is
+/// still short of instructions.
 ///
 /// # Safety
 /// As [`tile`]: `qp` and `extra` as there for block `k / 32`; `a8` the tile's rows' parts, each with `k + 32` bytes.
