@@ -514,7 +514,9 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const S: usize>(
             // One 32-bit lane per row: the exact integer sum of the block's products (of each half block's, for
             // formats that scale them separately).
             let mut iv = [[[_mm256_setzero_si256(); C]; S]; 2];
-            if G == 1 && C == 3 && S == 2 && byte_tiled::<F>() {
+            // `nibble_block3` unpacks nibbles itself: Q4 and K4, the formats of `byte_tiled`.
+            if G == 1 && C == 3 && S == 2 && matches!(F::FORMAT, PackedFormat::Q4 | PackedFormat::K4) {
+                // (`1 % S` and `% C` only let the other instances of this generic code compile; here they are 1, 2.)
                 // SAFETY: C is 3 and S is 2, so iv[0] is a [[__m256i; 3]; 2]; the reads are byte_products'.
                 let iv3 = &mut *(&raw mut iv[0]).cast::<[[__m256i; 3]; 2]>();
                 nibble_block3([qp[0], qp[1 % S]], [a8[0][0], a8[1 % C][0], a8[2 % C][0]], b << 5, iv3);
@@ -1044,6 +1046,7 @@ unsafe fn tile_w<F: Quants, const C: usize>(
             // formats that scale them separately).
             let mut iv = [[[_mm256_setzero_si256(); C]; 2]; 2];
             if C == 3 {
+                // (`% C` only lets the instances for 1 and 2 rows compile; here it leaves 1 and 2.)
                 let a3 = [aq[0].add(b << 5), aq[1 % C].add(b << 5), aq[2 % C].add(b << 5)];
                 // The first part's four pairs of groups, then the second's (into sums of their own where the format
                 // scales the parts apart), so that only one set of 6 sums is being added to at a time.
