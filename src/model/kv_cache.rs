@@ -24,7 +24,9 @@
 //! in both stores. A layer's tiles follow one another block after block: a sequence's blocks come from the free
 //! list in order, so decoding attention reads a layer's cache as a few long runs, which the hardware prefetcher
 //! follows (tiles in block-major order put every block of a layer on its own pages, a layer's tiles a whole
-//! block's worth of layers apart, and decode at 4,096 positions waited on memory).
+//! block's worth of layers apart, and decode at 4,096 positions waited on memory). A sequence gives its blocks back
+//! last first, so that the next one takes them in the same order: given back first to last, every other sequence
+//! got its blocks in descending order, and SmolLM2 decoded at 4,096 positions at ~78 t/s against ~125 (Zen 4).
 
 use std::ops::Range;
 
@@ -620,7 +622,9 @@ impl KvPool {
     /// Drops the sequence's hold on all its blocks (those nobody else holds return to the pool) and empties it.
     pub fn release(&mut self, seq: &mut SeqKv) {
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
-            for b in table.drain(..).flatten() {
+            // Last block first: the free list is a stack, so the next sequence then takes these blocks in the
+            // order this one had them (ascending, when they came from a fresh pool).
+            for b in table.drain(..).rev().flatten() {
                 g.release(b);
             }
         }
@@ -652,7 +656,8 @@ impl KvPool {
         let keep = new_len.div_ceil(self.block_size);
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
             if table.len() > keep {
-                for b in table.drain(keep..).flatten() {
+                // Last first, as in `release`: extending the sequence again takes them back in order.
+                for b in table.drain(keep..).rev().flatten() {
                     g.release(b);
                 }
             }
@@ -729,6 +734,16 @@ impl KvPool {
         debug_assert!(values.start.is_multiple_of(self.v_head(layer)) && values.end.is_multiple_of(self.v_head(layer)));
         k.prefetch(keys.start * bs..keys.end * bs);
         v.prefetch(values.start * bs..values.end * bs);
+    }
+
+    /// Whether the block holding position `pos` of `layer` lies right after the one holding `pos - block_size`
+    /// in the pool (their tiles adjacent in both stores), so that reading on from the earlier block's end reads it.
+    pub fn follows(&self, seq: &SeqKv, layer: usize, pos: usize) -> bool {
+        pos >= self.block_size && {
+            let (_, a, _) = self.locate(seq, layer, pos - self.block_size);
+            let (_, b, _) = self.locate(seq, layer, pos);
+            b == a + 1
+        }
     }
 
     /// The sliding window of `layer`, if it has one.
