@@ -126,3 +126,29 @@ fn blocks_come_back_in_the_order_they_were_taken() {
         pool.audit([], []).unwrap_or_else(|e| panic!("round {round}: {e}"));
     }
 }
+
+/// The same for a sliding-window group, whose blocks go back as the window passes them: a long prompt's window
+/// passes many at once, and the blocks the sequence takes next (from the top of the free list) must follow one
+/// another, not run backwards through the ones just given back.
+#[test]
+fn blocks_a_window_passed_come_back_in_order() {
+    let spec = Spec { sliding_window: 64, ..Spec::gemma(GgmlType::Q8_0) };
+    let model = load(spec);
+    let c = &model.config;
+    let mut s = ForwardScratch::new(&model);
+    let mut pool = KvPool::new(c, KvDtype::F32, 512, 512);
+    let windowed: Vec<usize> = (0..c.n_layer).filter(|&l| pool.window(l).is_some()).collect();
+    assert!(!windowed.is_empty(), "the spec has sliding-window layers");
+    let mut kv = SeqKv::new();
+    // 200 positions: the window (64) has passed blocks 0..8 of the table, given back together.
+    feed(&model, &mut pool, &mut kv, &tokens(200, spec.n_vocab, 4), &mut s);
+    // 100 more take 6 new blocks at once; the window then starts at position 237 (block 14 of the table).
+    feed(&model, &mut pool, &mut kv, &tokens(100, spec.n_vocab, 5), &mut s);
+    for &layer in &windowed {
+        for pos in (240..300).step_by(pool.block_size) {
+            assert!(pool.follows(&kv, layer, pos), "layer {layer}: the block of position {pos}");
+        }
+    }
+    pool.release(&mut kv);
+    pool.audit([], []).unwrap();
+}

@@ -24,9 +24,10 @@
 //! in both stores. A layer's tiles follow one another block after block: a sequence's blocks come from the free
 //! list in order, so decoding attention reads a layer's cache as a few long runs, which the hardware prefetcher
 //! follows (tiles in block-major order put every block of a layer on its own pages, a layer's tiles a whole
-//! block's worth of layers apart, and decode at 4,096 positions waited on memory). A sequence gives its blocks back
-//! last first, so that the next one takes them in the same order: given back first to last, every other sequence
-//! got its blocks in descending order, and SmolLM2 decoded at 4,096 positions at ~78 t/s against ~125 (Zen 4).
+//! block's worth of layers apart, and decode at 4,096 positions waited on memory). Blocks given back together (a
+//! released sequence, a truncated tail, the blocks a long prompt's window has passed) go back last first, so that
+//! they are taken again in the same order: given back first to last, every other sequence got its blocks in
+//! descending order, and SmolLM2 decoded at 4,096 positions at ~78 t/s against ~125 (Zen 4).
 
 use std::ops::Range;
 
@@ -198,6 +199,14 @@ impl LayerGroup {
         debug_assert_eq!(self.refs[b as usize], 0, "a free block is held");
         self.refs[b as usize] = 1;
         Some(b)
+    }
+
+    /// Drops one hold on each of `blocks`, a run of a sequence's table in position order, last first: the free
+    /// list is a stack, so a run given back together is taken again in the order it had (see the module doc).
+    fn release_run(&mut self, blocks: impl DoubleEndedIterator<Item = u32>) {
+        for b in blocks.rev() {
+            self.release(b);
+        }
     }
 
     fn retain(&mut self, b: u32) {
@@ -611,22 +620,14 @@ impl KvPool {
             // The next query sits at position `len` and sees positions > len - window; `rewind` more are kept.
             let first_kept = (seq.len + 1).saturating_sub(window + g.rewind);
             let dead_blocks = first_kept / self.block_size;
-            for entry in table.iter_mut().take(dead_blocks) {
-                if let Some(b) = entry.take() {
-                    g.release(b);
-                }
-            }
+            g.release_run(table.iter_mut().take(dead_blocks).filter_map(Option::take));
         }
     }
 
     /// Drops the sequence's hold on all its blocks (those nobody else holds return to the pool) and empties it.
     pub fn release(&mut self, seq: &mut SeqKv) {
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
-            // Last block first: the free list is a stack, so the next sequence then takes these blocks in the
-            // order this one had them (ascending, when they came from a fresh pool).
-            for b in table.drain(..).rev().flatten() {
-                g.release(b);
-            }
+            g.release_run(table.drain(..).flatten());
         }
         seq.len = 0;
     }
@@ -656,10 +657,7 @@ impl KvPool {
         let keep = new_len.div_ceil(self.block_size);
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
             if table.len() > keep {
-                // Last first, as in `release`: extending the sequence again takes them back in order.
-                for b in table.drain(keep..).rev().flatten() {
-                    g.release(b);
-                }
+                g.release_run(table.drain(keep..).flatten());
             }
         }
         seq.len = new_len;
