@@ -21,13 +21,13 @@
 //!   sum streams them.
 //!
 //! Key rows hold `n_head_kv · head_dim` values, head after head, so one key head's share of a tile is contiguous
-//! in both stores. A layer's tiles follow one another block after block: a sequence's blocks come from the free
-//! list in order, so decoding attention reads a layer's cache as a few long runs, which the hardware prefetcher
-//! follows (tiles in block-major order put every block of a layer on its own pages, a layer's tiles a whole
-//! block's worth of layers apart, and decode at 4,096 positions waited on memory). Blocks given back together (a
-//! released sequence, a truncated tail, the blocks a long prompt's window has passed) go back last first, so that
-//! they are taken again in the same order: given back first to last, every other sequence got its blocks in
-//! descending order, and SmolLM2 decoded at 4,096 positions at ~78 t/s against ~125 (Zen 4).
+//! in both stores. A layer's tiles follow one another block after block, and a sequence takes the block right
+//! after its last one whenever that is free ([`super::free_blocks`]), so decoding attention reads a layer's cache
+//! as a few long ascending runs, which the hardware prefetcher follows (tiles in block-major order put every block
+//! of a layer on its own pages, a layer's tiles a whole block's worth of layers apart, and decode at 4,096
+//! positions waited on memory). Taken from a free list instead, blocks came in descending order for every other
+//! sequence of a process (SmolLM2 at 4,096 positions: ~78 t/s against ~125, Zen 4), and interleaved or in no
+//! order at all for sequences a server runs side by side.
 
 use std::ops::Range;
 
@@ -36,6 +36,7 @@ use half::slice::HalfFloatSliceExt;
 use infer_kernels::vec_f32::prefetch_l2;
 
 use super::config::ModelConfig;
+use super::free_blocks::FreeBlocks;
 
 /// Element type of cached keys and values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,25 +187,25 @@ pub struct LayerGroup {
     v_row: usize,
     /// Values per key head (`head_dim_v`).
     v_head: usize,
-    /// Blocks nobody holds (reference count 0), taken from the back.
-    free: Vec<u32>,
+    /// Blocks nobody holds (reference count 0).
+    free: FreeBlocks,
     /// Per block: how many block tables (and prefix-cache entries) hold it.
     refs: Vec<u32>,
 }
 
 impl LayerGroup {
-    /// A block from the free list, held once.
-    fn take(&mut self) -> Option<u32> {
-        let b = self.free.pop()?;
+    /// A free block, held once: the one after `after` (a sequence's last block) if that is free, else one with
+    /// room for the `want` blocks the sequence needs now (see [`FreeBlocks::take`]).
+    fn take(&mut self, after: Option<u32>, want: usize) -> Option<u32> {
+        let b = self.free.take(after, want)?;
         debug_assert_eq!(self.refs[b as usize], 0, "a free block is held");
         self.refs[b as usize] = 1;
         Some(b)
     }
 
-    /// Drops one hold on each of `blocks`, a run of a sequence's table in position order, last first: the free
-    /// list is a stack, so a run given back together is taken again in the order it had (see the module doc).
-    fn release_run(&mut self, blocks: impl DoubleEndedIterator<Item = u32>) {
-        for b in blocks.rev() {
+    /// Drops one hold on each of `blocks`.
+    fn release_run(&mut self, blocks: impl Iterator<Item = u32>) {
+        for b in blocks {
             self.release(b);
         }
     }
@@ -221,7 +222,7 @@ impl LayerGroup {
         assert!(*r > 0, "releasing block {b}, which nobody holds");
         *r -= 1;
         if *r == 0 {
-            self.free.push(b);
+            self.free.insert(b as usize);
         }
     }
 
@@ -376,7 +377,7 @@ impl KvPool {
                 k_row,
                 v_row,
                 v_head: config.head_dim_v,
-                free: (0..n_blocks as u32).rev().collect(),
+                free: FreeBlocks::all(n_blocks),
                 refs: vec![0; n_blocks],
             });
         }
@@ -502,14 +503,18 @@ impl KvPool {
                 && let Some((i, shared)) = self.shared_at(&self.groups[gi], table, seq.len)
             {
                 let g = &mut self.groups[gi];
-                let own = g.take().expect("checked above");
+                // The copy goes right after the block before it, where that is free.
+                let before = i.checked_sub(1).and_then(|j| table[j]);
+                let own = g.take(before, 1).expect("checked above");
                 g.copy_block(shared, own, bs);
                 g.release(shared);
                 table[i] = Some(own);
             }
             let g = &mut self.groups[gi];
             while table.len() < blocks {
-                table.push(Some(g.take().expect("checked above")));
+                let last = table.last().copied().flatten();
+                let b = g.take(last, blocks - table.len()).expect("checked above");
+                table.push(Some(b));
             }
         }
         Ok(())
@@ -591,10 +596,15 @@ impl KvPool {
                 return Err(format!("group {gi} block {b}: reference count {}, but {} holders", g.refs[b], want[b]));
             }
             let mut on_free = vec![false; g.n_blocks];
-            for &b in &g.free {
-                if std::mem::replace(&mut on_free[b as usize], true) {
-                    return Err(format!("group {gi} block {b} is on the free list twice"));
-                }
+            for b in g.free.iter() {
+                on_free[b] = true;
+            }
+            if g.free.iter().count() != g.free.len() {
+                return Err(format!(
+                    "group {gi}: {} free blocks counted, {} marked",
+                    g.free.len(),
+                    g.free.iter().count()
+                ));
             }
             if let Some(b) = (0..g.n_blocks).find(|&b| on_free[b] != (want[b] == 0)) {
                 return Err(format!("group {gi} block {b}: {} holders, on the free list: {}", want[b], on_free[b]));

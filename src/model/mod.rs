@@ -4,6 +4,7 @@
 pub mod arch;
 pub mod config;
 pub mod forward;
+pub mod free_blocks;
 pub mod kv_cache;
 pub mod ops;
 pub mod stats;
