@@ -26,6 +26,12 @@ fn feed(model: &Model, pool: &mut KvPool, kv: &mut SeqKv, tokens: &[u32], s: &mu
     s.logits(0, model.config.n_vocab).to_vec()
 }
 
+/// The block starts among `positions` (stepping by the block size) where, in any of `layers`, the block does not
+/// lie right after the one before it in the pool ([`KvPool::follows`]).
+fn breaks(pool: &KvPool, kv: &SeqKv, layers: &[usize], positions: std::ops::Range<usize>) -> Vec<usize> {
+    positions.step_by(pool.block_size).filter(|&pos| layers.iter().any(|&l| !pool.follows(kv, l, pos))).collect()
+}
+
 /// Two sequences share a 20-position prefix (one full block and a partly filled one), then each writes a different
 /// token at position 20: the second writer must not see the first one's key and value, so both get exactly the
 /// logits of an unshared run, and the blocks' holders add up at every stage.
@@ -106,12 +112,10 @@ fn blocks_come_back_in_the_order_they_were_taken() {
     let c = &model.config;
     let mut s = ForwardScratch::new(&model);
     let mut pool = KvPool::new(c, KvDtype::F32, 256, 256);
+    let layers: Vec<usize> = (0..c.n_layer).collect();
     let one_run = |pool: &KvPool, kv: &SeqKv, len: usize| {
-        for layer in 0..c.n_layer {
-            for pos in (pool.block_size..len).step_by(pool.block_size) {
-                assert!(pool.follows(kv, layer, pos), "layer {layer}: the block of position {pos}");
-            }
-        }
+        let b = breaks(pool, kv, &layers, pool.block_size..len);
+        assert!(b.is_empty(), "the blocks of positions {b:?} do not follow the one before");
     };
     let prompt = tokens(200, spec.n_vocab, 3);
     for round in 0..3 {
@@ -144,11 +148,8 @@ fn blocks_a_window_passed_come_back_in_order() {
     feed(&model, &mut pool, &mut kv, &tokens(200, spec.n_vocab, 4), &mut s);
     // 100 more take 6 new blocks at once; the window then starts at position 237 (block 14 of the table).
     feed(&model, &mut pool, &mut kv, &tokens(100, spec.n_vocab, 5), &mut s);
-    for &layer in &windowed {
-        for pos in (240..300).step_by(pool.block_size) {
-            assert!(pool.follows(&kv, layer, pos), "layer {layer}: the block of position {pos}");
-        }
-    }
+    let b = breaks(&pool, &kv, &windowed, 240..300);
+    assert!(b.is_empty(), "the blocks of positions {b:?} do not follow the one before");
     pool.release(&mut kv);
     pool.audit([], []).unwrap();
 }
@@ -164,11 +165,9 @@ fn sequences_decoding_side_by_side_keep_their_blocks_in_runs() {
     let model = load(spec);
     let c = &model.config;
     let mut pool = KvPool::new(c, KvDtype::F16, 8192, 8192);
-    let bs = pool.block_size;
+    let layers: Vec<usize> = (0..c.n_layer).collect();
     // The blocks of `kv` that do not follow the one before, in any layer.
-    let breaks = |pool: &KvPool, kv: &SeqKv| {
-        (bs..kv.len()).step_by(bs).filter(|&pos| (0..c.n_layer).any(|l| !pool.follows(kv, l, pos))).count()
-    };
+    let broken = |pool: &KvPool, kv: &SeqKv| breaks(pool, kv, &layers, pool.block_size..kv.len()).len();
     let grow = |pool: &mut KvPool, kv: &mut SeqKv, n: usize| {
         pool.reserve(kv, n).unwrap();
         pool.advance(kv, n);
@@ -185,7 +184,7 @@ fn sequences_decoding_side_by_side_keep_their_blocks_in_runs() {
         }
     }
     for (i, kv) in seqs.iter().enumerate() {
-        assert_eq!(breaks(&pool, kv), 0, "sequence {i} ({} positions)", kv.len());
+        assert_eq!(broken(&pool, kv), 0, "sequence {i} ({} positions)", kv.len());
     }
     // Two finish; two new ones of other lengths start while the others go on.
     for i in [2, 0] {
@@ -203,7 +202,7 @@ fn sequences_decoding_side_by_side_keep_their_blocks_in_runs() {
         }
     }
     for (i, kv) in seqs.iter().enumerate() {
-        assert!(breaks(&pool, kv) <= 1, "sequence {i} ({} positions): {} breaks", kv.len(), breaks(&pool, kv));
+        assert!(broken(&pool, kv) <= 1, "sequence {i} ({} positions): {} breaks", kv.len(), broken(&pool, kv));
     }
     for kv in &mut seqs {
         pool.release(kv);

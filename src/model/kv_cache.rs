@@ -203,13 +203,6 @@ impl LayerGroup {
         Some(b)
     }
 
-    /// Drops one hold on each of `blocks`.
-    fn release_run(&mut self, blocks: impl Iterator<Item = u32>) {
-        for b in blocks {
-            self.release(b);
-        }
-    }
-
     fn retain(&mut self, b: u32) {
         let r = &mut self.refs[b as usize];
         assert!(*r > 0, "retaining block {b}, which nobody holds");
@@ -596,15 +589,13 @@ impl KvPool {
                 return Err(format!("group {gi} block {b}: reference count {}, but {} holders", g.refs[b], want[b]));
             }
             let mut on_free = vec![false; g.n_blocks];
+            let mut marked = 0;
             for b in g.free.iter() {
                 on_free[b] = true;
+                marked += 1;
             }
-            if g.free.iter().count() != g.free.len() {
-                return Err(format!(
-                    "group {gi}: {} free blocks counted, {} marked",
-                    g.free.len(),
-                    g.free.iter().count()
-                ));
+            if marked != g.free.len() {
+                return Err(format!("group {gi}: {} free blocks counted, {marked} marked", g.free.len()));
             }
             if let Some(b) = (0..g.n_blocks).find(|&b| on_free[b] != (want[b] == 0)) {
                 return Err(format!("group {gi} block {b}: {} holders, on the free list: {}", want[b], on_free[b]));
@@ -630,14 +621,18 @@ impl KvPool {
             // The next query sits at position `len` and sees positions > len - window; `rewind` more are kept.
             let first_kept = (seq.len + 1).saturating_sub(window + g.rewind);
             let dead_blocks = first_kept / self.block_size;
-            g.release_run(table.iter_mut().take(dead_blocks).filter_map(Option::take));
+            for b in table.iter_mut().take(dead_blocks).filter_map(Option::take) {
+                g.release(b);
+            }
         }
     }
 
     /// Drops the sequence's hold on all its blocks (those nobody else holds return to the pool) and empties it.
     pub fn release(&mut self, seq: &mut SeqKv) {
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
-            g.release_run(table.drain(..).flatten());
+            for b in table.drain(..).flatten() {
+                g.release(b);
+            }
         }
         seq.len = 0;
     }
@@ -667,7 +662,9 @@ impl KvPool {
         let keep = new_len.div_ceil(self.block_size);
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
             if table.len() > keep {
-                g.release_run(table.drain(keep..).flatten());
+                for b in table.drain(keep..).flatten() {
+                    g.release(b);
+                }
             }
         }
         seq.len = new_len;
