@@ -142,7 +142,9 @@ def main():
             print(f"round {rnd + 1}/{args.rounds}: {name}", file=sys.stderr, flush=True)
             common = ["-p", args.p, "-n", args.n, "-d", args.d, "-t", str(args.t), "-r", str(args.r), "-o", "json"]
             extra = (["--bandwidth"] if args.bandwidth else []) + (["--peak"] if args.peak else [])
-            for rec in run_json([args.infer, "bench", model, *common, *extra], env):
+            # `-p 0 -n 0 --batch ...` asks for the batched curve alone: neither bench has a test to run then.
+            plain = any(counts(args.p)) or any(counts(args.n)) or not args.batch
+            for rec in run_json([args.infer, "bench", model, *common, *extra], env) if plain else []:
                 raw.append({"engine": "infer", **rec})
                 key = (name, rec["n_prompt"], rec["n_gen"], rec["n_depth"])
                 keep_best(ours, key, rec["avg_ts"], rec.get("mem_read_gbs"))
@@ -152,7 +154,7 @@ def main():
                     per_rate[key] = min(per_rate.get(key, 1e9), rec["peak_share"] / rec["avg_ts"])
                 elif args.peak and rec["n_prompt"]:
                     unshared.add((name, rec.get("isa") or "this"))
-            for rec in run_json([llama_bench, "-m", model, *common, "-fa", fa_flag]):
+            for rec in run_json([llama_bench, "-m", model, *common, "-fa", fa_flag]) if plain else []:
                 raw.append({"engine": "llama.cpp", **rec})
                 key = (name, rec["n_prompt"], rec["n_gen"], rec["n_depth"])
                 keep_best(theirs, key, rec["avg_ts"], f"fa {rec.get('flash_attn')}")
