@@ -130,6 +130,8 @@ def main():
         env["INFER_ISA"] = args.isa
     fa = [v for v in args.fa.split(",") if v]
     fa_flag = ",".join({"0": "off", "1": "on"}.get(v, v) for v in fa)
+    # `-p 0 -n 0 --batch ...` asks for the batched curve alone: neither bench has a test to run then.
+    plain = any(counts(args.p)) or any(counts(args.n)) or not args.batch
 
     ours, theirs, raw = {}, {}, []
     rss = {}  # model name -> {"infer": MiB, "llama.cpp": MiB, "kv": MiB}, the lowest peak of the rounds
@@ -142,8 +144,6 @@ def main():
             print(f"round {rnd + 1}/{args.rounds}: {name}", file=sys.stderr, flush=True)
             common = ["-p", args.p, "-n", args.n, "-d", args.d, "-t", str(args.t), "-r", str(args.r), "-o", "json"]
             extra = (["--bandwidth"] if args.bandwidth else []) + (["--peak"] if args.peak else [])
-            # `-p 0 -n 0 --batch ...` asks for the batched curve alone: neither bench has a test to run then.
-            plain = any(counts(args.p)) or any(counts(args.n)) or not args.batch
             for rec in run_json([args.infer, "bench", model, *common, *extra], env) if plain else []:
                 raw.append({"engine": "infer", **rec})
                 key = (name, rec["n_prompt"], rec["n_gen"], rec["n_depth"])
