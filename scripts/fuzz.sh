@@ -3,7 +3,6 @@
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]      default: 20 s, every target (.ci/run's smoke run)
 #   FUZZ_JOBS=2 scripts/fuzz.sh 600            two targets at a time (a long run)
-#   FUZZ_QUICK=1 scripts/fuzz.sh 20             a quicker build for a smoke run (what .ci/run uses; see below)
 #
 # A failure is a panic or a sanitizer report (a crash), an input that takes over 1 s (-timeout=1), or more than
 # 2 GiB of memory (-rss_limit_mb=2048): libFuzzer then writes the input to fuzz/artifacts/TARGET/ and this script
@@ -19,14 +18,6 @@ secs=${1:-20}
 shift || true
 targets=("$@")
 jobs=${FUZZ_JOBS:-1}
-# cargo-fuzz builds in release mode with one codegen unit, and AddressSanitizer and the coverage passes on every
-# crate make that the longest step of CI on a slow 2-core machine. FUZZ_QUICK=1 builds the dev profile of
-# fuzz/Cargo.toml instead (the dependencies unoptimised, infer at opt-level 1, its kernels at 2): fewer executions
-# per second, which a 20-second smoke run can spare. The same flag goes to `fuzz run`, or it would rebuild.
-build=()
-if [ -n "${FUZZ_QUICK:-}" ]; then
-    build=(--dev)
-fi
 
 if ! cargo +nightly --version >/dev/null 2>&1; then
     echo "error: the nightly toolchain is missing (rustup toolchain install nightly); cargo-fuzz needs it" >&2
@@ -80,8 +71,8 @@ for f in tests/data/*.txt; do
 done
 cp models.toml "$gen/models_toml/"
 
-echo "building the fuzz targets (cargo +nightly fuzz build ${build[*]}, AddressSanitizer on)"
-cargo +nightly fuzz build "${build[@]}"
+echo "building the fuzz targets (cargo +nightly fuzz build, release + AddressSanitizer)"
+cargo +nightly fuzz build
 
 run_one() {
     local t=$1 log=fuzz/target/$1.log
@@ -96,7 +87,7 @@ run_one() {
     # Past the target's 4 KiB body limit, so that reading a body too large is tried too.
     openai) len=(-max_len=8192) ;;
     esac
-    if cargo +nightly fuzz run "${build[@]}" "$t" "${dirs[@]}" -- -max_total_time="$secs" -timeout=1 -rss_limit_mb=2048 \
+    if cargo +nightly fuzz run "$t" "${dirs[@]}" -- -max_total_time="$secs" -timeout=1 -rss_limit_mb=2048 \
         "${len[@]}" -print_final_stats=1 >"$log" 2>&1; then
         local stats
         stats=$(grep -E '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' "$log" |
