@@ -5,6 +5,7 @@
 #![deny(unsafe_code)]
 
 pub mod chat;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod engine;
 pub mod eval;

@@ -3,7 +3,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use infer::cli::args::parse_stop;
+use infer::stop::parse_stop;
 use infer::stop::{StopMatcher, StopStep};
 use libfuzzer_sys::fuzz_target;
 

@@ -9,7 +9,7 @@ use std::num::NonZeroUsize;
 use clap::Args;
 
 use crate::sampling::{SamplingParams, random_seed};
-use crate::stop::{StopError, StopMatcher};
+use crate::stop::{StopError, StopMatcher, parse_stop};
 
 const D: SamplingParams = SamplingParams::DEFAULT;
 
@@ -206,56 +206,4 @@ pub fn parse_threads(text: &str) -> Result<NonZeroUsize, String> {
     let count =
         parse_count(text).map_err(|_| format!("'{text}' is not a thread count: expected a whole number >= 1"))?;
     NonZeroUsize::new(count).ok_or_else(|| "the thread count must be at least 1".to_string())
-}
-
-/// `--stop`: any non-empty string, with backslash escapes, since a newline is awkward to type in a shell:
-/// `\n`, `\t`, `\r`, `\0`, `\\`, `\"`, `\'`, `\xHH` (ASCII) and `\u{HEX}`. Any other escape is refused by name, so
-/// that a typo does not silently become part of the string.
-pub fn parse_stop(text: &str) -> Result<String, String> {
-    let stop = unescape(text).map_err(|e| format!("stop string '{text}': {e}"))?;
-    if stop.is_empty() { Err("a stop string cannot be empty".into()) } else { Ok(stop) }
-}
-
-/// Resolves the backslash escapes listed at [`parse_stop`].
-fn unescape(text: &str) -> Result<String, String> {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        let e = chars.next().ok_or("it ends in a lone backslash (write \\\\ for a backslash)")?;
-        out.push(match e {
-            'n' => '\n',
-            't' => '\t',
-            'r' => '\r',
-            '0' => '\0',
-            '\\' | '"' | '\'' => e,
-            'x' => {
-                let hex: String = chars.by_ref().take(2).collect();
-                match u8::from_str_radix(&hex, 16) {
-                    Ok(b) if hex.len() == 2 && b.is_ascii() => char::from(b),
-                    _ => return Err(format!("'\\x{hex}' is not an ASCII escape (\\x00 to \\x7F)")),
-                }
-            }
-            'u' => {
-                let rest = chars.as_str();
-                let body = rest.strip_prefix('{').and_then(|r| r.split_once('}')).map(|(h, _)| h);
-                let c =
-                    body.and_then(|h| (1..=6).contains(&h.len()).then(|| u32::from_str_radix(h, 16).ok()).flatten());
-                match (body, c.and_then(char::from_u32)) {
-                    (Some(h), Some(c)) => {
-                        chars = rest[h.len() + 2..].chars();
-                        c
-                    }
-                    _ => return Err("'\\u' must be followed by {HEX}, a Unicode scalar value such as \\u{2028}".into()),
-                }
-            }
-            other => {
-                return Err(format!("'\\{other}' is not an escape this option knows (write \\\\ for a backslash)"));
-            }
-        });
-    }
-    Ok(out)
 }

@@ -25,6 +25,7 @@ pub enum RegistryError {
         source: std::io::Error,
     },
 
+    #[cfg(feature = "fetch")]
     #[error("cannot download {url}")]
     Http {
         url: String,

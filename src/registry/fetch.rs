@@ -27,7 +27,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sha2::{Digest, Sha256};
 
-use super::{ModelEntry, RegistryError, Source, WheelPart, human_size, infer_home, models_dir};
+use super::{ModelEntry, RegistryError, Source, WheelPart, check_url, human_size, infer_home, models_dir};
 
 /// How a registry model stands in the cache, judged without hashing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -345,35 +345,6 @@ impl Drop for Sink<'_> {
             let _ = fs::remove_file(path);
         }
     }
-}
-
-/// Checks that a registry URL is one we fetch: `https://`, `file://`, or `http://` to a loopback host (tests only:
-/// the checksum guards integrity either way, but plain HTTP to the outside world has no business here).
-pub(super) fn check_url(url: &str) -> Result<(), String> {
-    if let Some(rest) = url.strip_prefix("https://") {
-        if rest.is_empty() || rest.starts_with('/') {
-            return Err(format!("URL '{url}' has no host"));
-        }
-        return Ok(());
-    }
-    if let Some(path) = url.strip_prefix("file://") {
-        if !path.starts_with('/') {
-            return Err(format!("file URL '{url}' must hold an absolute path (file:///...)"));
-        }
-        return Ok(());
-    }
-    if let Some(rest) = url.strip_prefix("http://") {
-        let host_port = rest.split('/').next().unwrap_or("");
-        let host = match host_port.strip_prefix('[') {
-            Some(v6) => v6.split(']').next().unwrap_or(""),
-            None => host_port.split(':').next().unwrap_or(""),
-        };
-        if matches!(host, "127.0.0.1" | "localhost" | "::1") {
-            return Ok(());
-        }
-        return Err(format!("URL '{url}' uses plain http; use https (http is accepted only for loopback hosts)"));
-    }
-    Err(format!("URL '{url}' must start with https:// or file://"))
 }
 
 fn fetch_url(url: &str, sink: &mut Sink) -> Result<(), RegistryError> {

@@ -16,13 +16,16 @@
 
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "fetch")]
 use anyhow::Context as _;
 use serde::Deserialize;
 
 mod error;
+#[cfg(feature = "fetch")]
 mod fetch;
 
 pub use error::RegistryError;
+#[cfg(feature = "fetch")]
 pub use fetch::{CacheState, cache_state, pull, pull_into};
 
 /// The built-in registry, compiled in.
@@ -282,9 +285,38 @@ fn validate_entry(entry: &mut ModelEntry) -> Result<(), String> {
                 }
             }
         }
-        Source::Url { url } => fetch::check_url(url)?,
+        Source::Url { url } => check_url(url)?,
     }
     Ok(())
+}
+
+/// Checks that a registry URL is one we fetch: `https://`, `file://`, or `http://` to a loopback host (tests only:
+/// the checksum guards integrity either way, but plain HTTP to the outside world has no business here).
+fn check_url(url: &str) -> Result<(), String> {
+    if let Some(rest) = url.strip_prefix("https://") {
+        if rest.is_empty() || rest.starts_with('/') {
+            return Err(format!("URL '{url}' has no host"));
+        }
+        return Ok(());
+    }
+    if let Some(path) = url.strip_prefix("file://") {
+        if !path.starts_with('/') {
+            return Err(format!("file URL '{url}' must hold an absolute path (file:///...)"));
+        }
+        return Ok(());
+    }
+    if let Some(rest) = url.strip_prefix("http://") {
+        let host_port = rest.split('/').next().unwrap_or("");
+        let host = match host_port.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or(""),
+            None => host_port.split(':').next().unwrap_or(""),
+        };
+        if matches!(host, "127.0.0.1" | "localhost" | "::1") {
+            return Ok(());
+        }
+        return Err(format!("URL '{url}' uses plain http; use https (http is accepted only for loopback hosts)"));
+    }
+    Err(format!("URL '{url}' must start with https:// or file://"))
 }
 
 /// Whether a model spec is meant as a path rather than a registry name.
@@ -294,11 +326,13 @@ fn looks_like_path(spec: &str) -> bool {
 
 /// The model file for a `--model` spec: an existing file as is; `None` for the default registry model; otherwise a
 /// registry name, pulled into the cache on first use (progress on stderr).
+#[cfg(feature = "fetch")]
 pub fn resolve_model(spec: Option<&str>) -> anyhow::Result<PathBuf> {
     resolve_model_in(spec, &infer_home())
 }
 
 /// [`resolve_model`] with an explicit `$INFER_HOME`.
+#[cfg(feature = "fetch")]
 pub fn resolve_model_in(spec: Option<&str>, home: &Path) -> anyhow::Result<PathBuf> {
     if let Some(spec) = spec {
         let path = Path::new(spec);
