@@ -575,11 +575,11 @@ fn attention_kernels_equal_their_scalar_statements() {
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     let scalar = Isa::Scalar.kernels().unwrap();
     for k in levels() {
-        // Scores against a transposed key block: every head count the tiles split (1..=3 per tile), 8- and
-        // 16-lane tails, odd head dimensions (an unpaired last dimension).
+        // Scores against a transposed key block: every head count the tiles split (1..=3 per tile, and runs of 4
+        // for f16 keys), 8- and 16-lane tails, odd head dimensions (an unpaired last dimension).
         for hd in [1, 7, 8, 31, 64, 100] {
             for lanes in [8, 16, 24, 32] {
-                for heads in [1, 2, 3, 4, 5, 7] {
+                for heads in [1, 2, 3, 4, 5, 7, 8] {
                     let kt = randv(&mut rng, hd * lanes, 2.0);
                     let kt16: Vec<f16> = kt.iter().map(|&v| f16::from_f32(v)).collect();
                     let q = randv(&mut rng, heads * hd, 1.0);

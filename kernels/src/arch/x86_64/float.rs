@@ -114,8 +114,12 @@ macro_rules! x86_float {
             /// # Safety
             /// Eight elements must be readable at `p`; the CPU must have this level's features.
             unsafe fn ldp(p: *const Self) -> __m256;
+            /// Whether `ld`/`ldp` convert (f16): each load then costs an instruction that is slow on some cores,
+            /// so tiles that share one load among more rows pay off (see `dot_cols`).
+            const CONVERTS: bool;
         }
         impl WF for f32 {
+            const CONVERTS: bool = false;
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn ld(s: &[f32], i: usize) -> __m256 {
@@ -134,6 +138,7 @@ macro_rules! x86_float {
             }
         }
         impl WF for f16 {
+            const CONVERTS: bool = true;
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn ld(s: &[f16], i: usize) -> __m256 {
