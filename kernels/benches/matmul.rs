@@ -302,6 +302,35 @@ fn main() {
         println!();
     }
 
+    // The batching curve of the panel kernel alone: SmolLM2's 30 Q4_1 layers at 1 to 16 tokens, single thread,
+    // tokens per CPU-second, medians of 5 rounds that visit every token count in turn (so that a slow spell of a
+    // shared machine spreads over all of them). Where the kernel changes tile shape with the batch, a dip shows.
+    if filter_arg().as_deref().is_some_and(|f| f.eq_ignore_ascii_case("curve")) {
+        let k = Isa::best().kernels().unwrap();
+        let (layers, packs) = smollm2_layers(GgmlType::Q4_1);
+        let ms = [1usize, 2, 3, 4, 6, 8, 12, 16];
+        let precs = [ActPrecision::Q8x2, ActPrecision::Q8];
+        let mut rates = vec![vec![Vec::new(); ms.len()]; precs.len()];
+        for _round in 0..5 {
+            for (mi, &m) in ms.iter().enumerate() {
+                for (pi, &prec) in precs.iter().enumerate() {
+                    let cpu = smollm2_sweep(k, &layers, Some(&packs), GgmlType::Q4_1, &pool1, m, prec, budget).1;
+                    rates[pi][mi].push(m as f64 / cpu);
+                }
+            }
+        }
+        println!("batching curve, {} panels, SmolLM2 Q4_1 layers, 1 thread: tokens per CPU-second", Isa::best().name());
+        println!("  {:<6}{}", "tokens", ms.iter().map(|m| format!("{m:>7}")).collect::<String>());
+        for (pi, prec) in precs.iter().enumerate() {
+            let medians = rates[pi].iter_mut().map(|r| {
+                r.sort_by(f64::total_cmp);
+                format!("{:>7.0}", r[r.len() / 2])
+            });
+            println!("  {:<6}{}", format!("{prec:?}"), medians.collect::<String>());
+        }
+        return;
+    }
+
     // Batched decode on the panel kernel alone: SmolLM2's 30 Q4_1 layers and its Q8_0 lm_head (49152×576) at 16
     // tokens, single thread, tokens per CPU-second (CPU time is what a neighbour on a shared machine cannot
     // steal). Five rounds, so that the spread is visible next to any difference being measured.

@@ -10,9 +10,9 @@
 //! forms. With 8-bit activations (`group == 1`) the value is `q1` itself. Decode, which meets each weight once, is
 //! the exception for the formats whose weights stay below 32 (Q4_0, Q4_1, Q5_0, Q4_K): there `vpmaddubsw` takes the
 //! weight bytes as they are against each 8-bit part of the activations ([`byte_products`]), with no widening, and
-//! a few of its pair sums add up in 16 bits before they can saturate; so do Q4_0 and Q4_1 batches of 8-bit
-//! activations ([`byte_tiles`]). Each thread widens the activation rows
-//! it is about to use once per call into a buffer of its own ([`Act16`]), a cost of one pass over the activations
+//! a few of its pair sums add up in 16 bits before they can saturate; so do Q4_0, Q4_1 and Q4_K batches of 8-bit
+//! activations, and small batches of `q8x2` ones ([`row_tiles`]). Each thread widens the activation rows it is
+//! about to use once per call into a buffer of its own ([`Act16`]), a cost of one pass over the activations
 //! against one pass over the weights per row of them.
 //!
 //! A tile is `S` halves (of one or two panels) × `C` output rows. Per block and pair of weight groups it unpacks
@@ -178,6 +178,13 @@ trait Quants {
     /// tile to multiply the bytes with the activations' 8-bit parts directly ([`byte_products`]); 0 where it is
     /// not (Q8 and K6 take the widened path).
     const TOP_QUANT: i32 = 0;
+    /// The most `q8x2` rows that take [`row_tiles`] (tiles of two rows, each panel in L1 while every row passes)
+    /// rather than [`wide_tiles`] (each block widened once per chunk of rows into an L1 scratch that all of them
+    /// read). Widening a block costs about 120 operations for the panel (16 rows × 32 weights), which a batch of a
+    /// few rows cannot spread, while the tiles of two rows keep more in registers, and some formats spill there.
+    /// Measured per format on Zen 1 (`infer bench --batch`, 2 threads, tokens per CPU-second, medians of 4
+    /// alternated rounds; the impls give the figures); 0 where small batches lost.
+    const SMALL_BATCH: usize = 0;
     /// Whatever the pairs need from the block besides their chunk (Q5's high bits), loaded once per block.
     ///
     /// # Safety
@@ -247,6 +254,10 @@ struct K6;
 impl Quants for Q4 {
     const FORMAT: PackedFormat = PackedFormat::Q4;
     const TOP_QUANT: i32 = 15;
+    /// SmolLM2 Q4_1 layers alone (kernel bench `curve`, one thread, medians of 9 alternated rounds), widened → byte
+    /// tiles: 2 rows 71 → 116, 3 87 → 114, 4 93 → 115, 6 109 → 117, 8 115 → 118, 12 125 → 115, 16 122 → 118.
+    /// Whole model (`--batch`, with its Q8_0 output head): 2 84 → 121, 4 123 → 135, 6 136 → 151, 8 151 → 147.
+    const SMALL_BATCH: usize = 6;
     #[inline(always)]
     unsafe fn unpack_pair(qs: *const u8, jj: usize, _: __m256i) -> [__m256i; 2] {
         // SAFETY: the caller guarantees the half's aligned bytes and the features.
@@ -264,6 +275,8 @@ const BITS: [i32; 2] = [0x0804_0201, 0x8040_2010_u32 as i32];
 impl Quants for Q5 {
     const FORMAT: PackedFormat = PackedFormat::Q5;
     const TOP_QUANT: i32 = 31;
+    // No small batches: its two registers of sums per half and part spill in a tile of two rows (SmolLM2 Q5_0
+    // requantized from Q4_1, widened → byte tiles: 2 rows 82 → 71, 3 99 → 81, 4 113 → 83).
     #[inline(always)]
     unsafe fn extra(qs: *const u8) -> __m256i {
         // SAFETY: the caller guarantees the block's bytes: the high bits' chunk follows the four nibble chunks.
@@ -294,6 +307,9 @@ impl Quants for Q5 {
 
 impl Quants for Q8 {
     const FORMAT: PackedFormat = PackedFormat::Q8;
+    /// SmolLM2 Q8_0 (requantized from Q4_1), widened → tiles of two rows: 2 rows 75 → 112, 3 87 → 117, 4 95 →
+    /// 126; 6 143 → 152 (noisy), 8 156 → 147, 12 163 → 145.
+    const SMALL_BATCH: usize = 4;
     #[inline(always)]
     unsafe fn unpack_pair(qs: *const u8, jj: usize, _: __m256i) -> [__m256i; 2] {
         // SAFETY: the caller guarantees the block's 512 aligned bytes and the features.
@@ -304,6 +320,9 @@ impl Quants for Q8 {
 impl Quants for K4 {
     const FORMAT: PackedFormat = PackedFormat::K4;
     const TOP_QUANT: i32 = 15;
+    /// The nibble tile of Q4, so its limit. Gemma 3 Q4_K_M, whose Q6_K output head takes most of a step, moved
+    /// within the noise at 2, 4 and 8 rows with its Q4_K matrices alone changed (37 → 37, 53 → 54, 68 → 71).
+    const SMALL_BATCH: usize = Q4::SMALL_BATCH;
     #[inline(always)]
     unsafe fn unpack_pair(qs: *const u8, jj: usize, extra: __m256i) -> [__m256i; 2] {
         // SAFETY: the same nibble chunks as Q4.
@@ -324,6 +343,9 @@ impl Quants for K4 {
 
 impl Quants for K6 {
     const FORMAT: PackedFormat = PackedFormat::K6;
+    /// Gemma 3 Q4_K_M (its output head, 262,144 rows, is Q6_K), widened → tiles of two rows: 2 rows 37 → 50, 3 48
+    /// → 56; 4 52 → 49, 6 59 → 54, 8 69 → 52.
+    const SMALL_BATCH: usize = 3;
     #[inline(always)]
     unsafe fn unpack_pair(qs: *const u8, jj: usize, _: __m256i) -> [__m256i; 2] {
         // SAFETY: the nibble chunk jj and the bit-pair chunk 4 + jj/2 of the block, by the caller's contract.
@@ -413,9 +435,9 @@ unsafe fn run<F: Quants, const G: usize>(
                 // SAFETY: p is one of the checked panels; output row 0 of the chunk exists.
                 unsafe { tile::<F, G, 1, 2>(w, 2 * p, &a16, act, 0, o0, true, out) };
             }
-        } else if G == 1 && byte_tiled::<F>() {
+        } else if (G == 1 && byte_tiled::<F>()) || (G == 2 && o1 - o0 <= F::SMALL_BATCH) {
             // SAFETY: as below.
-            unsafe { byte_tiles::<F>(w, panels.clone(), &a16, act, o1 - o0, o0, out) };
+            unsafe { row_tiles::<F, G>(w, panels.clone(), &a16, act, o1 - o0, o0, out) };
         } else {
             // SAFETY: the panels are checked and rows 0..o1 - o0 of the chunk are filled.
             unsafe { wide_tiles::<F>(w, panels.clone(), &a16, o1 - o0, o0, out) };
@@ -438,7 +460,7 @@ macro_rules! for_each_c {
 
 /// Halves `sp..sp + S` (half `h` is rows `8·(h % 2)..` of panel `h / 2`) against output rows `o..o + C` of the
 /// chunk in `a16`, whose first row is output row `o_base`. `stream`: prefetch the next panel (decode, and the
-/// first tile of each panel in [`byte_tiles`]).
+/// first tile of each panel in [`row_tiles`]).
 ///
 /// # Safety
 /// As [`run`], with the halves inside the checked panels and `o + C` rows filled in `a16`.
@@ -514,12 +536,16 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const S: usize>(
             // One 32-bit lane per row: the exact integer sum of the block's products (of each half block's, for
             // formats that scale them separately).
             let mut iv = [[[_mm256_setzero_si256(); C]; S]; 2];
-            // `nibble_block3` unpacks nibbles itself: Q4 and K4, the formats of `byte_tiled`.
-            if G == 1 && C == 3 && S == 2 && matches!(F::FORMAT, PackedFormat::Q4 | PackedFormat::K4) {
-                // (`1 % S` and `% C` only let the other instances of this generic code compile; here they are 1, 2.)
-                // SAFETY: C is 3 and S is 2, so iv[0] is a [[__m256i; 3]; 2]; the reads are byte_products'.
-                let iv3 = &mut *(&raw mut iv[0]).cast::<[[__m256i; 3]; 2]>();
-                nibble_block3([qp[0], qp[1 % S]], [a8[0][0], a8[1 % C][0], a8[2 % C][0]], b << 5, iv3);
+            // `nibble_block` unpacks nibbles itself: Q4 and K4, the formats of `byte_tiled`, against 3 or 4 rows
+            // of bytes (each part of each row: 3 rows of `q8`, 2 of `q8x2`).
+            if S == 2 && matches!(G * C, 3 | 4) && matches!(F::FORMAT, PackedFormat::Q4 | PackedFormat::K4) {
+                // (`1 % S` only lets the other instances of this generic code compile; here it is 1.)
+                let qp2 = [qp[0], qp[1 % S]];
+                if G * C == 3 {
+                    nibble_sums::<G, C, S, 3>(qp2, &a8, b << 5, &mut iv);
+                } else {
+                    nibble_sums::<G, C, S, 4>(qp2, &a8, b << 5, &mut iv);
+                }
             } else if F::TOP_QUANT > 0 {
                 byte_products::<F, G, C, S>(qp, extra, &a8, b << 5, &mut iv);
             } else {
@@ -638,125 +664,151 @@ unsafe fn byte_products<F: Quants, const G: usize, const C: usize, const S: usiz
     }
 }
 
-/// [`byte_products`] for the [`byte_tiles`] of 8-bit activations (`G = 1`, `C = 3`, both halves of a panel) of the
-/// nibble formats (Q4, K4, the formats of [`byte_tiled`]): per pair of groups, the two halves' chunks unpacked
-/// into 4 registers of weight bytes, and for each part and row one broadcast that meets both halves, a
-/// `vpmaddubsw` and a 16-bit add each, all in assembly so that the 6 registers of sums, the 4 of weights, the mask,
-/// the broadcast and the product take 13 of the 16 registers. Compiled from `byte_products`, LLVM unpacked ahead
-/// and kept the weight registers on the stack, about 70 stack accesses per block of 48 `vpmaddubsw` (about 18
-/// now, the float accumulators and pointers between blocks). The sums are the same integers, so the results do
-/// not change by a bit. Kernel alone (forced AVX2, one thread, 1536×576 or ×1024 panels against 48 rows at `q8`,
-/// best of 40 interleaved runs, two runs, Zen 4), G multiply-adds/s: Q4_0 97.0 → 106.1 and 88.3 → 101.3, Q4_1 98.2
-/// → 105.8 and 98.3 → 107.9, Q4_K 90.2 → 94.2 and 64.5 → 66.6.
+/// [`nibble_block`] over the `R = G·C` rows of bytes of a tile's `C` rows (part `g` of row `c` is byte row
+/// `G·c + g`), added into the tile's 32-bit sums `iv` as [`byte_products`] adds them: with `q8x2` (`G = 2`) the
+/// first part's pair sums count 256 times.
 ///
 /// # Safety
-/// `qp` as in [`tile`] (block `k / 32` of both halves), `a8` the three rows' 8-bit activations with `k + 32`
-/// readable bytes each; the CPU must have AVX2.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn nibble_block3(qp: [*const u8; 2], a8: [*const i8; 3], k: usize, iv: &mut [[__m256i; 3]; 2]) {
+/// As [`nibble_block`]; `R` must be `G·C` and `S` 2.
+#[inline(always)]
+unsafe fn nibble_sums<const G: usize, const C: usize, const S: usize, const R: usize>(
+    qp: [*const u8; 2],
+    a8: &[[*const i8; G]; C],
+    k: usize,
+    iv: &mut [[[__m256i; C]; S]; 2],
+) {
+    debug_assert!(R == G * C && S == 2);
     // SAFETY: the caller's contract.
     unsafe {
-        let mask = _mm256_set1_epi8(0x0F);
-        let a = a8.map(|p| p.add(k));
-        let mut sums = [[_mm256_setzero_si256(); 3]; 2];
-        nibble_step3::<0>(qp, a, mask, &mut sums);
-        nibble_step3::<1>(qp, a, mask, &mut sums);
-        nibble_step3::<2>(qp, a, mask, &mut sums);
-        nibble_step3::<3>(qp, a, mask, &mut sums);
+        let sums = nibble_block::<R>(qp, std::array::from_fn(|r| a8[r / G][r % G]), k);
+        let first = _mm256_set1_epi16(if G == 2 { 256 } else { 1 });
         let ones = _mm256_set1_epi16(1);
-        for (iv_s, sums_s) in iv.iter_mut().zip(&sums) {
-            for (v, sum) in iv_s.iter_mut().zip(sums_s) {
-                *v = _mm256_add_epi32(*v, _mm256_madd_epi16(*sum, ones));
-            }
+        for s in 0..2 {
+            for_each_c!(C, c, {
+                let mut v = _mm256_madd_epi16(sums[s][G * c], first);
+                if G == 2 {
+                    v = _mm256_add_epi32(v, _mm256_madd_epi16(sums[s][G * c + G - 1], ones));
+                }
+                iv[0][s % S][c] = _mm256_add_epi32(iv[0][s % S][c], v);
+            });
         }
     }
 }
 
-/// One pair of weight groups (`JJ` and `JJ + 4`) of [`nibble_block3`]. Eight groups of pair sums, each at most
-/// 2 · 15 · 128, stay below 2^15 in the 16-bit sums (as [`whole_block_sums`] states for these formats).
+/// [`byte_products`] in assembly for the nibble formats (Q4, K4, the formats of [`byte_tiled`]) and both halves of
+/// a panel, against `R` rows of 8-bit activations: the 3 rows of a `--precision q8` tile, or the two parts of each
+/// of the 2 rows of a `q8x2` tile of a small batch (4). Per pair of groups, the two halves' chunks are unpacked
+/// into 4 registers of weight bytes, and for each part and row one broadcast meets both halves, a `vpmaddubsw` and
+/// a 16-bit add each; the 2·R registers of sums, the 4 of weights, the mask, the broadcast and the product take
+/// at most 15 of the 16 registers. Compiled from `byte_products`, LLVM unpacked
+/// ahead and kept the weight registers on the stack, about 70 stack accesses per block of 48 `vpmaddubsw` (about
+/// 18 with this, the float accumulators and pointers between blocks). The sums are the same integers, so the
+/// results do not change by a bit. (Decode's 2 rows of bytes gain nothing from it: SmolLM2's Q4_1 layers on one
+/// thread, Zen 1, 98 tokens per CPU-second either way, medians of 9 alternated rounds.) Kernel alone (forced AVX2, one thread, 1536×576 or ×1024 panels against 48 rows
+/// at `q8`, best of 40 interleaved runs, two runs, Zen 4), G multiply-adds/s: Q4_0 97.0 → 106.1 and 88.3 → 101.3,
+/// Q4_1 98.2 → 105.8 and 98.3 → 107.9, Q4_K 90.2 → 94.2 and 64.5 → 66.6. Returns each half's and row's 16-bit pair
+/// sums: eight groups of them, each at most 2 · 15 · 128, stay below 2^15 (as [`whole_block_sums`] states).
 ///
 /// # Safety
-/// As [`nibble_block3`], with `a` the rows' activations at the block's first value.
+/// `qp` as in [`tile`] (block `k / 32` of both halves), each `a8[r]` a row of 8-bit activations with `k + 32`
+/// readable bytes; the CPU must have AVX2.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn nibble_step3<const JJ: usize>(
-    qp: [*const u8; 2],
-    a: [*const i8; 3],
-    mask: __m256i,
-    sums: &mut [[__m256i; 3]; 2],
-) {
-    // SAFETY: the caller's contract: 64·JJ + 32 bytes of each half's chunk, 32-byte aligned, and 4 bytes at
-    // 4·JJ and 16 + 4·JJ of each row.
+unsafe fn nibble_block<const R: usize>(qp: [*const u8; 2], a8: [*const i8; R], k: usize) -> [[__m256i; R]; 2] {
+    // SAFETY: the caller's contract.
     unsafe {
-        std::arch::asm!(
-            // Both halves' chunk: the low nibbles are groups JJ, the high ones groups JJ + 4 (see `Q4`).
-            "vmovdqa {u01}, ymmword ptr [{q0} + {qo}]",
-            "vmovdqa {u11}, ymmword ptr [{q1} + {qo}]",
-            "vpand {u00}, {u01}, {mask}",
-            "vpand {u10}, {u11}, {mask}",
-            "vpsrlw {u01}, {u01}, 4",
-            "vpsrlw {u11}, {u11}, 4",
-            "vpand {u01}, {u01}, {mask}",
-            "vpand {u11}, {u11}, {mask}",
-            // Part 0 (the low nibbles) against each row's values 4·JJ.., both halves.
-            "vpbroadcastd {x}, dword ptr [{a0} + {ao}]",
-            "vpmaddubsw {t}, {u00}, {x}",
-            "vpaddw {s00}, {s00}, {t}",
-            "vpmaddubsw {t}, {u10}, {x}",
-            "vpaddw {s10}, {s10}, {t}",
-            "vpbroadcastd {x}, dword ptr [{a1} + {ao}]",
-            "vpmaddubsw {t}, {u00}, {x}",
-            "vpaddw {s01}, {s01}, {t}",
-            "vpmaddubsw {t}, {u10}, {x}",
-            "vpaddw {s11}, {s11}, {t}",
-            "vpbroadcastd {x}, dword ptr [{a2} + {ao}]",
-            "vpmaddubsw {t}, {u00}, {x}",
-            "vpaddw {s02}, {s02}, {t}",
-            "vpmaddubsw {t}, {u10}, {x}",
-            "vpaddw {s12}, {s12}, {t}",
-            // Part 1 (the high nibbles) against values 16 + 4·JJ...
-            "vpbroadcastd {x}, dword ptr [{a0} + {ao} + 16]",
-            "vpmaddubsw {t}, {u01}, {x}",
-            "vpaddw {s00}, {s00}, {t}",
-            "vpmaddubsw {t}, {u11}, {x}",
-            "vpaddw {s10}, {s10}, {t}",
-            "vpbroadcastd {x}, dword ptr [{a1} + {ao} + 16]",
-            "vpmaddubsw {t}, {u01}, {x}",
-            "vpaddw {s01}, {s01}, {t}",
-            "vpmaddubsw {t}, {u11}, {x}",
-            "vpaddw {s11}, {s11}, {t}",
-            "vpbroadcastd {x}, dword ptr [{a2} + {ao} + 16]",
-            "vpmaddubsw {t}, {u01}, {x}",
-            "vpaddw {s02}, {s02}, {t}",
-            "vpmaddubsw {t}, {u11}, {x}",
-            "vpaddw {s12}, {s12}, {t}",
-            qo = const 64 * JJ,
-            ao = const 4 * JJ,
-            q0 = in(reg) qp[0],
-            q1 = in(reg) qp[1],
-            a0 = in(reg) a[0],
-            a1 = in(reg) a[1],
-            a2 = in(reg) a[2],
-            mask = in(ymm_reg) mask,
-            s00 = inout(ymm_reg) sums[0][0],
-            s01 = inout(ymm_reg) sums[0][1],
-            s02 = inout(ymm_reg) sums[0][2],
-            s10 = inout(ymm_reg) sums[1][0],
-            s11 = inout(ymm_reg) sums[1][1],
-            s12 = inout(ymm_reg) sums[1][2],
-            u00 = out(ymm_reg) _,
-            u01 = out(ymm_reg) _,
-            u10 = out(ymm_reg) _,
-            u11 = out(ymm_reg) _,
-            x = out(ymm_reg) _,
-            t = out(ymm_reg) _,
-            options(nostack, pure, readonly),
-        );
+        let mask = _mm256_set1_epi8(0x0F);
+        let a = a8.map(|p| p.add(k));
+        let mut sums = [[_mm256_setzero_si256(); R]; 2];
+        let sums_r = (&raw mut sums).cast::<()>();
+        // Each instance below is called only with its own R: the casts restate the array's length.
+        macro_rules! steps {
+            ($step:ident, $n:literal) => {{
+                let a = *(&raw const a).cast::<[*const i8; $n]>();
+                let sums = &mut *sums_r.cast::<[[__m256i; $n]; 2]>();
+                $step::<0>(qp, a, mask, sums);
+                $step::<1>(qp, a, mask, sums);
+                $step::<2>(qp, a, mask, sums);
+                $step::<3>(qp, a, mask, sums);
+            }};
+        }
+        match R {
+            3 => steps!(nibble_step3, 3),
+            4 => steps!(nibble_step4, 4),
+            _ => unreachable!("nibble_block takes 3 or 4 rows"),
+        }
+        sums
     }
 }
 
-/// Whether batches of 8-bit activations take [`byte_tiles`]: the formats whose half blocks fit one register of
+/// Defines `$name::<JJ>`: one pair of weight groups (`JJ` and `JJ + 4`) of [`nibble_block`] against the rows
+/// listed, each as `pointer operand: sum operand of half 0, of half 1, index`.
+///
+/// # Safety (of the functions it defines)
+/// As [`nibble_block`], with `a` the rows' activations at the block's first value: 64·JJ + 32 bytes of each
+/// half's chunk, 32-byte aligned, and 4 bytes at 4·JJ and 16 + 4·JJ of each row.
+macro_rules! nibble_step {
+    ($name:ident, $n:literal, [$($a:ident: $s0:ident, $s1:ident, $i:literal);+]) => {
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        unsafe fn $name<const JJ: usize>(
+            qp: [*const u8; 2],
+            a: [*const i8; $n],
+            mask: __m256i,
+            sums: &mut [[__m256i; $n]; 2],
+        ) {
+            // SAFETY: the caller's contract (see the macro).
+            unsafe {
+                std::arch::asm!(
+                    // Both halves' chunk: the low nibbles are groups JJ, the high ones groups JJ + 4 (see `Q4`).
+                    "vmovdqa {u01}, ymmword ptr [{q0} + {qo}]",
+                    "vmovdqa {u11}, ymmword ptr [{q1} + {qo}]",
+                    "vpand {u00}, {u01}, {mask}",
+                    "vpand {u10}, {u11}, {mask}",
+                    "vpsrlw {u01}, {u01}, 4",
+                    "vpsrlw {u11}, {u11}, 4",
+                    "vpand {u01}, {u01}, {mask}",
+                    "vpand {u11}, {u11}, {mask}",
+                    // Part 0 (the low nibbles) against each row's values 4·JJ.., both halves.
+                    $(
+                        concat!("vpbroadcastd {x}, dword ptr [{", stringify!($a), "} + {ao}]"),
+                        "vpmaddubsw {t}, {u00}, {x}",
+                        concat!("vpaddw {", stringify!($s0), "}, {", stringify!($s0), "}, {t}"),
+                        "vpmaddubsw {t}, {u10}, {x}",
+                        concat!("vpaddw {", stringify!($s1), "}, {", stringify!($s1), "}, {t}"),
+                    )+
+                    // Part 1 (the high nibbles) against values 16 + 4·JJ...
+                    $(
+                        concat!("vpbroadcastd {x}, dword ptr [{", stringify!($a), "} + {ao} + 16]"),
+                        "vpmaddubsw {t}, {u01}, {x}",
+                        concat!("vpaddw {", stringify!($s0), "}, {", stringify!($s0), "}, {t}"),
+                        "vpmaddubsw {t}, {u11}, {x}",
+                        concat!("vpaddw {", stringify!($s1), "}, {", stringify!($s1), "}, {t}"),
+                    )+
+                    qo = const 64 * JJ,
+                    ao = const 4 * JJ,
+                    q0 = in(reg) qp[0],
+                    q1 = in(reg) qp[1],
+                    $($a = in(reg) a[$i],)+
+                    mask = in(ymm_reg) mask,
+                    $($s0 = inout(ymm_reg) sums[0][$i], $s1 = inout(ymm_reg) sums[1][$i],)+
+                    u00 = out(ymm_reg) _,
+                    u01 = out(ymm_reg) _,
+                    u10 = out(ymm_reg) _,
+                    u11 = out(ymm_reg) _,
+                    x = out(ymm_reg) _,
+                    t = out(ymm_reg) _,
+                    options(nostack, pure, readonly),
+                );
+            }
+        }
+    };
+}
+
+nibble_step!(nibble_step3, 3, [a0: s00, s10, 0; a1: s01, s11, 1; a2: s02, s12, 2]);
+nibble_step!(nibble_step4, 4, [a0: s00, s10, 0; a1: s01, s11, 1; a2: s02, s12, 2; a3: s03, s13, 3]);
+
+/// Whether batches of 8-bit activations take [`row_tiles`]: the formats whose half blocks fit one register of
 /// 16-bit sums (Q4_0, Q4_1), so that a tile holds three rows. With two registers per half (Q5_0, Q4_K) a tile holds
 /// two rows, and that measured slower than the widened path (SmolLM2 Q5_0 pp512 at `--precision q8`, forced
 /// AVX2, 2 threads: 339 → 357 and 353 → 309 in two interleaved pairs; Gemma 3 Q4_K_M 433 → 360 and 517 → 396).
@@ -771,18 +823,20 @@ const fn whole_block_sums<F: Quants>() -> bool {
     !F::FORMAT.split_halves() && 8 * 2 * F::TOP_QUANT * 128 <= i16::MAX as i32
 }
 
-/// Batches of 8-bit activations (`--precision q8`) for the formats of [`byte_tiled`]: the decode tile over three
-/// rows at a time, each panel passing all the chunk's rows while it stays in L1, with no widened copy. With one
-/// 8-bit part per activation, a register of weight bytes costs one `vpmaddubsw` and one 16-bit add per row (32
-/// multiply-adds), half of what the widened 16-bit path spends, which is what this precision is for; a tile holds
-/// 6 registers of sums and 6 float accumulators. SmolLM2 pp512 at `--precision q8`, forced AVX2, 2 threads, two
-/// interleaved pairs on a loaded host: Q4_1 326 → 379 and 353 → 584, Q4_0 307 → 353 and 448 → 514.
+/// Batches of 8-bit activations (`--precision q8`, `G = 1`) for the formats of [`byte_tiled`], and small batches
+/// of `q8x2` ones (`G = 2`, at most [`Quants::SMALL_BATCH`] rows) for any format: the decode tile over three rows
+/// (`q8`) or two (`q8x2`, whose two parts make four rows of bytes for [`nibble_block`]) at a time, each panel
+/// passing all the chunk's rows while it stays in L1, with no widened copy. With one 8-bit part per activation, a register of weight bytes costs one `vpmaddubsw`
+/// and one 16-bit add per row (32 multiply-adds), half of what the widened 16-bit path spends, which is what this
+/// precision is for; a tile holds 6 registers of sums and 6 float accumulators. SmolLM2 pp512 at `--precision
+/// q8`, forced AVX2, 2 threads, two interleaved pairs on a loaded host: Q4_1 326 → 379 and 353 → 584, Q4_0 307 →
+/// 353 and 448 → 514.
 ///
 /// # Safety
-/// As [`wide_tiles`], with `act` the checked activations the chunk was filled from (`G` = 1).
+/// As [`wide_tiles`], with `act` the checked activations the chunk was filled from.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn byte_tiles<F: Quants>(
+unsafe fn row_tiles<F: Quants, const G: usize>(
     w: &PackedView<'_>,
     panels: Range<usize>,
     a16: &Act16,
@@ -794,15 +848,16 @@ unsafe fn byte_tiles<F: Quants>(
     for p in panels {
         let mut o = 0;
         while o < n {
-            let c = (n - o).min(3);
+            // At most 4 rows of bytes (see `nibble_block`) and 3 rows.
+            let c = (n - o).min(if G == 1 { 3 } else { 2 });
             // The panel's first tile fetches the next panel while it runs (see `tile`).
             let first = o == 0;
             // SAFETY: p is a checked panel and rows o..o + c of the chunk are filled.
             unsafe {
                 match c {
-                    3 => tile::<F, 1, 3, 2>(w, 2 * p, a16, act, o, o_base, first, out),
-                    2 => tile::<F, 1, 2, 2>(w, 2 * p, a16, act, o, o_base, first, out),
-                    _ => tile::<F, 1, 1, 2>(w, 2 * p, a16, act, o, o_base, first, out),
+                    3 => tile::<F, G, 3, 2>(w, 2 * p, a16, act, o, o_base, first, out),
+                    2 => tile::<F, G, 2, 2>(w, 2 * p, a16, act, o, o_base, first, out),
+                    _ => tile::<F, G, 1, 2>(w, 2 * p, a16, act, o, o_base, first, out),
                 }
             }
             o += c;
