@@ -256,7 +256,8 @@ impl Quants for Q4 {
     const TOP_QUANT: i32 = 15;
     /// SmolLM2 Q4_1 layers alone (kernel bench `curve`, one thread, medians of 9 alternated rounds), widened → byte
     /// tiles: 2 rows 71 → 116, 3 87 → 114, 4 93 → 115, 6 109 → 117, 8 115 → 118, 12 125 → 115, 16 122 → 118.
-    /// Whole model (`--batch`, with its Q8_0 output head): 2 84 → 121, 4 123 → 135, 6 136 → 151, 8 151 → 147.
+    /// Whole model (`--batch`, with its Q8_0 output head, 6 rounds): 2 84 → 121, 4 123 → 135, 6 136 → 151, 8 151 →
+    /// 147.
     const SMALL_BATCH: usize = 6;
     #[inline(always)]
     unsafe fn unpack_pair(qs: *const u8, jj: usize, _: __m256i) -> [__m256i; 2] {
