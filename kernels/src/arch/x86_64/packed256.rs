@@ -648,26 +648,37 @@ unsafe fn byte_products<F: Quants, const G: usize, const C: usize, const S: usiz
                 }
             }
         }
-        let first = _mm256_set1_epi16(if G == 2 { 256 } else { 1 });
-        let ones = _mm256_set1_epi16(1);
         for s in 0..S {
             for r in 0..regs {
                 let into = if F::FORMAT.split_halves() { r } else { 0 };
                 for_each_c!(C, c, {
-                    let mut v = _mm256_madd_epi16(sums[s][r][c][0], first);
-                    if G == 2 {
-                        v = _mm256_add_epi32(v, _mm256_madd_epi16(sums[s][r][c][G - 1], ones));
-                    }
-                    iv[into][s][c] = _mm256_add_epi32(iv[into][s][c], v);
+                    iv[into][s][c] = _mm256_add_epi32(iv[into][s][c], part_sums(sums[s][r][c]));
                 });
             }
         }
     }
 }
 
+/// One row's 16-bit pair sums, a register per activation part, as its 32-bit sums: with `q8x2` (`G = 2`) the
+/// first part's count 256 times (`256·Σw·q1 + Σw·q2`), with `q8` they are the sums themselves. One `vpmaddwd` per
+/// part does the widening.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[inline(always)]
+unsafe fn part_sums<const G: usize>(parts: [__m256i; G]) -> __m256i {
+    // SAFETY: the caller has the features.
+    unsafe {
+        let mut v = _mm256_madd_epi16(parts[0], _mm256_set1_epi16(if G == 2 { 256 } else { 1 }));
+        if G == 2 {
+            v = _mm256_add_epi32(v, _mm256_madd_epi16(parts[G - 1], _mm256_set1_epi16(1)));
+        }
+        v
+    }
+}
+
 /// [`nibble_block`] over the `R = G·C` rows of bytes of a tile's `C` rows (part `g` of row `c` is byte row
-/// `G·c + g`), added into the tile's 32-bit sums `iv` as [`byte_products`] adds them: with `q8x2` (`G = 2`) the
-/// first part's pair sums count 256 times.
+/// `G·c + g`), added into the tile's 32-bit sums `iv` by [`part_sums`], as [`byte_products`] adds them.
 ///
 /// # Safety
 /// As [`nibble_block`]; `R` must be `G·C` and `S` 2.
@@ -682,33 +693,28 @@ unsafe fn nibble_sums<const G: usize, const C: usize, const S: usize, const R: u
     // SAFETY: the caller's contract.
     unsafe {
         let sums = nibble_block::<R>(qp, std::array::from_fn(|r| a8[r / G][r % G]), k);
-        let first = _mm256_set1_epi16(if G == 2 { 256 } else { 1 });
-        let ones = _mm256_set1_epi16(1);
         for s in 0..2 {
             for_each_c!(C, c, {
-                let mut v = _mm256_madd_epi16(sums[s][G * c], first);
-                if G == 2 {
-                    v = _mm256_add_epi32(v, _mm256_madd_epi16(sums[s][G * c + G - 1], ones));
-                }
+                let v = part_sums::<G>(std::array::from_fn(|g| sums[s][G * c + g]));
                 iv[0][s % S][c] = _mm256_add_epi32(iv[0][s % S][c], v);
             });
         }
     }
 }
 
-/// [`byte_products`] in assembly for the nibble formats (Q4, K4, the formats of [`byte_tiled`]) and both halves of
-/// a panel, against `R` rows of 8-bit activations: the 3 rows of a `--precision q8` tile, or the two parts of each
-/// of the 2 rows of a `q8x2` tile of a small batch (4). Per pair of groups, the two halves' chunks are unpacked
-/// into 4 registers of weight bytes, and for each part and row one broadcast meets both halves, a `vpmaddubsw` and
-/// a 16-bit add each; the 2·R registers of sums, the 4 of weights, the mask, the broadcast and the product take
-/// at most 15 of the 16 registers. Compiled from `byte_products`, LLVM unpacked
-/// ahead and kept the weight registers on the stack, about 70 stack accesses per block of 48 `vpmaddubsw` (about
-/// 18 with this, the float accumulators and pointers between blocks). The sums are the same integers, so the
-/// results do not change by a bit. (Decode's 2 rows of bytes gain nothing from it: SmolLM2's Q4_1 layers on one
-/// thread, Zen 1, 98 tokens per CPU-second either way, medians of 9 alternated rounds.) Kernel alone (forced AVX2, one thread, 1536×576 or ×1024 panels against 48 rows
-/// at `q8`, best of 40 interleaved runs, two runs, Zen 4), G multiply-adds/s: Q4_0 97.0 → 106.1 and 88.3 → 101.3,
-/// Q4_1 98.2 → 105.8 and 98.3 → 107.9, Q4_K 90.2 → 94.2 and 64.5 → 66.6. Returns each half's and row's 16-bit pair
-/// sums: eight groups of them, each at most 2 · 15 · 128, stay below 2^15 (as [`whole_block_sums`] states).
+/// [`byte_products`] in assembly for the nibble formats (Q4, K4, the formats of [`byte_tiled`]) and both halves of a
+/// panel, against `R` rows of 8-bit activations: the 3 rows of a `--precision q8` tile, or the two parts of each of the
+/// 2 rows of a `q8x2` tile of a small batch (4). Per pair of groups, the two halves' chunks are unpacked into 4
+/// registers of weight bytes, and for each part and row one broadcast meets both halves, a `vpmaddubsw` and a 16-bit
+/// add each; the 2·R registers of sums, the 4 of weights, the mask, the broadcast and the product take at most 15 of
+/// the 16 registers. Compiled from `byte_products`, LLVM unpacked ahead and kept the weight registers on the stack,
+/// about 70 stack accesses per block of 48 `vpmaddubsw` (about 18 with this, the float accumulators and pointers
+/// between blocks). The sums are the same integers, so the results do not change by a bit. (Decode's 2 rows of bytes
+/// gain nothing from it: SmolLM2's Q4_1 layers on one thread, Zen 1, 98 tokens per CPU-second either way, medians of 9
+/// alternated rounds.) Kernel alone (forced AVX2, one thread, 1536×576 or ×1024 panels against 48 rows at `q8`, best of
+/// 40 interleaved runs, two runs, Zen 4), G multiply-adds/s: Q4_0 97.0 → 106.1 and 88.3 → 101.3, Q4_1 98.2 → 105.8 and
+/// 98.3 → 107.9, Q4_K 90.2 → 94.2 and 64.5 → 66.6. Returns each half's and row's 16-bit pair sums: eight groups of
+/// them, each at most 2 · 15 · 128, stay below 2^15 (as [`whole_block_sums`] states).
 ///
 /// # Safety
 /// `qp` as in [`tile`] (block `k / 32` of both halves), each `a8[r]` a row of 8-bit activations with `k + 32`
@@ -824,14 +830,14 @@ const fn whole_block_sums<F: Quants>() -> bool {
     !F::FORMAT.split_halves() && 8 * 2 * F::TOP_QUANT * 128 <= i16::MAX as i32
 }
 
-/// Batches of 8-bit activations (`--precision q8`, `G = 1`) for the formats of [`byte_tiled`], and small batches
-/// of `q8x2` ones (`G = 2`, at most [`Quants::SMALL_BATCH`] rows) for any format: the decode tile over three rows
-/// (`q8`) or two (`q8x2`, whose two parts make four rows of bytes for [`nibble_block`]) at a time, each panel
-/// passing all the chunk's rows while it stays in L1, with no widened copy. With one 8-bit part per activation, a register of weight bytes costs one `vpmaddubsw`
-/// and one 16-bit add per row (32 multiply-adds), half of what the widened 16-bit path spends, which is what this
-/// precision is for; a tile holds 6 registers of sums and 6 float accumulators. SmolLM2 pp512 at `--precision
-/// q8`, forced AVX2, 2 threads, two interleaved pairs on a loaded host: Q4_1 326 → 379 and 353 → 584, Q4_0 307 →
-/// 353 and 448 → 514.
+/// Batches of 8-bit activations (`--precision q8`, `G = 1`) for the formats of [`byte_tiled`], and small batches of
+/// `q8x2` ones (`G = 2`, at most [`Quants::SMALL_BATCH`] rows) for any format: the decode tile over three rows (`q8`)
+/// or two (`q8x2`, whose two parts make four rows of bytes for [`nibble_block`]) at a time, each panel passing all the
+/// chunk's rows while it stays in L1, with no widened copy. With one 8-bit part per activation, a register of weight
+/// bytes costs one `vpmaddubsw` and one 16-bit add per row (32 multiply-adds), half of what the widened 16-bit path
+/// spends, which is what this precision is for; a tile holds 6 registers of sums and 6 float accumulators. SmolLM2
+/// pp512 at `--precision q8`, forced AVX2, 2 threads, two interleaved pairs on a loaded host: Q4_1 326 → 379 and 353 →
+/// 584, Q4_0 307 → 353 and 448 → 514.
 ///
 /// # Safety
 /// As [`wide_tiles`], with `act` the checked activations the chunk was filled from.
