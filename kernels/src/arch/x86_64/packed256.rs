@@ -321,8 +321,9 @@ impl Quants for Q8 {
 impl Quants for K4 {
     const FORMAT: PackedFormat = PackedFormat::K4;
     const TOP_QUANT: i32 = 15;
-    /// The nibble tile of Q4, so its limit. Gemma 3 Q4_K_M, whose Q6_K output head takes most of a step, moved
-    /// within the noise at 2, 4 and 8 rows with its Q4_K matrices alone changed (37 → 37, 53 → 54, 68 → 71).
+    /// The nibble tile of Q4, so its limit. Gemma 3 Q4_K_M, whose Q8_0 output head (the tied embedding) takes most
+    /// of a step, moved within the noise at 2, 4 and 8 rows with its Q4_K matrices alone changed (37 → 37, 53 → 54,
+    /// 68 → 71).
     const SMALL_BATCH: usize = Q4::SMALL_BATCH;
     #[inline(always)]
     unsafe fn unpack_pair(qs: *const u8, jj: usize, extra: __m256i) -> [__m256i; 2] {
@@ -344,8 +345,11 @@ impl Quants for K4 {
 
 impl Quants for K6 {
     const FORMAT: PackedFormat = PackedFormat::K6;
-    /// Gemma 3 Q4_K_M (its output head, 262,144 rows, is Q6_K), widened → tiles of two rows: 2 rows 37 → 50, 3 48
-    /// → 56; 4 52 → 49, 6 59 → 54, 8 69 → 52.
+    /// The same in-register widening as Q8, and no more rows than the fewest that measured faster there. Gemma 3
+    /// Q4_K_M's Q6_K matrices are its FFN down projections, a small share of a step: with this limit alone at 0 or
+    /// 3, its batches of 2 and 3 moved within the noise (tokens per CPU-second, medians of 3 alternated rounds:
+    /// 56.6 / 54.0 and 59.9 / 63.3). The gains once given here (2 rows 37 → 50, 3 48 → 56) do not appear with
+    /// this limit alone; most of a step is the Q8_0 output head (the tied embedding, 262,144 rows), under `Q8`'s.
     const SMALL_BATCH: usize = 3;
     #[inline(always)]
     unsafe fn unpack_pair(qs: *const u8, jj: usize, _: __m256i) -> [__m256i; 2] {
@@ -816,9 +820,10 @@ nibble_step!(nibble_step3, 3, [a0: s00, s10, 0; a1: s01, s11, 1; a2: s02, s12, 2
 nibble_step!(nibble_step4, 4, [a0: s00, s10, 0; a1: s01, s11, 1; a2: s02, s12, 2; a3: s03, s13, 3]);
 
 /// Whether batches of 8-bit activations take [`row_tiles`]: the formats whose half blocks fit one register of
-/// 16-bit sums (Q4_0, Q4_1), so that a tile holds three rows. With two registers per half (Q5_0, Q4_K) a tile holds
+/// 16-bit sums (Q4_0, Q4_1, Q4_K), so that a tile holds three rows. With two registers per half (Q5_0) a tile holds
 /// two rows, and that measured slower than the widened path (SmolLM2 Q5_0 pp512 at `--precision q8`, forced
-/// AVX2, 2 threads: 339 → 357 and 353 → 309 in two interleaved pairs; Gemma 3 Q4_K_M 433 → 360 and 517 → 396).
+/// AVX2, 2 threads: 339 → 357 and 353 → 309 in two interleaved pairs; Gemma 3 Q4_K_M, whose attention query and key
+/// and FFN gate and up matrices are Q5_0, 433 → 360 and 517 → 396).
 const fn byte_tiled<F: Quants>() -> bool {
     F::TOP_QUANT > 0 && whole_block_sums::<F>()
 }
