@@ -345,11 +345,12 @@ impl Quants for K4 {
 
 impl Quants for K6 {
     const FORMAT: PackedFormat = PackedFormat::K6;
-    /// The same in-register widening as Q8, and no more rows than the fewest that measured faster there. Gemma 3
-    /// Q4_K_M's Q6_K matrices are its FFN down projections, a small share of a step: with this limit alone at 0 or
-    /// 3, its batches of 2 and 3 moved within the noise (tokens per CPU-second, medians of 3 alternated rounds:
-    /// 56.6 / 54.0 and 59.9 / 63.3). The gains once given here (2 rows 37 → 50, 3 48 → 56) do not appear with
-    /// this limit alone; most of a step is the Q8_0 output head (the tied embedding, 262,144 rows), under `Q8`'s.
+    /// Two-row tiles through the same in-register widening as Q8; the limit of 3 comes from a sweep whose gains were
+    /// not Q6_K's (below). Gemma 3 Q4_K_M's Q6_K matrices are its FFN down projections, a small share of a step: with
+    /// this limit alone at 0 or 3, its batches of 2 and 3 moved within the noise (tokens per CPU-second, medians of 3
+    /// alternated rounds: 56.6 / 54.0 and 59.9 / 63.3). The gains once given here (2 rows 37 → 50, 3 48 → 56) do not
+    /// appear with this limit alone; most of a step is the Q8_0 output head (the tied embedding, 262,144 rows), under
+    /// `Q8`'s.
     const SMALL_BATCH: usize = 3;
     #[inline(always)]
     unsafe fn unpack_pair(qs: *const u8, jj: usize, _: __m256i) -> [__m256i; 2] {
