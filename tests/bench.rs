@@ -136,12 +136,21 @@ fn bandwidth_probe_is_reported_with_the_tests() {
     let m = model.to_str().unwrap();
     let args = ["bench", m, "-p", "4", "-n", "4", "-r", "1", "-t", "1", "--bandwidth", "-o", "json"];
     let records: Vec<serde_json::Value> = serde_json::from_str(&run_ok(&args)).expect("a JSON array");
+    assert_eq!(records.len(), 2, "{records:?}");
     for r in &records {
         let gbs = r["mem_read_gbs"].as_f64().unwrap_or_else(|| panic!("no mem_read_gbs: {r}"));
         assert!(gbs > 0.1 && gbs < 10_000.0, "{r}");
+        // One probe before the tests and one after each of the two; the best counts for both records.
+        assert_eq!(r["mem_read_probes"].as_u64(), Some(3), "{r}");
+        let low = r["mem_read_gbs_low"].as_f64().unwrap_or_else(|| panic!("no mem_read_gbs_low: {r}"));
+        assert!(low > 0.0 && low <= gbs, "{r}");
+        assert_eq!(r["mem_read_gbs"], records[0]["mem_read_gbs"], "one best rate per thread count");
     }
     let md = run_ok(&["bench", m, "-p", "0", "-n", "4", "-r", "1", "-t", "1", "--bandwidth"]);
-    assert!(md.contains("memory read") && md.contains("tg4 at most"), "{md}");
+    assert!(
+        md.contains("memory read") && md.contains("(best of 2 probes, the lowest") && md.contains("tg4 at most"),
+        "{md}"
+    );
     let plain = run_ok(&["bench", m, "-p", "0", "-n", "4", "-r", "1", "-t", "1", "-o", "json"]);
     assert!(!plain.contains("mem_read_gbs"), "the probe runs only when asked: {plain}");
 }

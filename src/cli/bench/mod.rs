@@ -79,7 +79,8 @@ pub struct BenchArgs {
     /// Skip the untimed warmup run of each test.
     #[arg(long)]
     pub no_warmup: bool,
-    /// Also probe the memory read rate at each thread count (decode's limit is that rate over the model's bytes).
+    /// Also probe the memory read rate at each thread count, before the tests and after each one, and report the best
+    /// (decode's limit is that rate over the model's bytes).
     #[arg(long)]
     pub bandwidth: bool,
     /// Also probe the kernel level's f32 FMA and integer multiply-add peaks at each thread count, and state each

@@ -40,9 +40,15 @@ pub struct Record {
     /// Tokens per second of CPU time per thread: tokens / (CPU seconds / n_threads): the rate if every thread had a
     /// core to itself and never idled. On a busy machine it estimates (from above) what an idle one would give.
     pub avg_ts_cpu: Option<f64>,
-    /// The memory read probe's rate at this thread count, GB/s (with --bandwidth).
+    /// The memory read probe's rate at this thread count, GB/s (with --bandwidth): the best of the probes run
+    /// before the tests and after each one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mem_read_gbs: Option<f64>,
+    /// The lowest of those probes and how many ran: how far the machine's read rate moved during the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem_read_gbs_low: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem_read_probes: Option<usize>,
     /// The compute probes at this thread count (with --peak): f32 FMA GFLOP/s, and the integer multiply-add
     /// of the level's quantized kernels in billions per second.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -267,9 +273,14 @@ pub(super) fn to_markdown(records: &[Record], build: &str) -> String {
         if let Some(gbs) = r.mem_read_gbs {
             probed = true;
             let limit = gbs * 1e9 / r.model_size as f64;
+            let spread = match (r.mem_read_probes, r.mem_read_gbs_low) {
+                (Some(n), Some(low)) if n > 1 => format!(" (best of {n} probes, the lowest {low:.1})"),
+                _ => String::new(),
+            };
             let _ = write!(
                 out,
-                "\nmemory read {gbs:.1} GB/s on {} threads: {} {} at most {limit:.0} t/s ({} per token); {:.0}% of it",
+                "\nmemory read {gbs:.1} GB/s{spread} on {} threads: {} {} at most {limit:.0} t/s ({} per token); \
+                 {:.0}% of it",
                 r.n_threads,
                 r.model_type,
                 r.test,
@@ -312,7 +323,7 @@ pub(super) fn to_markdown(records: &[Record], build: &str) -> String {
 
 /// CSV with a header: one row per record, the batching-curve columns empty for pp/tg rows.
 pub(super) fn to_csv(records: &[Record]) -> String {
-    const COLUMNS: [&str; 30] = [
+    const COLUMNS: [&str; 32] = [
         "build",
         "model_filename",
         "model_type",
@@ -334,6 +345,8 @@ pub(super) fn to_csv(records: &[Record]) -> String {
         "stddev_ts",
         "avg_ts_cpu",
         "mem_read_gbs",
+        "mem_read_gbs_low",
+        "mem_read_probes",
         "n_kv",
         "t_pp",
         "s_pp",
@@ -373,6 +386,8 @@ pub(super) fn to_csv(records: &[Record]) -> String {
             format!("{:.4}", r.stddev_ts),
             opt(r.avg_ts_cpu.map(|v| format!("{v:.4}"))),
             opt(r.mem_read_gbs.map(|v| format!("{v:.3}"))),
+            opt(r.mem_read_gbs_low.map(|v| format!("{v:.3}"))),
+            opt(r.mem_read_probes.map(|n| n.to_string())),
             opt(c.map(|c| c.n_kv.to_string())),
             opt(c.map(|c| format!("{:.6}", c.t_pp))),
             opt(c.map(|c| format!("{:.4}", c.s_pp))),

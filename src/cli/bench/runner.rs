@@ -454,8 +454,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<_>>()?;
 
-    let read_gbs: Vec<Option<f64>> =
-        pools.iter().map(|(_, pool)| args.bandwidth.then(|| pool.install(crate::cli::membw::read_gbs))).collect();
+    // The read probe runs before the tests and again after each one, and each thread count's records get the best
+    // rate it gave: a neighbour's burst of memory traffic slows a probe as it slows a test, so one probe taken in a
+    // busy moment would put decode's share of the limit too high (on a shared Zen 1, one probe beside one run gave
+    // anywhere from 58% to 77% for the same decode).
+    let probe = |pool: &rayon::ThreadPool| args.bandwidth.then(|| pool.install(crate::cli::membw::read_gbs));
+    // Per pool: the best and the lowest rate so far, and how many probes ran.
+    let mut read_gbs: Vec<Option<(f64, f64, usize)>> =
+        pools.iter().map(|(_, pool)| probe(pool).map(|g| (g, g, 1))).collect();
+    // Which pool each record came from, to give it that pool's best rate at the end.
+    let mut record_pool: Vec<usize> = Vec::new();
     let peaks: Vec<Option<(peak::Rate, peak::Rate)>> = pools
         .iter()
         .map(|(_, pool)| args.peak.then(|| pool.install(|| peak::measure(infer_kernels::dispatch::isa()))))
@@ -489,7 +497,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ubatch: args.ubatch,
             rng: ChaCha8Rng::seed_from_u64(TOKEN_SEED),
         };
-        for (((n_threads, pool), gbs), peaks) in pools.iter().zip(&read_gbs).zip(&peaks) {
+        for (pi, ((n_threads, pool), peaks)) in pools.iter().zip(&peaks).enumerate() {
             for &test in &tests {
                 progress.set_message(format!("{} {} t{}", info.model_type, test.name(), n_threads));
                 let samples = pool.install(|| -> anyhow::Result<Vec<Sample>> {
@@ -512,7 +520,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                     break 'models;
                 }
                 let mut record = make_record(&build, info, &isa, *n_threads, &args, test, &samples);
-                record.mem_read_gbs = *gbs;
+                if let (Some((best, low, n)), Some(now)) = (read_gbs[pi], probe(pool)) {
+                    read_gbs[pi] = Some((best.max(now), low.min(now), n + 1));
+                }
                 if let Some((fma, int)) = peaks {
                     record.peak_fma_gflops = Some(2.0 * fma.g_macs);
                     record.peak_int_gmacs = Some(int.g_macs);
@@ -532,10 +542,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                     }
                 }
                 records.push(record);
+                record_pool.push(pi);
             }
         }
     }
     progress.finish_and_clear();
+    for (record, &pi) in records.iter_mut().zip(&record_pool) {
+        if let Some((best, low, n)) = read_gbs[pi] {
+            (record.mem_read_gbs, record.mem_read_gbs_low, record.mem_read_probes) = (Some(best), Some(low), Some(n));
+        }
+    }
     fill_speedups(&mut records);
 
     let text = match args.output.as_str() {
@@ -634,6 +650,8 @@ fn make_record(
         samples_cpu_ns: cpu.map(|c| c.iter().map(|&t| (t * 1e9).round() as u64).collect()),
         avg_ts_cpu,
         mem_read_gbs: None,
+        mem_read_gbs_low: None,
+        mem_read_probes: None,
         peak_fma_gflops: None,
         peak_int_gmacs: None,
         matrix_gflops: None,
