@@ -37,14 +37,19 @@ fn breaks(pool: &KvPool, kv: &SeqKv, layers: &[usize], positions: std::ops::Rang
 /// logits of an unshared run, and the blocks' holders add up at every stage.
 #[test]
 fn a_shared_partial_block_is_copied_before_it_is_written() {
-    for spec in [Spec::llama(GgmlType::Q8_0), Spec::gemma(GgmlType::Q8_0)] {
+    // The gemma spec's heads (32) also fit the 8-bit cache, whose copies carry the scales along.
+    for (spec, dtype) in [
+        (Spec::llama(GgmlType::Q8_0), KvDtype::F32),
+        (Spec::gemma(GgmlType::Q8_0), KvDtype::F32),
+        (Spec::gemma(GgmlType::Q8_0), KvDtype::Q8_0),
+    ] {
         let model = load(spec);
         let c = &model.config;
         let mut s = ForwardScratch::new(&model);
         let prefix = tokens(20, spec.n_vocab, 1);
         let (x, y) = (5u32, 9u32);
         let alone = |next: u32| {
-            let mut pool = KvPool::new(c, KvDtype::F32, 64, 64);
+            let mut pool = KvPool::new(c, dtype, 64, 64);
             let mut kv = SeqKv::new();
             let mut s = ForwardScratch::new(&model);
             feed(&model, &mut pool, &mut kv, &prefix, &mut s);
@@ -53,7 +58,7 @@ fn a_shared_partial_block_is_copied_before_it_is_written() {
         let (want_x, want_y) = (alone(x), alone(y));
         assert_ne!(want_x, want_y);
 
-        let mut pool = KvPool::new(c, KvDtype::F32, 64, 64);
+        let mut pool = KvPool::new(c, dtype, 64, 64);
         let (mut a, mut b) = (SeqKv::new(), SeqKv::new());
         feed(&model, &mut pool, &mut a, &prefix, &mut s);
         let shared: Vec<BlockRef> = (0..2).map(|i| pool.block_ref(&a, i)).collect();

@@ -166,3 +166,26 @@ fn timings_go_to_stderr_with_verbose_and_never_to_a_pipe() {
         assert!(mem.contains(part), "{part:?} missing from {mem}");
     }
 }
+
+/// `--kv-type q8_0`: generation runs with the 8-bit cache where the heads are whole blocks of 32, and every
+/// command that builds a cache refuses it with one clear line (not a panic) where they are not.
+#[test]
+fn q8_kv_cache_runs_or_is_refused_by_head_width() {
+    let dir = tempdir();
+    let (wide, narrow) = (dir.path().join("heads32.gguf"), dir.path().join("heads16.gguf"));
+    build(Spec { head_dim: 32, ..Spec::llama(GgmlType::Q4_0) }, 5).write_file(&wide).unwrap();
+    build(Spec::llama(GgmlType::Q4_0), 5).write_file(&narrow).unwrap();
+    let (w, n) = (wide.to_str().unwrap(), narrow.to_str().unwrap());
+    let run = ["-p", "abc", "-n", "40", "--temp", "0", "--ignore-eos", "--json", "--kv-type", "q8_0"];
+    let out = stdout(&infer(&[&["run", w][..], &run].concat()));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 40);
+    let refused = "not a multiple of 32";
+    assert_clean_failure(&infer(&[&["run", n][..], &run].concat()), refused);
+    assert_clean_failure(&infer(&["bench", n, "-p", "16", "-n", "0", "-r", "1", "--kv-type", "q8_0"]), refused);
+    assert_clean_failure(&infer(&["bench", n, "--batch", "2", "-r", "1", "--kv-type", "q8_0"]), refused);
+    // clap names the flag and lists the types it takes.
+    let out = infer(&["run", w, "-p", "a", "--kv-type", "q4"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(2) && err.contains("'--kv-type <T>'") && err.contains("q8_0"), "{err}");
+}

@@ -376,6 +376,8 @@ pub struct Kernels {
     pub axpy_rows_f16: fn(AxpyRows<'_>, &[f16], &mut [f32]),
     /// [`crate::vec_f32::f16_to_f32`].
     pub f16_to_f32: fn(&[f16], &mut [f32]),
+    /// [`crate::vec_f32::dequant_q8`].
+    pub dequant_q8: fn(&[i8], &[f32], usize, &mut [f32]),
     /// [`crate::vec_f32::softmax_block`].
     pub softmax_block: fn(&mut [f32], f32, &mut SoftmaxState) -> f32,
     /// [`crate::vec_f32::swiglu`].

@@ -105,6 +105,55 @@ pub fn f16_to_f32_ref(src: &[f16], dst: &mut [f32]) {
     }
 }
 
+/// Values of an 8-bit KV cache (blocks of 32 with an f32 scale each) as f32 in `dst`: `dst[r·lanes + j] =
+/// q[r·lanes + j] · d[(r / 32)·lanes + j]`. With `lanes` 1 that is a row of blocks (cached values: each 32 values
+/// share a scale); with `lanes` the block size it is a transposed key tile, whose blocks run down each lane's
+/// column 32 rows at a time. One multiply of two exact values per element, so all levels give the same bits.
+/// Attention converts a block once like this and then runs the f32 kernels on it, in decode and in tiled prefill
+/// alike, which keeps their arithmetic the same. Panics unless `q` and `dst` are whole blocks of 32 rows of
+/// `lanes` and `d` has one scale per block.
+pub fn dequant_q8(q: &[i8], d: &[f32], lanes: usize, dst: &mut [f32]) {
+    (kernels().dequant_q8)(q, d, lanes, dst)
+}
+
+/// The scalar statement of [`dequant_q8`], element by element as its documentation says.
+pub fn dequant_q8_ref(q: &[i8], d: &[f32], lanes: usize, dst: &mut [f32]) {
+    assert!(lanes > 0 && q.len() == dst.len() && q.len().is_multiple_of(32 * lanes) && d.len() * 32 == q.len());
+    for (i, (o, &q)) in dst.iter_mut().zip(q).enumerate() {
+        let (r, j) = (i / lanes, i % lanes);
+        *o = f32::from(q) * d[(r / 32) * lanes + j];
+    }
+}
+
+/// The body of [`dequant_q8`] (the scalar level's too), inlined into each level's entry point so it is
+/// vectorised for that level.
+#[inline(always)]
+pub(crate) fn dequant_q8_impl(q: &[i8], d: &[f32], lanes: usize, dst: &mut [f32]) {
+    assert!(
+        lanes > 0 && q.len() == dst.len() && q.len().is_multiple_of(32 * lanes) && d.len() * 32 == q.len(),
+        "dequant_q8: {} values, {} scales and {} outputs are not blocks of 32 rows of {lanes}",
+        q.len(),
+        d.len(),
+        dst.len()
+    );
+    if lanes == 1 {
+        for ((o, q), &d) in dst.chunks_exact_mut(32).zip(q.chunks_exact(32)).zip(d) {
+            for (o, &q) in o.iter_mut().zip(q) {
+                *o = f32::from(q) * d;
+            }
+        }
+        return;
+    }
+    let block = 32 * lanes;
+    for ((o, q), d) in dst.chunks_exact_mut(block).zip(q.chunks_exact(block)).zip(d.chunks_exact(lanes)) {
+        for (o, q) in o.chunks_exact_mut(lanes).zip(q.chunks_exact(lanes)) {
+            for ((o, &q), &d) in o.iter_mut().zip(q).zip(d) {
+                *o = f32::from(q) * d;
+            }
+        }
+    }
+}
+
 /// The weighted sums of a run of `n` cached values for one or more heads that share them: for each head `h`,
 /// `out[h·width..][..width] += Σ_j w[h·w_stride + j] · v[j·v_stride..][..width]`, `j` in `0..n`. Each value row is
 /// loaded once for all heads. Per element, fused multiply-adds in row order, as one [`axpy`] per row would do.

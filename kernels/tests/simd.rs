@@ -629,6 +629,21 @@ fn attention_kernels_equal_their_scalar_statements() {
             vec_f32::f16_to_f32_ref(&src, &mut want);
             assert_eq!(bits(&got), bits(&want), "{} f16_to_f32 n={n}", k.isa);
         }
+        // 8-bit KV blocks → f32: one exact product per value, so equal to the scalar statement, for rows of blocks
+        // (lanes 1, cached values) and transposed tiles (cached keys, 16 lanes), with a zero and a huge scale.
+        for (lanes, rows) in [(1, 32), (1, 256), (16, 32), (16, 64), (3, 96)] {
+            let n = lanes * rows;
+            let q: Vec<i8> = (0..n).map(|_| rng.random_range(-127i32..=127) as i8).collect();
+            let mut d = randv(&mut rng, n / 32, 0.05);
+            d[0] = 0.0;
+            if let Some(x) = d.get_mut(1) {
+                *x = 3e38;
+            }
+            let (mut got, mut want) = (vec![f32::NAN; n], vec![0f32; n]);
+            (k.dequant_q8)(&q, &d, lanes, &mut got);
+            vec_f32::dequant_q8_ref(&q, &d, lanes, &mut want);
+            assert_eq!(bits(&got), bits(&want), "{} dequant_q8 lanes={lanes} rows={rows}", k.isa);
+        }
         // Softmax blocks: weights e^(x·scale − max) to about an ulp, tails to exactly 0, the running state's
         // rescaling, and bit-equal results on every level.
         let scale = 0.125;

@@ -52,6 +52,7 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         let need = ids.len().max(1);
         if kv_pool.as_ref().is_none_or(|p| p.free_positions() < need) {
             let (dtype, cap) = (args.engine.kv_dtype(), need.max(CHUNK));
+            dtype.check(&c)?;
             crate::memory::check_fits(
                 &format!("stdin line {lineno} ({} tokens: its KV cache)", ids.len()),
                 KvPool::bytes_for(&c, dtype, cap, cap, 0),

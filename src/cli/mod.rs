@@ -207,6 +207,7 @@ pub fn load(spec: Option<&str>, engine: &EngineArgs) -> anyhow::Result<Loaded> {
 /// Checks a context size before a session is made for it: a warning on stderr above the context the model was
 /// trained for, and an error with the numbers, before anything is allocated, when its KV cache would not fit.
 pub fn check_context(model: &crate::model::Model, n_ctx: usize, kv: crate::model::KvDtype) -> anyhow::Result<()> {
+    kv.check(&model.config)?;
     let trained = model.config.n_ctx_train;
     if n_ctx > trained {
         eprintln_lossy!(
@@ -257,8 +258,9 @@ pub struct EngineArgs {
     /// `q8` quantizes them to 8 bits like llama.cpp (faster prefill, slightly less accurate).
     #[arg(long, value_name = "P", value_parser = ["q8x2", "q8"], default_value = "q8x2", help_heading = "Engine")]
     pub precision: String,
-    /// Element type of the KV cache.
-    #[arg(long = "kv-type", value_name = "T", value_parser = ["f16", "f32"], default_value = "f16", help_heading = "Engine")]
+    /// Element type of the KV cache: `q8_0` holds keys and values in 8 bits (blocks of 32 with an f32 scale),
+    /// 0.56× the memory of f16 for long contexts and many sequences, at a small cost in accuracy.
+    #[arg(long = "kv-type", value_name = "T", value_parser = ["f16", "f32", "q8_0"], default_value = "f16", help_heading = "Engine")]
     pub kv_type: String,
     /// Read the model file into memory instead of mapping it: changes to the file on disk while infer runs then
     /// cannot affect it (a mapped file that shrinks stops infer with an error).

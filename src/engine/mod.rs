@@ -95,6 +95,8 @@ pub enum EngineError {
     KvTooSmall { bytes: usize, block_bytes: usize, block_size: usize },
     #[error("starting the engine's worker threads: {0}")]
     Threads(String),
+    #[error(transparent)]
+    KvDtype(#[from] crate::model::kv_cache::KvDtypeError),
 }
 
 /// What one request asks for.
@@ -251,6 +253,7 @@ impl PoolPlan {
 
     fn new(model: &Model, cfg: &EngineConfig) -> Result<PoolPlan, EngineError> {
         let c = &model.config;
+        cfg.kv_dtype.check(c)?;
         let bs = DEFAULT_BLOCK_SIZE;
         let (full_bb, swa_bb) = KvPool::block_bytes(c, cfg.kv_dtype);
         // Sliding-window layers need, per running request, the window plus one step's chunk; twice that leaves

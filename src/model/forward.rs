@@ -10,13 +10,13 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use infer_kernels::matmul::{ActPrecision, MatmulScratch, PreQuant, WeightMatrix, matmul, matmul_multi};
-use infer_kernels::parallel::{self, Chunks, DistinctIndices, Picked, for_each_row, for_each_row_in};
+use infer_kernels::parallel::{self, Chunks, DistinctIndices, Picked, Rows, for_each_row, for_each_row_in};
 use infer_kernels::vec_f32;
 
 use crate::gguf::{GgufError, GgufFile};
 
 use super::config::{Activation, ModelConfig};
-use super::kv_cache::{KvElem, KvError, KvPool, KvRow, SeqKv, TilesMut};
+use super::kv_cache::{KvElem, KvError, KvPool, KvRow, Q8_BLOCK, Q8Tiles, SeqKv, TilesMut};
 use super::ops;
 use super::stats::{ActivationStats, Site};
 use super::weights::{Experts, Ffn, LayerWeights, Linear, ModelWeights};
@@ -182,6 +182,8 @@ thread_local! {
     /// A prompt tile's gathered queries, block scores, f32 copies of a key and a value block, and a span's
     /// outputs (see [`Model::attention_tiles`]).
     static TILE: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// A key block and a run of value rows of an 8-bit cache as f32, for a decode task (see [`SpanRun::span`]).
+    static DEQUANT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// The few-token attention tasks (token, run of heads, span) and their partial results (see
@@ -260,26 +262,56 @@ struct KvAt<'a> {
 /// Per token `t` (in parallel with enough tokens): `rotate(t, q row, k row)`, then the rotated key and the value
 /// row go into the token's KV tiles. The tiles must all differ (one new position per sequence), which
 /// [`DistinctIndices`] checks.
-fn rotate_and_store<T: KvElem>(
+fn rotate_and_store(
     q: &mut [f32],
     k: &mut [f32],
     v: &[f32],
-    (kt, vt): (&mut [T], &mut [T]),
+    tiles: TilesMut<'_>,
     at: &KvAt<'_>,
     rotate: impl Fn(usize, &mut [f32], &mut [f32]) + Sync,
 ) {
+    let picks = DistinctIndices::new(at.tiles);
+    let (kn, vn) = at.sizes;
+    match tiles {
+        TilesMut::F32 { k: kt, v: vt } => {
+            let tiles = (Picked::new(kt, kn, picks), Picked::new(vt, vn, picks));
+            rotate_and_store_in(q, k, v, tiles, at, rotate, |(kt, vt), lane, kr, vr| {
+                f32::store(kt, vt, lane, at.bs, kr, vr, at.v_head)
+            })
+        }
+        TilesMut::F16 { k: kt, v: vt } => {
+            let tiles = (Picked::new(kt, kn, picks), Picked::new(vt, vn, picks));
+            rotate_and_store_in(q, k, v, tiles, at, rotate, |(kt, vt), lane, kr, vr| {
+                half::f16::store(kt, vt, lane, at.bs, kr, vr, at.v_head)
+            })
+        }
+        TilesMut::Q8 { k: kq, kd, v: vq, vd } => {
+            let (kb, vb) = (kn / Q8_BLOCK, vn / Q8_BLOCK);
+            let keys = (Picked::new(kq, kn, picks), Picked::new(kd, kb, picks));
+            let values = (Picked::new(vq, vn, picks), Picked::new(vd, vb, picks));
+            rotate_and_store_in(q, k, v, (keys, values), at, rotate, |((kq, kd), (vq, vd)), lane, kr, vr| {
+                Q8Tiles { kq, kd, vq, vd }.store(lane, at.bs, kr, vr, at.v_head)
+            })
+        }
+    }
+}
+
+/// [`rotate_and_store`] over one element type's tiles: `store(tiles, lane, key, value)` writes a token's row.
+fn rotate_and_store_in<'a, P: Rows<'a>>(
+    q: &'a mut [f32],
+    k: &'a mut [f32],
+    v: &[f32],
+    tiles: P,
+    at: &KvAt<'_>,
+    rotate: impl Fn(usize, &mut [f32], &mut [f32]) + Sync,
+    store: impl Fn(P::Row, usize, &[f32], &[f32]) + Sync,
+) {
     let n = at.tiles.len();
     let (q_dim, k_dim, v_dim) = (q.len() / n.max(1), k.len() / n.max(1), v.len() / n.max(1));
-    let tiles = DistinctIndices::new(at.tiles);
-    let rows = (
-        Chunks::new(q, q_dim),
-        Chunks::new(k, k_dim),
-        Picked::new(kt, at.sizes.0, tiles),
-        Picked::new(vt, at.sizes.1, tiles),
-    );
-    for_each_row(rows, n >= PAR_ROWS, |t, (qr, kr, k_tile, v_tile)| {
+    let rows = (Chunks::new(q, q_dim), Chunks::new(k, k_dim), tiles);
+    for_each_row(rows, n >= PAR_ROWS, |t, (qr, kr, tiles)| {
         rotate(t, qr, kr);
-        T::store(k_tile, v_tile, at.lanes[t], at.bs, kr, &v[t * v_dim..(t + 1) * v_dim], at.v_head);
+        store(tiles, at.lanes[t], kr, &v[t * v_dim..(t + 1) * v_dim]);
     });
 }
 
@@ -499,10 +531,7 @@ impl Model {
                         bs: pool.block_size,
                         v_head: pool.v_head(il),
                     };
-                    match pool.tiles_mut(il) {
-                        TilesMut::F32 { k: kt, v: vt } => rotate_and_store(q, k, v, (kt, vt), &at, rotate),
-                        TilesMut::F16 { k: kt, v: vt } => rotate_and_store(q, k, v, (kt, vt), &at, rotate),
-                    }
+                    rotate_and_store(q, k, v, pool.tiles_mut(il), &at, rotate);
                 } else {
                     for_rows2(q, q_dim, k, k_dim, None, |t, qr, kr| rotate(t, qr, kr));
                     // Cache the new keys and values (a prompt's positions share blocks: one writer).
@@ -1152,6 +1181,11 @@ impl SpanRun<'_> {
         scores.resize(heads * row, 0.0);
         let mut tile = [0f32; MAX_TASK_HEADS * BS];
         let tile = &mut tile[..heads * BS];
+        // f32 room for a key head's block or a block's value rows, where the cache is 8-bit.
+        let mut dequant = DEQUANT.take();
+        if matches!(self.pool.dtype, super::KvDtype::Q8_0) {
+            dequant.resize(BS * hd.max(hdv), 0.0);
+        }
         out.fill(0.0);
         states.fill(vec_f32::SoftmaxState::EMPTY);
         if fetch {
@@ -1180,6 +1214,9 @@ impl SpanRun<'_> {
                     match kt {
                         KvRow::F32(k) => vec_f32::dot_cols(q, &k[keys], BS, t),
                         KvRow::F16(k) => vec_f32::dot_cols_f16(q, &k[keys], BS, t),
+                        // The 8-bit cache converts each block once for its query heads (as prefill's tiles
+                        // convert theirs), then runs the f32 kernel.
+                        KvRow::Q8 { .. } => vec_f32::dot_cols(q, kt.as_f32(keys, BS, &mut dequant), BS, t),
                     }
                 }
                 for h in 0..heads {
@@ -1205,11 +1242,16 @@ impl SpanRun<'_> {
                     match v {
                         KvRow::F32(v) => vec_f32::axpy_rows(n, w, row, &v[at..], hdv, out, hdv),
                         KvRow::F16(v) => vec_f32::axpy_rows_f16(n, w, row, &v[at..], hdv, out, hdv),
+                        KvRow::Q8 { .. } => {
+                            let rows = v.as_f32(at..at + n * hdv, 1, &mut dequant);
+                            vec_f32::axpy_rows(n, w, row, rows, hdv, out, hdv)
+                        }
                     }
                 }
             }
         }
         SCORES.set(scores);
+        DEQUANT.set(dequant);
     }
 
     /// One softmax step of a query row over the scores `sc` of a chunk, into its softmax `state`: the scores become
@@ -1313,14 +1355,7 @@ impl SpanRun<'_> {
             while nb < CHUNK && p < range.end && (nb == 0 || !p.is_multiple_of(CHUNK * BS)) {
                 let (kt, v, lane) = self.pool.block(self.kv, self.il, p);
                 let n = (BS - lane).min(range.end - p);
-                let keys: &[f32] = match kt {
-                    KvRow::F32(k) => &k[kvh * hd * BS..(kvh + 1) * hd * BS],
-                    KvRow::F16(k) => {
-                        vec_f32::f16_to_f32(&k[kvh * hd * BS..(kvh + 1) * hd * BS], kbuf);
-                        kbuf
-                    }
-                };
-                vec_f32::dot_cols(q, keys, BS, tile);
+                vec_f32::dot_cols(q, kt.as_f32(kvh * hd * BS..(kvh + 1) * hd * BS, BS, kbuf), BS, tile);
                 for r in 0..rows {
                     scores[r * row + width..r * row + width + n]
                         .copy_from_slice(&tile[r * BS + lane..r * BS + lane + n]);
@@ -1351,13 +1386,8 @@ impl SpanRun<'_> {
             for (&(lane, n, col), v) in runs[..nb].iter().zip(&blocks[..nb]) {
                 let w = &scores[col..];
                 let at = (kvh * BS + lane) * hdv;
-                match v.expect("filled above") {
-                    KvRow::F32(v) => vec_f32::axpy_rows(n, w, row, &v[at..], hdv, out, hdv),
-                    KvRow::F16(v) => {
-                        vec_f32::f16_to_f32(&v[at..at + n * hdv], &mut vbuf[..n * hdv]);
-                        vec_f32::axpy_rows(n, w, row, vbuf, hdv, out, hdv);
-                    }
-                }
+                let v = v.expect("filled above");
+                vec_f32::axpy_rows(n, w, row, v.as_f32(at..at + n * hdv, 1, vbuf), hdv, out, hdv);
             }
         }
         SCORES.set(scores);

@@ -13,12 +13,18 @@
 //! sequence's blocks once every position in them has left the window (and an optional rewind margin behind it), so
 //! those layers keep a cache bounded by the window rather than by the context.
 //!
-//! Storage per group, f32 or f16, one tile per (layer, block):
+//! Storage per group, f32, f16 or 8-bit ([`KvDtype::Q8_0`]), one tile per (layer, block):
 //! - keys `[n_layers_in_group][n_blocks][k_row][block_size]`: each tile transposed, so one key dimension's values
 //!   for the block's positions are contiguous and attention scores come out as column sums
 //!   ([`infer_kernels::vec_f32::dot_cols`]), with no horizontal additions;
 //! - values `[n_layers_in_group][n_blocks][n_head_kv][block_size][head_dim_v]`: per key head, rows, as the weighted
 //!   sum streams them.
+//!
+//! The 8-bit cache quantizes in blocks of 32 values with an f32 scale each (llama.cpp's `q8_0` with a full-precision
+//! scale: 36 bytes per 32 values against its 34, and no conversion where attention applies it). A value row's
+//! blocks are its own 32 consecutive values; a key's run down its lane of the transposed tile, 32 key dimensions at
+//! a time, and the tile's scales are rows of `block_size` (one per lane) per 32 key rows. The scales of every tile
+//! live in a second array beside the values, tile `i`'s at `i · tile / 32`.
 //!
 //! Key rows hold `n_head_kv · head_dim` values, head after head, so one key head's share of a tile is contiguous
 //! in both stores. A layer's tiles follow one another block after block, and a sequence takes the block right
@@ -33,7 +39,7 @@ use std::ops::Range;
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use infer_kernels::vec_f32::prefetch_l2;
+use infer_kernels::vec_f32::{self, prefetch_l2};
 
 use super::config::ModelConfig;
 use super::free_blocks::FreeBlocks;
@@ -43,13 +49,30 @@ use super::free_blocks::FreeBlocks;
 pub enum KvDtype {
     F32,
     F16,
+    /// 8-bit values in blocks of 32 with an f32 scale each (see the module documentation): 0.56× the bytes of f16.
+    Q8_0,
+}
+
+/// Values per scale of [`KvDtype::Q8_0`].
+pub const Q8_BLOCK: usize = 32;
+
+/// Why a model cannot have a KV cache of some element type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KvDtypeError {
+    #[error(
+        "the q8_0 KV cache quantizes heads in blocks of {Q8_BLOCK} values, and this model's {what} is {width} \
+         (not a multiple of {Q8_BLOCK}); use --kv-type f16"
+    )]
+    HeadNotBlocks { what: &'static str, width: usize },
 }
 
 impl KvDtype {
-    pub fn size(self) -> usize {
+    /// Bytes of `n` cached values (whole blocks of 32 for [`KvDtype::Q8_0`]); `None` past 64 bits.
+    pub fn bytes(self, n: u64) -> Option<u64> {
         match self {
-            KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
+            KvDtype::F32 => n.checked_mul(4),
+            KvDtype::F16 => n.checked_mul(2),
+            KvDtype::Q8_0 => n.checked_add((n / Q8_BLOCK as u64).checked_mul(4)?),
         }
     }
 
@@ -57,8 +80,31 @@ impl KvDtype {
         match s.to_ascii_lowercase().as_str() {
             "f32" => Some(KvDtype::F32),
             "f16" => Some(KvDtype::F16),
+            "q8_0" => Some(KvDtype::Q8_0),
             _ => None,
         }
+    }
+
+    /// The name `--kv-type` takes (and `bench` reports).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+            KvDtype::Q8_0 => "q8_0",
+        }
+    }
+
+    /// Whether `config`'s heads can be cached in this type: the 8-bit cache needs key and value heads of whole
+    /// blocks, so that no block straddles two heads (attention reads one key head's share of a tile at a time).
+    pub fn check(self, config: &ModelConfig) -> Result<(), KvDtypeError> {
+        if self == KvDtype::Q8_0 {
+            for (what, width) in [("key head width", config.head_dim), ("value head width", config.head_dim_v)] {
+                if width == 0 || !width.is_multiple_of(Q8_BLOCK) {
+                    return Err(KvDtypeError::HeadNotBlocks { what, width });
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -67,6 +113,11 @@ impl KvDtype {
 pub enum KvStore {
     F32(Vec<f32>),
     F16(Vec<f16>),
+    /// Values, and one scale per 32 of them (see the module documentation).
+    Q8 {
+        q: Vec<i8>,
+        d: Vec<f32>,
+    },
 }
 
 /// A borrowed row of cached keys or values.
@@ -74,6 +125,11 @@ pub enum KvStore {
 pub enum KvRow<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
+    /// Values and their scales: `d[i]` scales the values of block `i` of the row (see [`KvStore::Q8`]).
+    Q8 {
+        q: &'a [i8],
+        d: &'a [f32],
+    },
 }
 
 impl KvRow<'_> {
@@ -82,6 +138,31 @@ impl KvRow<'_> {
         match self {
             KvRow::F32(s) => prefetch_l2(&s[range]),
             KvRow::F16(s) => prefetch_l2(&s[range]),
+            KvRow::Q8 { q, d } => {
+                prefetch_l2(&q[range.clone()]);
+                prefetch_l2(&d[range.start / Q8_BLOCK..range.end.div_ceil(Q8_BLOCK)]);
+            }
+        }
+    }
+
+    /// Elements `range` (whole blocks of 32 for [`KvRow::Q8`]) as f32: borrowed where they are f32 already, else
+    /// converted into `buf` (at least `range.len()` long). `lanes`: 1 for a row of value blocks, the block size
+    /// for a range of a transposed key tile (see [`infer_kernels::vec_f32::dequant_q8`]). Every conversion is
+    /// exact given the stored values, so each attention kernel sees the same f32 values.
+    pub fn as_f32<'b>(&'b self, range: Range<usize>, lanes: usize, buf: &'b mut [f32]) -> &'b [f32] {
+        let out = &mut buf[..range.len()];
+        match self {
+            KvRow::F32(s) => &s[range],
+            KvRow::F16(s) => {
+                vec_f32::f16_to_f32(&s[range], out);
+                out
+            }
+            KvRow::Q8 { q, d } => {
+                debug_assert!(range.start.is_multiple_of(Q8_BLOCK * lanes), "a range inside a block");
+                let scales = range.start / Q8_BLOCK..range.end / Q8_BLOCK;
+                vec_f32::dequant_q8(&q[range], &d[scales], lanes, out);
+                out
+            }
         }
     }
 }
@@ -94,6 +175,7 @@ impl KvStore {
             // server touched all of its memory before the first request.
             KvDtype::F32 => KvStore::F32(vec![0.0; len]),
             KvDtype::F16 => KvStore::F16(bytemuck::zeroed_vec(len)),
+            KvDtype::Q8_0 => KvStore::Q8 { q: vec![0; len], d: vec![0.0; len / Q8_BLOCK] },
         }
     }
 
@@ -101,6 +183,7 @@ impl KvStore {
         match self {
             KvStore::F32(s) => KvRow::F32(&s[at..at + len]),
             KvStore::F16(s) => KvRow::F16(&s[at..at + len]),
+            KvStore::Q8 { q, d } => KvRow::Q8 { q: &q[at..at + len], d: &d[at / Q8_BLOCK..(at + len) / Q8_BLOCK] },
         }
     }
 }
@@ -164,11 +247,86 @@ impl KvElem for f16 {
     }
 }
 
+/// One block's tiles in the 8-bit cache, mutable: the key tile's values and scales, then the value tile's (see
+/// [`KvStore::Q8`]).
+pub struct Q8Tiles<'a> {
+    pub kq: &'a mut [i8],
+    pub kd: &'a mut [f32],
+    pub vq: &'a mut [i8],
+    pub vd: &'a mut [f32],
+}
+
+/// One block of 32 values in 8 bits: the scale `max |x| / 127` and each value over it, rounded to nearest (halves
+/// away from zero), as llama.cpp's `q8_0` rounds. An all-zero block gets scale 0 (and zeros).
+fn quantize_block(x: &[f32]) -> (f32, [i8; Q8_BLOCK]) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut q = [0i8; Q8_BLOCK];
+    for (q, &v) in q.iter_mut().zip(x) {
+        // `as` saturates (and takes NaN to 0), so no input can wrap.
+        *q = (v * id).round() as i8;
+    }
+    (d, q)
+}
+
+impl Q8Tiles<'_> {
+    /// [`KvElem::store`] for the 8-bit cache: the key's blocks down lane `lane` of the transposed key tile, each
+    /// scale into its row of `bs` lane scales; each value head's blocks along row `lane` of its part of the value
+    /// tile, with their scales in the same order.
+    pub fn store(self, lane: usize, bs: usize, k: &[f32], v: &[f32], v_head: usize) {
+        let Q8Tiles { kq, kd, vq, vd } = self;
+        assert!(
+            lane < bs
+                && kq.len() == k.len() * bs
+                && vq.len() == v.len() * bs
+                && kd.len() * Q8_BLOCK == kq.len()
+                && vd.len() * Q8_BLOCK == vq.len()
+                && k.len().is_multiple_of(Q8_BLOCK)
+                && v_head.is_multiple_of(Q8_BLOCK)
+                && v.len().is_multiple_of(v_head),
+            "a key of {} and a value of {} (heads of {v_head}) do not fit 8-bit tiles of {} and {} at lane {lane} of {bs}",
+            k.len(),
+            v.len(),
+            kq.len(),
+            vq.len()
+        );
+        for (c, block) in k.chunks_exact(Q8_BLOCK).enumerate() {
+            let (d, q) = quantize_block(block);
+            kd[c * bs + lane] = d;
+            for (i, &q) in q.iter().enumerate() {
+                kq[(c * Q8_BLOCK + i) * bs + lane] = q;
+            }
+        }
+        for (h, vh) in v.chunks_exact(v_head).enumerate() {
+            let row = (h * bs + lane) * v_head;
+            for (c, block) in vh.chunks_exact(Q8_BLOCK).enumerate() {
+                let (d, q) = quantize_block(block);
+                vd[row / Q8_BLOCK + c] = d;
+                vq[row + c * Q8_BLOCK..][..Q8_BLOCK].copy_from_slice(&q);
+            }
+        }
+    }
+}
+
 /// The key and value tiles of one layer group, mutable, for writers of many positions at once: tile `i` of the
 /// keys is `k[i·k_tile..][..k_tile]`, of the values `v[i·v_tile..][..v_tile]` (see [`KvPool::tile_of`]).
 pub enum TilesMut<'a> {
-    F32 { k: &'a mut [f32], v: &'a mut [f32] },
-    F16 { k: &'a mut [f16], v: &'a mut [f16] },
+    F32 {
+        k: &'a mut [f32],
+        v: &'a mut [f32],
+    },
+    F16 {
+        k: &'a mut [f16],
+        v: &'a mut [f16],
+    },
+    /// Tile `i`'s scales are `kd[i·k_tile / 32..]` and `vd[i·v_tile / 32..]` (see [`Q8Tiles`]).
+    Q8 {
+        k: &'a mut [i8],
+        kd: &'a mut [f32],
+        v: &'a mut [i8],
+        vd: &'a mut [f32],
+    },
 }
 
 /// Layers sharing one block table.
@@ -232,6 +390,13 @@ impl LayerGroup {
                 (KvStore::F16(k), KvStore::F16(v)) => {
                     k.copy_within(s * kn..(s + 1) * kn, d * kn);
                     v.copy_within(s * vn..(s + 1) * vn, d * vn);
+                }
+                (KvStore::Q8 { q: kq, d: kd }, KvStore::Q8 { q: vq, d: vd }) => {
+                    kq.copy_within(s * kn..(s + 1) * kn, d * kn);
+                    vq.copy_within(s * vn..(s + 1) * vn, d * vn);
+                    let (kb, vb) = (kn / Q8_BLOCK, vn / Q8_BLOCK);
+                    kd.copy_within(s * kb..(s + 1) * kb, d * kb);
+                    vd.copy_within(s * vb..(s + 1) * vb, d * vb);
                 }
                 _ => unreachable!("keys and values of a group share one dtype"),
             }
@@ -344,6 +509,11 @@ impl KvPool {
     }
 
     fn build(config: &ModelConfig, dtype: KvDtype, blocks: usize, swa_blocks: usize, rewind: usize) -> KvPool {
+        // Callers check first, with a message for the user (`KvDtype::check`); this stops a tile that would split
+        // a block between heads.
+        if let Err(e) = dtype.check(config) {
+            panic!("{e}");
+        }
         let block_size = DEFAULT_BLOCK_SIZE;
         let mut groups = Vec::new();
         let mut layer_slot = vec![(0, 0); config.n_layer];
@@ -398,19 +568,20 @@ impl KvPool {
             let group = n_blocks.checked_mul(layers)?.checked_mul(block_size as u64)?.checked_mul(row)?;
             total = total.checked_add(group)?;
         }
-        total.checked_mul(dtype.size() as u64)
+        dtype.bytes(total)
     }
 
     /// Bytes held by the pool.
     pub fn bytes(&self) -> usize {
-        self.groups.iter().map(|g| g.n_blocks * g.n_layers * self.block_size * (g.k_row + g.v_row)).sum::<usize>()
-            * self.dtype.size()
+        let values = self.groups.iter().map(|g| g.n_blocks * g.n_layers * self.block_size * (g.k_row + g.v_row));
+        self.dtype.bytes(values.sum::<usize>() as u64).map_or(usize::MAX, |b| b as usize)
     }
 
     /// Bytes of one block in the full-attention layers and in the sliding-window layers (0 where a model has none),
     /// for sizing a pool to a memory budget before creating it.
     pub fn block_bytes(config: &ModelConfig, dtype: KvDtype) -> (usize, usize) {
-        let per_layer = DEFAULT_BLOCK_SIZE * (config.k_dim() + config.v_dim()) * dtype.size();
+        let values = DEFAULT_BLOCK_SIZE * (config.k_dim() + config.v_dim());
+        let per_layer = dtype.bytes(values as u64).map_or(usize::MAX, |b| b as usize);
         let swa = config.layer_is_swa.iter().filter(|&&s| s).count();
         ((config.n_layer - swa) * per_layer, swa * per_layer)
     }
@@ -688,6 +859,16 @@ impl KvPool {
             TilesMut::F16 { k: kt, v: vt } => {
                 f16::store(&mut kt[tile * kn..][..kn], &mut vt[tile * vn..][..vn], lane, bs, k, v, vh)
             }
+            TilesMut::Q8 { k: kq, kd, v: vq, vd } => {
+                let (kb, vb) = (kn / Q8_BLOCK, vn / Q8_BLOCK);
+                let tiles = Q8Tiles {
+                    kq: &mut kq[tile * kn..][..kn],
+                    kd: &mut kd[tile * kb..][..kb],
+                    vq: &mut vq[tile * vn..][..vn],
+                    vd: &mut vd[tile * vb..][..vb],
+                };
+                tiles.store(lane, bs, k, v, vh)
+            }
         }
     }
 
@@ -714,6 +895,7 @@ impl KvPool {
         match (&mut g.k, &mut g.v) {
             (KvStore::F32(k), KvStore::F32(v)) => TilesMut::F32 { k, v },
             (KvStore::F16(k), KvStore::F16(v)) => TilesMut::F16 { k, v },
+            (KvStore::Q8 { q: k, d: kd }, KvStore::Q8 { q: v, d: vd }) => TilesMut::Q8 { k, kd, v, vd },
             _ => unreachable!("keys and values of a group share one dtype"),
         }
     }
@@ -800,5 +982,50 @@ mod tests {
     fn store_writes_one_lane_and_one_row() {
         check_store(0f32, |x| x);
         check_store(f16::ZERO, f16::from_f32);
+    }
+
+    /// The 8-bit cache: a key of two blocks goes down its lane (each block's scale into its row of lane scales),
+    /// each value head's block into its row, every value within half a step of what was stored, the largest of
+    /// each block exact, and no other lane touched.
+    #[test]
+    fn q8_store_writes_one_lane_and_one_row_of_blocks() {
+        const BS: usize = 16;
+        const VH: usize = 32;
+        let k: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin() * if i < 32 { 1.0 } else { 50.0 }).collect();
+        let v: Vec<f32> = (0..2 * VH).map(|i| (i as f32 * 0.11).cos() - 0.5).collect();
+        for lane in [0, 5, BS - 1] {
+            let (mut kq, mut kd) = (vec![0i8; k.len() * BS], vec![0f32; k.len() * BS / Q8_BLOCK]);
+            let (mut vq, mut vd) = (vec![0i8; v.len() * BS], vec![0f32; v.len() * BS / Q8_BLOCK]);
+            Q8Tiles { kq: &mut kq, kd: &mut kd, vq: &mut vq, vd: &mut vd }.store(lane, BS, &k, &v, VH);
+            let mut buf = vec![f32::NAN; k.len() * BS];
+            let keys = KvRow::Q8 { q: &kq, d: &kd }.as_f32(0..k.len() * BS, BS, &mut buf).to_vec();
+            for (i, &x) in keys.iter().enumerate() {
+                let (row, j) = (i / BS, i % BS);
+                if j != lane {
+                    assert_eq!(x, 0.0, "lane {lane}: key element {i} of another lane");
+                    continue;
+                }
+                let step = kd[row / Q8_BLOCK * BS + lane];
+                let amax = k[row / Q8_BLOCK * Q8_BLOCK..][..Q8_BLOCK].iter().fold(0f32, |m, v| m.max(v.abs()));
+                assert!((step - amax / 127.0).abs() <= f32::EPSILON * amax, "lane {lane} block scale");
+                assert!((x - k[row]).abs() <= 0.5 * step * 1.0001, "lane {lane} key {row}: {x} for {}", k[row]);
+            }
+            let mut buf = vec![f32::NAN; v.len() * BS];
+            let values = KvRow::Q8 { q: &vq, d: &vd }.as_f32(0..v.len() * BS, 1, &mut buf).to_vec();
+            for (i, &x) in values.iter().enumerate() {
+                let (head, row, col) = (i / (BS * VH), i % (BS * VH) / VH, i % VH);
+                if row != lane {
+                    assert_eq!(x, 0.0, "lane {lane}: value element {i} of another row");
+                    continue;
+                }
+                let want = v[head * VH + col];
+                assert!((x - want).abs() <= 0.5 * vd[i / Q8_BLOCK] * 1.0001, "lane {lane} value {i}: {x} for {want}");
+            }
+        }
+        // A block of zeros gets scale 0 and stays exactly zero.
+        let (mut kq, mut kd) = (vec![1i8; 32 * BS], vec![1f32; BS]);
+        let (mut vq, mut vd) = (vec![1i8; 32 * BS], vec![1f32; BS]);
+        Q8Tiles { kq: &mut kq, kd: &mut kd, vq: &mut vq, vd: &mut vd }.store(3, BS, &[0.0; 32], &[0.0; 32], 32);
+        assert_eq!((kd[3], kq[3], vd[3], vq[3 * 32]), (0.0, 0, 0.0, 0));
     }
 }

@@ -36,6 +36,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     axpy_rows_f32: |a, v, out| crate::vec_f32::axpy_rows_ref(a, v, out, |x| x),
     axpy_rows_f16: |a, v, out| crate::vec_f32::axpy_rows_ref(a, v, out, f16::to_f32),
     f16_to_f32: crate::vec_f32::f16_to_f32_ref,
+    dequant_q8: crate::vec_f32::dequant_q8_impl,
     softmax_block: crate::vec_f32::softmax_block_impl,
     swiglu: crate::vec_f32::swiglu_impl,
     geglu: crate::vec_f32::geglu_impl,

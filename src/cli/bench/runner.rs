@@ -142,6 +142,7 @@ impl Test {
 /// Refuses, before anything is measured, a test whose KV cache would not fit in memory (the size is computed with
 /// checked arithmetic, so an absurd `-p`/`-d`/`--batch` is refused rather than overflowing).
 fn check_pool_fits(model: &Model, kv_dtype: KvDtype, test: Test) -> anyhow::Result<()> {
+    kv_dtype.check(&model.config)?;
     let cap = test.kv_blocks().and_then(|b| b.checked_mul(DEFAULT_BLOCK_SIZE));
     let bytes = cap.and_then(|c| KvPool::bytes_for(&model.config, kv_dtype, c, c, 0));
     crate::memory::check_fits(&format!("the KV cache of {}", test.name()), bytes, "use fewer positions or sequences")?;

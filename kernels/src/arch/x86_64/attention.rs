@@ -249,6 +249,12 @@ macro_rules! x86_attention {
             }
         }
 
+        /// [`crate::vec_f32::dequant_q8`], vectorised for this level.
+        #[target_feature(enable = $feat)]
+        fn dequant_q8(q: &[i8], d: &[f32], lanes: usize, dst: &mut [f32]) {
+            crate::vec_f32::dequant_q8_impl(q, d, lanes, dst)
+        }
+
         /// [`crate::vec_f32::softmax_block`], vectorised for this level.
         #[target_feature(enable = $feat)]
         fn softmax_block(x: &mut [f32], scale: f32, state: &mut crate::vec_f32::SoftmaxState) -> f32 {

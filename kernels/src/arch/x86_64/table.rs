@@ -94,6 +94,10 @@ macro_rules! x86_table {
                 // SAFETY: see KERNELS.
                 unsafe { $cvt(src, dst) }
             },
+            dequant_q8: |q, d, lanes, dst| {
+                // SAFETY: see KERNELS.
+                unsafe { dequant_q8(q, d, lanes, dst) }
+            },
             softmax_block: |x, scale, state| {
                 // SAFETY: see KERNELS.
                 unsafe { softmax_block(x, scale, state) }
