@@ -51,12 +51,13 @@ pub struct Runner<'m> {
 }
 
 impl<'m> Runner<'m> {
-    /// A runner with room for `n_ctx` positions.
-    pub fn new(model: &'m Model, n_ctx: usize) -> Runner<'m> {
+    /// A runner with room for `n_ctx` positions in a KV cache of `kv` (which the model's heads must allow:
+    /// [`KvDtype::check`]).
+    pub fn new(model: &'m Model, n_ctx: usize, kv: KvDtype) -> Runner<'m> {
         let swa = model.config.sliding_window.map_or(n_ctx, |w| (w + PIECE).min(n_ctx).max(1));
         Runner {
             model,
-            pool: KvPool::new(&model.config, KvDtype::F16, n_ctx, swa),
+            pool: KvPool::new(&model.config, kv, n_ctx, swa),
             kv: SeqKv::new(),
             scratch: ForwardScratch::new(model),
             n_vocab: model.config.n_vocab,
@@ -205,10 +206,12 @@ pub struct Perplexity {
 /// Perplexity of `model` on `tokens` (see the module notes). `on_chunk(i, n, running_ppl)` hears of each chunk.
 /// Setting `cancel` stops after the chunk in progress: the result then covers the chunks finished (`chunks`), or is
 /// [`EvalError::Cancelled`] if none was.
+#[allow(clippy::too_many_arguments)]
 pub fn perplexity(
     model: &Model,
     tokens: &[u32],
     n_ctx: usize,
+    kv: KvDtype,
     max_chunks: Option<usize>,
     bos: Option<u32>,
     cancel: &AtomicBool,
@@ -217,7 +220,7 @@ pub fn perplexity(
     let start = Instant::now();
     let chunks = chunks(tokens, n_ctx, max_chunks, bos)?;
     let first = n_ctx / 2;
-    let mut runner = Runner::new(model, n_ctx);
+    let mut runner = Runner::new(model, n_ctx, kv);
     let n_vocab = model.config.n_vocab;
     let (mut nll, mut running) = (Nll::default(), Vec::new());
     for (i, chunk) in chunks.iter().enumerate() {
@@ -371,6 +374,7 @@ pub fn compare_text(
     other: &Model,
     tokens: &[u32],
     n_ctx: usize,
+    kv: KvDtype,
     max_chunks: Option<usize>,
     bos: Option<u32>,
     cancel: &AtomicBool,
@@ -379,7 +383,7 @@ pub fn compare_text(
     let n_vocab = check_vocab(base, other)?;
     let chunks = chunks(tokens, n_ctx, max_chunks, bos)?;
     let first = n_ctx / 2;
-    let (mut rb, mut ro) = (Runner::new(base, n_ctx), Runner::new(other, n_ctx));
+    let (mut rb, mut ro) = (Runner::new(base, n_ctx, kv), Runner::new(other, n_ctx, kv));
     let mut div = Divergence::default();
     for (i, chunk) in chunks.iter().enumerate() {
         if cancel.load(Ordering::Relaxed) {
@@ -415,13 +419,14 @@ pub fn compare_continuation(
     other: &Model,
     tokens: &[u32],
     first: usize,
+    kv: KvDtype,
 ) -> Result<DivergenceReport, EvalError> {
     let n_vocab = check_vocab(base, other)?;
     let mut div = Divergence::default();
     if first == 0 || first >= tokens.len() {
         return Ok(div.report());
     }
-    let (mut rb, mut ro) = (Runner::new(base, tokens.len()), Runner::new(other, tokens.len()));
+    let (mut rb, mut ro) = (Runner::new(base, tokens.len(), kv), Runner::new(other, tokens.len(), kv));
     for piece in tokens[..first - 1].chunks(crate::session::PREFILL_CHUNK) {
         rb.feed(piece, false)?;
         ro.feed(piece, false)?;
@@ -451,10 +456,11 @@ pub fn greedy(
     tokenizer: &Tokenizer,
     prompt: &[u32],
     n: usize,
+    kv: KvDtype,
     cancel: &AtomicBool,
 ) -> Result<Greedy, EvalError> {
     let n_ctx = prompt.len() + n + 1;
-    let mut session = Session::new(model, tokenizer, n_ctx, KvDtype::F16);
+    let mut session = Session::new(model, tokenizer, n_ctx, kv);
     let req = GenerateRequest {
         prompt: prompt.to_vec(),
         max_tokens: n,

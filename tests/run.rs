@@ -184,6 +184,12 @@ fn q8_kv_cache_runs_or_is_refused_by_head_width() {
     assert_clean_failure(&infer(&[&["run", n][..], &run].concat()), refused);
     assert_clean_failure(&infer(&["bench", n, "-p", "16", "-n", "0", "-r", "1", "--kv-type", "q8_0"]), refused);
     assert_clean_failure(&infer(&["bench", n, "--batch", "2", "-r", "1", "--kv-type", "q8_0"]), refused);
+    assert_clean_failure(&infer(&["serve", n, "--port", "0", "--kv-type", "q8_0"]), refused);
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, "some words to score ".repeat(40)).unwrap();
+    let t = text.to_str().unwrap();
+    assert_clean_failure(&infer(&["perplexity", n, "-f", t, "-c", "32", "--kv-type", "q8_0"]), refused);
+    assert_clean_failure(&infer(&["compare", w, n, "-f", t, "-c", "32", "--kv-type", "q8_0"]), refused);
     // clap names the flag and lists the types it takes.
     let out = infer(&["run", w, "-p", "a", "--kv-type", "q4"]);
     let err = String::from_utf8_lossy(&out.stderr);

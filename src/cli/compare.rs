@@ -84,6 +84,10 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
     let cancelled = || cancel.load(Ordering::SeqCst);
     let base = super::load(Some(&args.base), &args.engine)?;
     let other = super::load_model(Some(&args.other), &args.engine)?.1;
+    // Both models run with the KV cache `--kv-type` names.
+    let kv = args.engine.kv_dtype();
+    kv.check(&base.model.config)?;
+    kv.check(&other.config)?;
     let side = |m: &crate::model::Model| ModelSide {
         path: m.file().path().display().to_string(),
         file_bytes: m.file().file_len(),
@@ -108,8 +112,8 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
             if let Some(prompt) = &args.prompt {
                 let ids = base.tokenizer.encode(prompt, true, false);
                 let n = args.n_predict as usize;
-                let gb = greedy(&base.model, &base.tokenizer, &ids, n, &cancel)?;
-                let go = greedy(&other, &base.tokenizer, &ids, n, &cancel)?;
+                let gb = greedy(&base.model, &base.tokenizer, &ids, n, kv, &cancel)?;
+                let go = greedy(&other, &base.tokenizer, &ids, n, kv, &cancel)?;
                 if cancelled() {
                     // A continuation was cut short: comparing it would compare the interruption.
                     return Ok(());
@@ -118,7 +122,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
                 report.greedy_tokens = Some(gb.tokens.len());
                 if text.is_none() {
                     let all: Vec<u32> = ids.iter().chain(&gb.tokens).copied().collect();
-                    report.divergence = compare_continuation(&base.model, &other, &all, ids.len())?;
+                    report.divergence = compare_continuation(&base.model, &other, &all, ids.len(), kv)?;
                 }
                 fill(&mut report.base, gb);
                 fill(&mut report.other, go);
@@ -141,6 +145,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
                     &other,
                     &tokens,
                     args.chunking.ctx as usize,
+                    kv,
                     chunks,
                     bos,
                     &cancel,

@@ -52,6 +52,7 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
     // Ctrl-C stops after the chunk in progress; the chunks finished are still reported.
     let cancel = super::cancel_on_ctrl_c();
     let loaded = super::load(args.model.as_deref(), &args.engine)?;
+    args.engine.kv_dtype().check(&loaded.model.config)?;
     let tokens = tokenize_text(&loaded.tokenizer, &text);
     let bos = loaded.tokenizer.add_bos().then(|| loaded.tokenizer.bos()).flatten();
     let json = args.json;
@@ -69,7 +70,8 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
                 }
             };
             let chunks = args.chunking.chunks.map(|c| c as usize);
-            perplexity(&loaded.model, &tokens, args.chunking.ctx as usize, chunks, bos, &cancel, &mut on_chunk)
+            let (ctx, kv) = (args.chunking.ctx as usize, args.engine.kv_dtype());
+            perplexity(&loaded.model, &tokens, ctx, kv, chunks, bos, &cancel, &mut on_chunk)
         })
         .context("starting worker threads")?;
     let result = match result {

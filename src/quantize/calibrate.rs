@@ -115,7 +115,7 @@ pub fn self_calibrate(
     if cancel.load(Ordering::Relaxed) {
         return Err(EvalError::Cancelled);
     }
-    let mut runner = Runner::new(model, chunk.len());
+    let mut runner = Runner::new(model, chunk.len(), crate::model::KvDtype::F16);
     let scratch = runner.scratch_mut();
     scratch.collect_stats(model, false);
     scratch.stats_mut().expect("collect_stats was called above").sink = Some(Sink(into));
@@ -232,7 +232,7 @@ fn gather(
     cancel: &AtomicBool,
     on_chunk: &mut dyn FnMut(usize, usize),
 ) -> Result<Importance, EvalError> {
-    let mut runner = Runner::new(model, n_ctx);
+    let mut runner = Runner::new(model, n_ctx, crate::model::KvDtype::F16);
     runner.scratch_mut().collect_stats(model, gram);
     for (i, chunk) in chunks.iter().enumerate() {
         if cancel.load(Ordering::Relaxed) {
