@@ -457,9 +457,10 @@ pub(crate) fn block_runs(nb: usize) -> impl Iterator<Item = Range<usize>> {
 }
 
 /// A 32-value activation block's scale from its largest magnitude, and the inverse used to quantize (0 for an
-/// all-zero block). Shared by every level's quantizer, so that they all produce the same bytes.
+/// all-zero block). Shared by every level's quantizer, so that they all produce the same bytes, and by the 8-bit KV
+/// cache's.
 #[inline(always)]
-pub(crate) fn block_scale(amax: f32) -> (f32, f32) {
+pub fn block_scale(amax: f32) -> (f32, f32) {
     let d = amax / 127.0;
     (d, if d > 0.0 { 1.0 / d } else { 0.0 })
 }

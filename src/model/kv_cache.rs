@@ -85,15 +85,6 @@ impl KvDtype {
         }
     }
 
-    /// The name `--kv-type` takes (and `bench` reports).
-    pub fn name(self) -> &'static str {
-        match self {
-            KvDtype::F32 => "f32",
-            KvDtype::F16 => "f16",
-            KvDtype::Q8_0 => "q8_0",
-        }
-    }
-
     /// Whether `config`'s heads can be cached in this type: the 8-bit cache needs key and value heads of whole
     /// blocks, so that no block straddles two heads (attention reads one key head's share of a tile at a time).
     pub fn check(self, config: &ModelConfig) -> Result<(), KvDtypeError> {
@@ -259,9 +250,7 @@ pub struct Q8Tiles<'a> {
 /// One block of 32 values in 8 bits: the scale `max |x| / 127` and each value over it, rounded to nearest (halves
 /// away from zero), as llama.cpp's `q8_0` rounds. An all-zero block gets scale 0 (and zeros).
 fn quantize_block(x: &[f32]) -> (f32, [i8; Q8_BLOCK]) {
-    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
-    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let (d, id) = infer_kernels::dispatch::block_scale(x.iter().fold(0f32, |m, v| m.max(v.abs())));
     let mut q = [0i8; Q8_BLOCK];
     for (q, &v) in q.iter_mut().zip(x) {
         // `as` saturates (and takes NaN to 0), so no input can wrap.
@@ -984,9 +973,9 @@ mod tests {
         check_store(f16::ZERO, f16::from_f32);
     }
 
-    /// The 8-bit cache: a key of two blocks goes down its lane (each block's scale into its row of lane scales),
-    /// each value head's block into its row, every value within half a step of what was stored, the largest of
-    /// each block exact, and no other lane touched.
+    /// The 8-bit cache: a key of two blocks goes down its lane (each block's scale, max |x| / 127, into its row of
+    /// lane scales), each value head's block into its row, every value within half a step of what was stored, and
+    /// no other lane touched.
     #[test]
     fn q8_store_writes_one_lane_and_one_row_of_blocks() {
         const BS: usize = 16;
