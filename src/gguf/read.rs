@@ -623,12 +623,15 @@ fn read_array(c: &mut Cursor, key: &str) -> Result<MetaArray, GgufError> {
         MetaType::String => {
             // One buffer for all the strings: their text is at most what remains of the file (grown only where
             // invalid UTF-8 becomes U+FFFD), and each costs 4 bytes of offset instead of a String and an allocation.
-            let mut v = StrListBuilder::with_capacity(n, 0);
+            let full = |_| GgufError::StringArrayTooLarge { key: key.to_string(), offset: at };
+            // A vocabulary's strings average under 10 bytes (no more than the rest of the file is reserved).
+            let text_guess = n.saturating_mul(10).min(c.remaining() as usize);
+            let mut v = StrListBuilder::with_capacity(n, text_guess);
             for _ in 0..n {
                 let bytes = c.string_bytes(&|| format!("string in metadata key '{key}'"))?;
-                v.push_lossy(bytes).map_err(|_| GgufError::StringArrayTooLarge { key: key.to_string(), offset: at })?;
+                v.push_lossy(bytes).map_err(full)?;
             }
-            MetaArray::String(v.finish())
+            MetaArray::String(v.finish().map_err(full)?)
         }
         MetaType::Array => unreachable!("nested arrays rejected above"),
     })

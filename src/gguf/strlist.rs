@@ -20,7 +20,8 @@ pub struct StrList {
 /// Collects strings into a [`StrList`].
 #[derive(Default)]
 pub struct StrListBuilder {
-    text: String,
+    /// The strings' bytes, checked for UTF-8 once for all of them by [`StrListBuilder::finish`].
+    text: Vec<u8>,
     ends: Vec<u32>,
 }
 
@@ -30,27 +31,50 @@ pub struct StrListFull;
 
 impl StrListBuilder {
     pub fn with_capacity(n: usize, text_bytes: usize) -> StrListBuilder {
-        StrListBuilder { text: String::with_capacity(text_bytes), ends: Vec::with_capacity(n) }
+        StrListBuilder { text: Vec::with_capacity(text_bytes), ends: Vec::with_capacity(n) }
     }
 
     /// Appends `s`; fails, changing nothing, when the text would pass 4 GiB.
     pub fn push(&mut self, s: &str) -> Result<(), StrListFull> {
-        let end = self.text.len().checked_add(s.len()).and_then(|e| u32::try_from(e).ok()).ok_or(StrListFull)?;
-        self.text.push_str(s);
+        self.push_bytes(s.as_bytes())
+    }
+
+    /// Appends `bytes` as text; invalid UTF-8 is replaced by U+FFFD (as `String::from_utf8_lossy`) when the list
+    /// is finished. Fails, changing nothing, when the bytes would pass 4 GiB.
+    pub fn push_lossy(&mut self, bytes: &[u8]) -> Result<(), StrListFull> {
+        self.push_bytes(bytes)
+    }
+
+    fn push_bytes(&mut self, bytes: &[u8]) -> Result<(), StrListFull> {
+        let end = self.text.len().checked_add(bytes.len()).and_then(|e| u32::try_from(e).ok()).ok_or(StrListFull)?;
+        self.text.extend_from_slice(bytes);
         self.ends.push(end);
         Ok(())
     }
 
-    /// Appends `bytes` as text, invalid UTF-8 replaced by U+FFFD (as `String::from_utf8_lossy`).
-    pub fn push_lossy(&mut self, bytes: &[u8]) -> Result<(), StrListFull> {
-        match std::str::from_utf8(bytes) {
-            Ok(s) => self.push(s),
-            Err(_) => self.push(&String::from_utf8_lossy(bytes)),
+    /// The list. Its text is checked as UTF-8 in one pass: when the whole buffer is valid and every string ends on
+    /// a character boundary, each string is valid on its own. (One check per string took a third of the time to
+    /// open Gemma 3's file: 262k calls for strings of ~10 bytes.) Otherwise the strings are rebuilt one by one
+    /// with invalid bytes replaced, which fails if the replacements take the text past 4 GiB.
+    pub fn finish(self) -> Result<StrList, StrListFull> {
+        let StrListBuilder { text, ends } = self;
+        // simdutf8 checks the mostly non-ASCII text of a large vocabulary several times faster than `str::from_utf8`
+        // (Gemma 3: ~6 ms of the file's open).
+        if let Ok(valid) = simdutf8::basic::from_utf8(&text)
+            && ends.iter().all(|&e| valid.is_char_boundary(e as usize))
+        {
+            return Ok(StrList { text: Arc::from(valid), ends: Arc::from(ends) });
         }
-    }
-
-    pub fn finish(self) -> StrList {
-        StrList { text: Arc::from(self.text), ends: Arc::from(self.ends) }
+        let bytes = text;
+        let mut lossy = StrListBuilder::with_capacity(ends.len(), bytes.len());
+        let mut start = 0;
+        for &end in ends.iter() {
+            let piece = bytes.get(start..end as usize).unwrap_or_default();
+            lossy.push(&String::from_utf8_lossy(piece))?;
+            start = end as usize;
+        }
+        // Every piece is valid UTF-8 now, so this pass ends in the first arm.
+        lossy.finish()
     }
 }
 
@@ -101,7 +125,7 @@ impl<S: AsRef<str>> FromIterator<S> for StrList {
         for s in iter {
             b.push(s.as_ref()).expect("a string list holds at most 4 GiB of text");
         }
-        b.finish()
+        b.finish().expect("valid strings are kept as they are")
     }
 }
 
@@ -135,12 +159,22 @@ mod tests {
             b.push(s).unwrap();
         }
         b.push_lossy(b"x\xffy").unwrap();
-        let l = b.finish();
+        let l = b.finish().unwrap();
         assert_eq!(l.len(), 5);
         assert_eq!(l.to_vec(), ["a", "", "▁the", "<|im_end|>", "x\u{fffd}y"]);
         assert_eq!(l.get(5), None);
         assert_eq!(l.position("<|im_end|>"), Some(3));
         assert_eq!(l.clone(), l);
         assert_eq!(StrList::from(vec!["a".to_string()]), ["a"].into_iter().collect::<StrList>());
+    }
+
+    /// The text is checked as a whole, so a character split across two strings must still make both invalid.
+    #[test]
+    fn a_character_split_between_strings_is_replaced_in_both() {
+        let mut b = StrListBuilder::default();
+        for s in [&b"ok"[..], b"\xe2\x96", b"\x81", "▁".as_bytes()] {
+            b.push_lossy(s).unwrap();
+        }
+        assert_eq!(b.finish().unwrap().to_vec(), ["ok", "\u{fffd}", "\u{fffd}", "▁"]);
     }
 }
