@@ -624,8 +624,9 @@ fn read_array(c: &mut Cursor, key: &str) -> Result<MetaArray, GgufError> {
             // One buffer for all the strings: their text is at most what remains of the file (grown only where
             // invalid UTF-8 becomes U+FFFD), and each costs 4 bytes of offset instead of a String and an allocation.
             let full = |_| GgufError::StringArrayTooLarge { key: key.to_string(), offset: at };
-            // A vocabulary's strings average under 10 bytes (no more than the rest of the file is reserved).
-            let text_guess = n.saturating_mul(10).min(c.remaining() as usize);
+            // A vocabulary's strings average under 10 bytes; beyond 16 MiB (a declared count is only bounded by
+            // the file's length) the buffer grows as the strings arrive.
+            let text_guess = n.saturating_mul(10).min(16 << 20);
             let mut v = StrListBuilder::with_capacity(n, text_guess);
             for _ in 0..n {
                 let bytes = c.string_bytes(&|| format!("string in metadata key '{key}'"))?;
