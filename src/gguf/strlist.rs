@@ -65,11 +65,10 @@ impl StrListBuilder {
         {
             return Ok(StrList { text: Arc::from(valid), ends: Arc::from(ends) });
         }
-        let bytes = text;
-        let mut lossy = StrListBuilder::with_capacity(ends.len(), bytes.len());
+        let mut lossy = StrListBuilder::with_capacity(ends.len(), text.len());
         let mut start = 0;
         for &end in ends.iter() {
-            let piece = bytes.get(start..end as usize).unwrap_or_default();
+            let piece = text.get(start..end as usize).unwrap_or_default();
             lossy.push(&String::from_utf8_lossy(piece))?;
             start = end as usize;
         }
