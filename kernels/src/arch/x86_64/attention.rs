@@ -88,6 +88,21 @@ macro_rules! x86_attention {
                     }
                 };
                 let mut d = 0;
+                if W::CONVERTS && H == 3 && V == 2 && hd >= 2 {
+                    // f16 keys, 3 heads × 16 lanes (SmolLM2's group): the pairs of dimensions in assembly (see
+                    // `cols_f16_3x2`), with the same operations in the same order as `step`.
+                    let mut e = [even[0][0], even[0][1], even[1][0], even[1][1], even[2][0], even[2][1]];
+                    let mut o = [odd[0][0], odd[0][1], odd[1][0], odd[1][1], odd[2][0], odd[2][1]];
+                    let q = [qp, qp.add(hd), qp.add(2 * hd)];
+                    cols_f16_3x2(kp.cast(), 2 * lanes, q, hd / 2, &mut e, &mut o);
+                    d = hd / 2 * 2;
+                    for h in 0..3 {
+                        for v in 0..2 {
+                            even[h][v] = e[2 * h + v];
+                            odd[h][v] = o[2 * h + v];
+                        }
+                    }
+                }
                 while d + 2 <= hd {
                     step(&mut even, d);
                     step(&mut odd, d + 1);
@@ -102,6 +117,87 @@ macro_rules! x86_attention {
                         _mm256_storeu_ps(op.add(h * lanes + 8 * v), _mm256_add_ps(even[h][v], odd[h][v]));
                     }
                 }
+            }
+        }
+
+        /// The first `2·pairs` dimensions of a 3-head × 16-lane f16 score tile of [`cols_tile`]: dimension `d`'s 16
+        /// keys at `kp + d·stride` bytes, head h's query values from `q[h]` on; `e` and `o` are the even and odd
+        /// partial sums, (head, half) in order. In assembly, loop included, so that the register allocation is
+        /// ours: 12 accumulators, 2 keys and a broadcast take 15 of the 16 registers. Compiled from the loop, LLVM
+        /// hoisted the next pair's key conversions, ran out of registers, and kept two accumulators on the stack
+        /// with a dozen register moves a pair: 1,056 cycles per 16 keys × 64 dimensions × 3 heads against 650-700
+        /// this way (one thread, L1-resident, Zen 1, where each conversion costs about as much as three of the
+        /// multiply-adds it feeds); with only the pair in assembly, LLVM still kept one accumulator on the stack.
+        ///
+        /// # Safety
+        /// `pairs` ≥ 1; 16 f16 must be readable at `kp + d·stride` for d < 2·pairs, and 2·pairs f32 at each `q[h]`;
+        /// the CPU must have AVX2, FMA and F16C.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn cols_f16_3x2(
+            kp: *const u8,
+            stride: usize,
+            q: [*const f32; 3],
+            pairs: usize,
+            e: &mut [__m256; 6],
+            o: &mut [__m256; 6],
+        ) {
+            debug_assert!(pairs >= 1);
+            // SAFETY: the caller's contract; every read is one of those named there.
+            unsafe {
+                std::arch::asm!(
+                    "2:",
+                    "vcvtph2ps {k0}, xmmword ptr [{kp}]",
+                    "vcvtph2ps {k1}, xmmword ptr [{kp} + 16]",
+                    "vbroadcastss {b}, dword ptr [{q0}]",
+                    "vfmadd231ps {e0}, {b}, {k0}",
+                    "vfmadd231ps {e1}, {b}, {k1}",
+                    "vbroadcastss {b}, dword ptr [{q1}]",
+                    "vfmadd231ps {e2}, {b}, {k0}",
+                    "vfmadd231ps {e3}, {b}, {k1}",
+                    "vbroadcastss {b}, dword ptr [{q2}]",
+                    "vfmadd231ps {e4}, {b}, {k0}",
+                    "vfmadd231ps {e5}, {b}, {k1}",
+                    "vcvtph2ps {k0}, xmmword ptr [{kp} + {st}]",
+                    "vcvtph2ps {k1}, xmmword ptr [{kp} + {st} + 16]",
+                    "vbroadcastss {b}, dword ptr [{q0} + 4]",
+                    "vfmadd231ps {o0}, {b}, {k0}",
+                    "vfmadd231ps {o1}, {b}, {k1}",
+                    "vbroadcastss {b}, dword ptr [{q1} + 4]",
+                    "vfmadd231ps {o2}, {b}, {k0}",
+                    "vfmadd231ps {o3}, {b}, {k1}",
+                    "vbroadcastss {b}, dword ptr [{q2} + 4]",
+                    "vfmadd231ps {o4}, {b}, {k0}",
+                    "vfmadd231ps {o5}, {b}, {k1}",
+                    "lea {kp}, [{kp} + 2*{st}]",
+                    "add {q0}, 8",
+                    "add {q1}, 8",
+                    "add {q2}, 8",
+                    "dec {n}",
+                    "jnz 2b",
+                    kp = inout(reg) kp => _,
+                    st = in(reg) stride,
+                    q0 = inout(reg) q[0] => _,
+                    q1 = inout(reg) q[1] => _,
+                    q2 = inout(reg) q[2] => _,
+                    n = inout(reg) pairs => _,
+                    e0 = inout(ymm_reg) e[0],
+                    e1 = inout(ymm_reg) e[1],
+                    e2 = inout(ymm_reg) e[2],
+                    e3 = inout(ymm_reg) e[3],
+                    e4 = inout(ymm_reg) e[4],
+                    e5 = inout(ymm_reg) e[5],
+                    o0 = inout(ymm_reg) o[0],
+                    o1 = inout(ymm_reg) o[1],
+                    o2 = inout(ymm_reg) o[2],
+                    o3 = inout(ymm_reg) o[3],
+                    o4 = inout(ymm_reg) o[4],
+                    o5 = inout(ymm_reg) o[5],
+                    k0 = out(ymm_reg) _,
+                    k1 = out(ymm_reg) _,
+                    b = out(ymm_reg) _,
+                    options(nostack, readonly),
+                );
             }
         }
 
