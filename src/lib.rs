@@ -18,6 +18,7 @@ pub mod sampling;
 pub mod server;
 pub mod session;
 pub mod stop;
+pub mod structured;
 pub mod timeline;
 pub mod tokenizer;
 

@@ -60,6 +60,9 @@ pub enum SamplingError {
     /// More logits than 32-bit token ids can name.
     #[error("{0} logits: more than 32-bit token ids can name")]
     VocabTooLarge(usize),
+    /// A mask (structured output) allowed no token at all.
+    #[error("no token of the vocabulary can continue the constrained output")]
+    NothingAllowed,
 }
 
 /// The knobs of one request's sampling. See the [module docs](self) for what each does and in which order.
@@ -265,6 +268,9 @@ pub struct Sampler {
     rng: ChaCha8Rng,
     /// The penalized copy of the logits (only when the repeat penalty is on).
     penalized: Vec<f32>,
+    /// The scores of the tokens a mask allows, and their ids (only when sampling with a mask).
+    masked: Vec<f32>,
+    masked_ids: Vec<u32>,
     /// Distinct recent tokens, for the repeat penalty.
     recent: Vec<u32>,
     cands: Vec<Cand>,
@@ -282,6 +288,8 @@ impl Sampler {
             ln_min_p: params.min_p.ln(),
             rng: ChaCha8Rng::seed_from_u64(params.seed),
             penalized: Vec::new(),
+            masked: Vec::new(),
+            masked_ids: Vec::new(),
             recent: Vec::new(),
             cands: Vec::new(),
             weights: Vec::new(),
@@ -303,7 +311,18 @@ impl Sampler {
     /// Picks the next token from `logits` (one per vocabulary entry). `history` is the sequence so far (prompt and
     /// generated tokens), which the repeat penalty looks at.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32, SamplingError> {
-        match self.prepare(logits, history)? {
+        self.sample_inner(logits, history, None)
+    }
+
+    /// [`sample`](Self::sample) among the tokens `mask` allows only (bit `id % 64` of word `id / 64`; structured
+    /// output). The mask applies after the repeat penalty and before every filter, so the filters and the draw see
+    /// the model's distribution renormalized over the allowed tokens. Missing words count as zero.
+    pub fn sample_masked(&mut self, logits: &[f32], history: &[u32], mask: &[u64]) -> Result<u32, SamplingError> {
+        self.sample_inner(logits, history, Some(mask))
+    }
+
+    fn sample_inner(&mut self, logits: &[f32], history: &[u32], mask: Option<&[u64]>) -> Result<u32, SamplingError> {
+        match self.prepare(logits, history, mask)? {
             Prepared::Greedy(id) => Ok(id),
             Prepared::Candidates { max } => Ok(self.draw(max)),
         }
@@ -314,7 +333,7 @@ impl Sampler {
     /// first after top-k or a small top-p; otherwise id order). Greedy gives one token with probability 1.
     pub fn distribution(&mut self, logits: &[f32], history: &[u32]) -> Result<&[TokenProb], SamplingError> {
         self.dist.clear();
-        match self.prepare(logits, history)? {
+        match self.prepare(logits, history, None)? {
             Prepared::Greedy(id) => self.dist.push(TokenProb { id, prob: 1.0 }),
             Prepared::Candidates { max } => {
                 let sum = self.weigh(max);
@@ -330,8 +349,36 @@ impl Sampler {
         Ok(&self.dist)
     }
 
-    /// Runs penalties and filters; leaves the survivors in `self.cands` unless the answer is already known.
-    fn prepare(&mut self, logits: &[f32], history: &[u32]) -> Result<Prepared, SamplingError> {
+    /// Runs penalties, the mask and the filters; leaves the survivors in `self.cands` unless the answer is already
+    /// known.
+    fn prepare(&mut self, logits: &[f32], history: &[u32], mask: Option<&[u64]>) -> Result<Prepared, SamplingError> {
+        let Some(mask) = mask else { return self.filter(logits, history, None) };
+        // The filters run on the allowed tokens' scores alone, numbered 0..; their ids are mapped back after. The
+        // mapping keeps id order, so ties and the draw order come out as without a mask.
+        let mut masked = std::mem::take(&mut self.masked);
+        let mut ids = std::mem::take(&mut self.masked_ids);
+        let prepared = self.filter(logits, history, Some((mask, &mut masked, &mut ids)));
+        let prepared = prepared.map(|p| match p {
+            Prepared::Greedy(i) => Prepared::Greedy(ids[i as usize]),
+            Prepared::Candidates { max } => {
+                for c in &mut self.cands {
+                    c.id = ids[c.id as usize];
+                }
+                Prepared::Candidates { max }
+            }
+        });
+        self.masked = masked;
+        self.masked_ids = ids;
+        prepared
+    }
+
+    /// [`prepare`](Self::prepare) with the mask's scratch space passed in.
+    fn filter(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        mask: Option<(&[u64], &mut Vec<f32>, &mut Vec<u32>)>,
+    ) -> Result<Prepared, SamplingError> {
         if logits.is_empty() {
             return Err(SamplingError::EmptyLogits);
         }
@@ -349,6 +396,27 @@ impl Sampler {
             penalized
         } else {
             logits
+        };
+        let scores: &[f32] = match mask {
+            None => scores,
+            Some((mask, masked, ids)) => {
+                masked.clear();
+                ids.clear();
+                for (w, &word) in mask.iter().enumerate() {
+                    let mut bits = word;
+                    while bits != 0 {
+                        let id = w * 64 + bits.trailing_zeros() as usize;
+                        bits &= bits - 1;
+                        let Some(&s) = scores.get(id) else { break };
+                        masked.push(s);
+                        ids.push(id as u32);
+                    }
+                }
+                if masked.is_empty() {
+                    return Err(SamplingError::NothingAllowed);
+                }
+                masked
+            }
         };
 
         let max = max_of(scores);

@@ -1,0 +1,93 @@
+//! Structured output: constraining generation so the text is valid JSON.
+//!
+//! At each step a [`JsonConstraint`] computes which tokens can extend the text so far towards a valid JSON object
+//! (a bit mask over the vocabulary), the sampler draws only among those ([`crate::sampling::Sampler::sample_masked`]:
+//! the mask applies after the repeat penalty and before top-k, top-p, min-p and temperature, so the distribution is
+//! the model's, renormalized over the allowed tokens), and the chosen token's bytes advance the machine. Generation
+//! ends when the object closes.
+//!
+//! A mask is one walk over the vocabulary in byte order ([`vocab::SortedVocab::fill_mask`], tens of microseconds
+//! with its shortcuts); the last few masks are kept with the state each is for, and a long string repeats one state
+//! token after token, so most steps inside strings reuse one.
+
+pub mod json;
+pub mod vocab;
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+pub use json::JsonMachine;
+pub use vocab::SortedVocab;
+
+/// What shape the generated text must have.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputFormat {
+    /// Free text.
+    #[default]
+    Text,
+    /// One JSON object, and nothing after it.
+    JsonObject,
+}
+
+/// Masks kept per constraint: the states of a string's inside, of the places between values, and a spare.
+const CACHED_MASKS: usize = 4;
+
+/// One sequence's JSON constraint: the machine, and masks of the states it met recently.
+#[derive(Debug)]
+pub struct JsonConstraint {
+    vocab: Arc<SortedVocab>,
+    machine: JsonMachine,
+    /// Recently computed masks with the state each is for; the most recent last.
+    cache: Vec<(JsonMachine, Vec<u64>)>,
+    states: Vec<JsonMachine>,
+}
+
+/// A token the constraint did not allow was fed to it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("token {token} cannot continue the JSON text at this point")]
+pub struct Refused {
+    pub token: u32,
+}
+
+impl JsonConstraint {
+    pub fn new(vocab: Arc<SortedVocab>) -> JsonConstraint {
+        JsonConstraint {
+            vocab,
+            machine: JsonMachine::new(),
+            cache: Vec::with_capacity(CACHED_MASKS),
+            states: Vec::new(),
+        }
+    }
+
+    /// The tokens allowed next, as a bit mask over the vocabulary (bit `id % 64` of word `id / 64`). All zero once
+    /// the object is complete.
+    pub fn mask(&mut self) -> &[u64] {
+        let at = match self.cache.iter().position(|(m, _)| *m == self.machine) {
+            Some(at) => at,
+            None => {
+                let mut mask = if self.cache.len() == CACHED_MASKS { self.cache.remove(0).1 } else { Vec::new() };
+                self.vocab.fill_mask(&self.machine, &mut mask, &mut self.states);
+                self.cache.push((self.machine, mask));
+                self.cache.len() - 1
+            }
+        };
+        &self.cache[at].1
+    }
+
+    /// Advances past `token`'s bytes (`bytes`, as the tokenizer decodes it), which must be allowed.
+    pub fn accept(&mut self, token: u32, bytes: &[u8]) -> Result<(), Refused> {
+        let mut next = self.machine;
+        if bytes.is_empty() || !next.feed(bytes) {
+            return Err(Refused { token });
+        }
+        self.machine = next;
+        Ok(())
+    }
+
+    /// Whether the object has closed (generation should end).
+    pub fn is_complete(&self) -> bool {
+        self.machine.is_complete()
+    }
+}
