@@ -27,6 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
         stop: vec!["\n\n".to_string()],
         ignore_eos: false,
+        format: infer::structured::OutputFormat::Text,
     };
     let cancel = AtomicBool::new(false);
     let mut stdout = std::io::stdout();

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::sampling::{SamplingError, SamplingParams, random_seed};
 use crate::session::{GenerateError, GenerateRequest, Generation, Session, Timings};
+use crate::structured::OutputFormat;
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::chat::{ChatMessage, ChatTemplate, TemplateError};
 
@@ -64,6 +65,8 @@ pub struct ChatSettings {
     pub seed: Option<u64>,
     /// Most tokens per reply; `None` = until the model ends its turn or the context is full.
     pub max_tokens: Option<usize>,
+    /// The shape of each reply (`json`: one JSON object).
+    pub format: OutputFormat,
 }
 
 impl Default for ChatSettings {
@@ -83,6 +86,7 @@ impl ChatSettings {
             repeat_last_n: p.repeat_last_n,
             seed,
             max_tokens,
+            format: OutputFormat::Text,
         }
     }
 
@@ -459,6 +463,7 @@ impl<'m> Chat<'m> {
             sampling: self.settings.params(seed),
             stop: self.stop.clone(),
             ignore_eos: false,
+            format: self.settings.format,
             prompt,
         };
         let generation = self.session.generate(&req, cancel, on_text)?;

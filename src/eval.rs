@@ -467,6 +467,7 @@ pub fn greedy(
         sampling: crate::sampling::SamplingParams::GREEDY,
         stop: Vec::new(),
         ignore_eos: false,
+        format: crate::structured::OutputFormat::Text,
     };
     let g = session.generate(&req, cancel, &mut |_| Ok(()))?;
     Ok(Greedy {

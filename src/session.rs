@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::model::{ForwardError, ForwardScratch, KvDtype, KvPool, Logits, Model, SeqKv, SeqStep};
 use crate::sampling::{Sampler, SamplingError, SamplingParams};
 use crate::stop::{StopError, StopMatcher, StopStep};
+use crate::structured::{JsonConstraint, OutputFormat, SortedVocab};
 use crate::tokenizer::Tokenizer;
 
 /// Tokens per forward pass during prefill: long prompts run in chunks so memory stays bounded and Ctrl-C is seen.
@@ -27,12 +28,14 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// Keep going past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// The shape the text must have; with [`OutputFormat::JsonObject`] generation ends when the object closes.
+    pub format: OutputFormat,
 }
 
 /// Why generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
-    /// An end-of-generation token or a stop string.
+    /// An end-of-generation token, a stop string, or the end of a constrained output (the JSON object closed).
     Stop,
     /// `max_tokens` reached, or the context filled up (see [`Generation::context_full`]).
     Length,
@@ -100,6 +103,8 @@ pub enum GenerateError {
     #[error(transparent)]
     Stop(#[from] StopError),
     #[error(transparent)]
+    Constraint(#[from] crate::structured::Refused),
+    #[error(transparent)]
     Forward(#[from] ForwardError),
     #[error(transparent)]
     ModelFile(#[from] crate::gguf::GgufError),
@@ -117,6 +122,8 @@ pub struct Session<'m> {
     /// The tokens whose keys and values are in `kv`, in order.
     cached: Vec<u32>,
     scratch: ForwardScratch,
+    /// The vocabulary in byte order, built on the first request for JSON output.
+    json_vocab: std::sync::OnceLock<std::sync::Arc<SortedVocab>>,
 }
 
 /// Positions a sliding-window layer group holds: its window plus one prefill chunk.
@@ -152,6 +159,7 @@ impl<'m> Session<'m> {
             kv: SeqKv::new(),
             cached: Vec::new(),
             scratch: ForwardScratch::new(model),
+            json_vocab: std::sync::OnceLock::new(),
         }
     }
 
@@ -194,6 +202,13 @@ impl<'m> Session<'m> {
         let began = Instant::now();
         let mut sampler = Sampler::new(req.sampling)?;
         let mut stop = StopMatcher::new(req.stop.iter().cloned())?;
+        let mut constraint = match req.format {
+            OutputFormat::Text => None,
+            OutputFormat::JsonObject => {
+                let vocab = self.json_vocab.get_or_init(|| std::sync::Arc::new(SortedVocab::new(self.tokenizer)));
+                Some(JsonConstraint::new(vocab.clone()))
+            }
+        };
         let n_vocab = self.model.config.n_vocab;
         let mut timings = Timings::default();
 
@@ -241,6 +256,9 @@ impl<'m> Session<'m> {
         let mut decoder = self.tokenizer.stream_decoder(true);
         let mut finish = FinishReason::Length;
         let mut context_full = false;
+        // The JSON object closed: a stop that still releases held text (none of it began a stop string).
+        let mut completed = false;
+        let mut json_closed = false;
         loop {
             if tokens.len() >= req.max_tokens {
                 break;
@@ -249,7 +267,17 @@ impl<'m> Session<'m> {
                 finish = FinishReason::Cancelled;
                 break;
             }
-            let next = sampler.sample(self.scratch.logits(0, n_vocab), &history)?;
+            let logits = self.scratch.logits(0, n_vocab);
+            let next = match &mut constraint {
+                None => sampler.sample(logits, &history)?,
+                Some(c) => {
+                    let next = sampler.sample_masked(logits, &history, c.mask())?;
+                    // The sampler draws only tokens the mask allows, so this cannot fail; an error, not a panic.
+                    c.accept(next, self.tokenizer.token_bytes(next, true))?;
+                    completed = c.is_complete();
+                    next
+                }
+            };
             if timings.first_token.is_none() {
                 crate::timeline::mark!("first token sampled");
                 timings.first_token = Some(began.elapsed());
@@ -274,6 +302,11 @@ impl<'m> Session<'m> {
                     break;
                 }
             }
+            if completed {
+                finish = FinishReason::Stop;
+                json_closed = true;
+                break;
+            }
             if tokens.len() >= req.max_tokens {
                 break;
             }
@@ -287,19 +320,19 @@ impl<'m> Session<'m> {
             crate::timeline::mark!("decoded a token");
             self.cached.push(next);
         }
-        if finish != FinishReason::Stop {
+        if finish != FinishReason::Stop || json_closed {
             // Flush what the decoder and the stop matcher still hold.
             let rest = decoder.finish();
-            let tail = match stop.push(&rest) {
-                StopStep::Continue(t) => t.to_string(),
-                StopStep::Stopped { text: t, .. } => {
-                    finish = FinishReason::Stop;
-                    t.to_string()
-                }
+            let (tail, stopped) = match stop.push(&rest) {
+                StopStep::Continue(t) => (t.to_string(), false),
+                StopStep::Stopped { text: t, .. } => (t.to_string(), true),
             };
+            if stopped {
+                finish = FinishReason::Stop;
+            }
             text.push_str(&tail);
             on_text(&tail)?;
-            if finish != FinishReason::Stop {
+            if !stopped {
                 let held = stop.finish().to_string();
                 text.push_str(&held);
                 on_text(&held)?;

@@ -249,6 +249,7 @@ fn fresh_reply(
         sampling: SamplingParams::GREEDY,
         stop: Vec::new(),
         ignore_eos: false,
+        format: infer::structured::OutputFormat::Text,
     };
     session.generate(&req, &AtomicBool::new(false), &mut |_| Ok(())).unwrap().tokens
 }
@@ -496,4 +497,20 @@ fn no_color_turns_the_colours_off_on_a_terminal() {
     assert!(!String::from_utf8_lossy(&screen).contains("\x1b["), "{}", String::from_utf8_lossy(&screen));
     tmux.keys(&[EXIT, "Enter"]);
     tmux.wait_for("the exit", |s| s.contains("exited with 0"));
+}
+
+#[test]
+fn set_format_json_makes_the_next_replies_json_objects() {
+    let Some(m) = smollm2() else { return };
+    let q = "Say hello in one short sentence.";
+    let args = [&m as &str, "--json", "--temp", "0", "-n", "120", "-c", "1024", "-t", "2"];
+    let input = format!("{q}\n/set format json\n{q}\n/set format text\n/clear\n{q}\n");
+    let r = json_replies(&chat(&args, &input));
+    assert_eq!(r.len(), 3);
+    let text = |i: usize| r[i]["text"].as_str().unwrap().to_string();
+    let v: serde_json::Value = serde_json::from_str(&text(1)).unwrap_or_else(|e| panic!("{e}: {:?}", text(1)));
+    assert!(v.is_object(), "{}", text(1));
+    assert_eq!(r[1]["finish_reason"], "stop");
+    assert!(serde_json::from_str::<serde_json::Value>(&text(0)).is_err(), "free text: {:?}", text(0));
+    assert_eq!(text(2), text(0), "back to free text, the same reply as before");
 }

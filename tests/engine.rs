@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use infer::engine::{
-    Completion, Engine, EngineConfig, Event, FinishReason, KvBudget, PREFILL_MIN, PREFILL_PER_DECODE, Request,
-    RequestError, RequestStream, Scheduler,
+    Completion, Engine, EngineConfig, Event, FinishReason, KvBudget, OutputFormat, PREFILL_MIN, PREFILL_PER_DECODE,
+    Request, RequestError, RequestStream, Scheduler,
 };
 use infer::gguf::GgufFile;
 use infer::kernels::GgmlType;
@@ -42,7 +42,15 @@ fn config() -> EngineConfig {
 }
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
-    Request { prompt, max_tokens, sampling: SamplingParams::GREEDY, stop: Vec::new(), ignore_eos: true, logprobs: true }
+    Request {
+        prompt,
+        max_tokens,
+        sampling: SamplingParams::GREEDY,
+        stop: Vec::new(),
+        ignore_eos: true,
+        logprobs: true,
+        format: OutputFormat::Text,
+    }
 }
 
 /// Runs `reqs` through one scheduler, submitted together, stepping until all are done; audits the pool after
@@ -135,6 +143,7 @@ fn text_and_stop_strings_match_a_session() {
             sampling: SamplingParams::GREEDY,
             stop,
             ignore_eos: true,
+            format: OutputFormat::Text,
         };
         session.reset();
         session.generate(&req, &cancel, &mut |_| Ok(())).unwrap()

@@ -21,5 +21,6 @@ mod registry;
 mod run;
 mod sampling;
 mod serve;
+mod structured;
 mod synthetic;
 mod tokenizer;

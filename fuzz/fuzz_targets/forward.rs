@@ -1,6 +1,6 @@
 //! A whole generation on a tiny fuzzer-built model: prefill, decode, sampling, the streaming detokenizer and stop
-//! strings, with fuzzed weights (NaN and infinite scales included), prompt token ids (some out of range) and
-//! sampling parameters. Errors are fine; a panic is not.
+//! strings, JSON output, with fuzzed weights (NaN and infinite scales included), prompt token ids (some out of range)
+//! and sampling parameters. Errors are fine; a panic is not.
 #![no_main]
 
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use infer::gguf::GgufFile;
 use infer::model::{KvDtype, Model};
 use infer::sampling::SamplingParams;
 use infer::session::{GenerateRequest, Session};
+use infer::structured::OutputFormat;
 use infer::tokenizer::Tokenizer;
 use infer_fuzz::FuzzModel;
 use libfuzzer_sys::fuzz_target;
@@ -31,6 +32,7 @@ struct Input {
     seed: u64,
     stop: Vec<String>,
     turns: u8,
+    json: bool,
 }
 
 fuzz_target!(|input: Input| {
@@ -60,6 +62,7 @@ fuzz_target!(|input: Input| {
             sampling,
             stop: input.stop.iter().take(3).cloned().collect(),
             ignore_eos: input.seed % 2 == 0,
+            format: if input.json { OutputFormat::JsonObject } else { OutputFormat::Text },
         };
         let mut streamed = String::new();
         match session.generate(&req, &cancel, &mut |t| {

@@ -6,10 +6,11 @@
 
 use std::num::NonZeroUsize;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 use crate::sampling::{SamplingParams, random_seed};
 use crate::stop::{StopError, StopMatcher, parse_stop};
+use crate::structured::OutputFormat;
 
 const D: SamplingParams = SamplingParams::DEFAULT;
 
@@ -206,4 +207,30 @@ pub fn parse_threads(text: &str) -> Result<NonZeroUsize, String> {
     let count =
         parse_count(text).map_err(|_| format!("'{text}' is not a thread count: expected a whole number >= 1"))?;
     NonZeroUsize::new(count).ok_or_else(|| "the thread count must be at least 1".to_string())
+}
+
+// The shape of the output (structured output).
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct FormatArgs {
+    /// The shape of the output: `json` constrains generation to one JSON object (valid by construction, checked
+    /// token by token) and stops when it closes.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = FormatArg::Text, help_heading = "Sampling")]
+    pub format: FormatArg,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FormatArg {
+    /// Free text.
+    Text,
+    /// One JSON object.
+    Json,
+}
+
+impl FormatArgs {
+    pub fn output_format(&self) -> OutputFormat {
+        match self.format {
+            FormatArg::Text => OutputFormat::Text,
+            FormatArg::Json => OutputFormat::JsonObject,
+        }
+    }
 }

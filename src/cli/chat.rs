@@ -19,7 +19,7 @@ use clap::{Args, ValueEnum};
 
 use crate::chat::{Chat, ChatError, ChatSettings, OnFull, Reply};
 use crate::cli::EngineArgs;
-use crate::cli::args::{LengthArgs, SamplingArgs, StopArgs, ThreadArgs};
+use crate::cli::args::{FormatArgs, LengthArgs, SamplingArgs, StopArgs, ThreadArgs};
 use crate::cli::output::{eprintln_lossy, print_flush, print_line};
 use crate::cli::run::{generation_json, timing_line};
 use crate::session::{FinishReason, GenerateError, Session};
@@ -55,6 +55,8 @@ pub struct ChatArgs {
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
+    pub format: FormatArgs,
+    #[command(flatten)]
     pub stop: StopArgs,
     #[command(flatten)]
     pub threads: ThreadArgs,
@@ -76,7 +78,10 @@ const MAX_LINE: usize = 16 << 20;
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let params = args.sampling.to_params();
     params.validate()?;
-    let settings = ChatSettings::from_params(&params, args.sampling.seed, args.length.max_tokens());
+    let settings = ChatSettings {
+        format: args.format.output_format(),
+        ..ChatSettings::from_params(&params, args.sampling.seed, args.length.max_tokens())
+    };
     let interactive = std::io::stdin().is_terminal();
 
     let load_start = Instant::now();

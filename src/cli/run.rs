@@ -11,7 +11,7 @@ use clap::Args;
 use serde_json::{Value, json};
 
 use crate::cli::EngineArgs;
-use crate::cli::args::{LengthArgs, SamplingArgs, StopArgs, ThreadArgs};
+use crate::cli::args::{FormatArgs, LengthArgs, SamplingArgs, StopArgs, ThreadArgs};
 use crate::cli::input::{MAX_INPUT_BYTES, read_text, read_text_file};
 use crate::cli::output::{eprintln_lossy, print_flush};
 use crate::session::{FinishReason, GenerateRequest, Generation, Session, Timings};
@@ -49,6 +49,8 @@ pub struct RunArgs {
     pub verbose: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub format: FormatArgs,
     #[command(flatten)]
     pub stop: StopArgs,
     #[command(flatten)]
@@ -108,6 +110,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         sampling: params,
         stop: args.stop.stop.clone(),
         ignore_eos: args.ignore_eos,
+        format: args.format.output_format(),
     };
 
     let cancel = super::cancel_on_ctrl_c();

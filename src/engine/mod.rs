@@ -35,6 +35,7 @@ use crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
 use crate::model::{KvDtype, KvPool, Model};
 use crate::sampling::{SamplingError, SamplingParams};
 use crate::stop::StopError;
+pub use crate::structured::OutputFormat;
 use crate::tokenizer::Tokenizer;
 
 pub use crate::session::FinishReason;
@@ -112,6 +113,8 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Report each generated token's log-probability ([`crate::sampling::logprob`]).
     pub logprobs: bool,
+    /// The shape the text must have; with [`OutputFormat::JsonObject`] the request ends when the object closes.
+    pub format: OutputFormat,
 }
 
 /// Why a request was refused.

@@ -1,11 +1,13 @@
 //! One request inside the engine: its tokens, its KV table, and what turns sampled tokens into streamed text (its
 //! sampler, stop strings and UTF-8 decoder).
 
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use crate::model::SeqKv;
 use crate::sampling::Sampler;
 use crate::stop::{StopMatcher, StopStep};
+use crate::structured::{JsonConstraint, OutputFormat, SortedVocab};
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::stream::StreamDecoder;
 
@@ -23,6 +25,8 @@ pub(crate) struct Sequence<'t> {
     ignore_eos: bool,
     logprobs: bool,
     sampler: Sampler,
+    /// Structured output: which tokens may come next (JSON output only).
+    constraint: Option<JsonConstraint>,
     stop: StopMatcher,
     decoder: StreamDecoder<'t>,
     piece: String,
@@ -50,7 +54,12 @@ pub(crate) enum Ending {
 
 impl<'t> Sequence<'t> {
     /// The engine's state for a submission, or (should its settings be refused after all) the submission back.
-    pub fn new(sub: Submission, tokenizer: &'t Tokenizer) -> Result<Sequence<'t>, Box<(Submission, String)>> {
+    /// `json_vocab` is the vocabulary in byte order, built by the first request for JSON output.
+    pub fn new(
+        sub: Submission,
+        tokenizer: &'t Tokenizer,
+        json_vocab: &OnceLock<Arc<SortedVocab>>,
+    ) -> Result<Sequence<'t>, Box<(Submission, String)>> {
         let sampler = match Sampler::new(sub.req.sampling) {
             Ok(s) => s,
             Err(e) => return Err(Box::new((sub, e.to_string()))),
@@ -58,6 +67,12 @@ impl<'t> Sequence<'t> {
         let stop = match StopMatcher::new(sub.req.stop.iter().cloned()) {
             Ok(s) => s,
             Err(e) => return Err(Box::new((sub, e.to_string()))),
+        };
+        let constraint = match sub.req.format {
+            OutputFormat::Text => None,
+            OutputFormat::JsonObject => {
+                Some(JsonConstraint::new(json_vocab.get_or_init(|| Arc::new(SortedVocab::new(tokenizer))).clone()))
+            }
         };
         let Submission { id, req, tx, arrived } = sub;
         let prompt_len = req.prompt.len();
@@ -72,6 +87,7 @@ impl<'t> Sequence<'t> {
             ignore_eos: req.ignore_eos,
             logprobs: req.logprobs,
             sampler,
+            constraint,
             stop,
             decoder: tokenizer.stream_decoder(true),
             piece: String::with_capacity(64),
@@ -103,10 +119,21 @@ impl<'t> Sequence<'t> {
 
     /// Samples the next token from `logits`, streams its text, and says whether the request is over.
     pub fn take_token(&mut self, logits: &[f32], tokenizer: &Tokenizer, n_ctx: usize, stats: &Stats) -> Option<Ending> {
-        let next = match self.sampler.sample(logits, &self.tokens) {
+        let sampled = match &mut self.constraint {
+            None => self.sampler.sample(logits, &self.tokens),
+            Some(c) => self.sampler.sample_masked(logits, &self.tokens, c.mask()),
+        };
+        let next = match sampled {
             Ok(t) => t,
             Err(e) => return Some(Ending::Failed(e.to_string())),
         };
+        let mut json_closed = false;
+        if let Some(c) = &mut self.constraint {
+            if let Err(e) = c.accept(next, tokenizer.token_bytes(next, true)) {
+                return Some(Ending::Failed(e.to_string()));
+            }
+            json_closed = c.is_complete();
+        }
         let now = Instant::now();
         match self.last_token {
             None => stats.ttft.observe(now - self.arrived),
@@ -122,14 +149,21 @@ impl<'t> Sequence<'t> {
         self.piece.clear();
         self.decoder.push_into(next, &mut self.piece);
         let (text, stopped) = match self.stop.push(&self.piece) {
-            StopStep::Continue(t) => (t, false),
-            StopStep::Stopped { text, .. } => (text, true),
+            StopStep::Continue(t) => (t.to_string(), false),
+            StopStep::Stopped { text, .. } => (text.to_string(), true),
+        };
+        // The JSON object closed: its last bytes, held back in case they began a stop string, are final now.
+        let (text, stopped) = if json_closed && !stopped {
+            let (rest, stopped) = self.release_held();
+            (text + &rest, stopped)
+        } else {
+            (text, stopped)
         };
         let logprob = self.logprobs.then(|| crate::sampling::logprob(logits, next));
-        if self.tx.send(Event::Token { id: next, text: text.to_string(), logprob }).is_err() {
+        if self.tx.send(Event::Token { id: next, text, logprob }).is_err() {
             return Some(Ending::Cancelled);
         }
-        if stopped {
+        if stopped || json_closed {
             Some(Ending::Finished { finish: FinishReason::Stop, context_full: false })
         } else if self.generated() >= self.max_tokens {
             Some(Ending::Finished { finish: FinishReason::Length, context_full: false })
@@ -140,6 +174,15 @@ impl<'t> Sequence<'t> {
         }
     }
 
+    /// Releases what the decoder and the stop matcher still hold, and says whether that completed a stop string.
+    fn release_held(&mut self) -> (String, bool) {
+        let rest = self.decoder.finish();
+        match self.stop.push(&rest) {
+            StopStep::Continue(t) => (t.to_string() + self.stop.finish(), false),
+            StopStep::Stopped { text, .. } => (text.to_string(), true),
+        }
+    }
+
     /// Sends the last event of a request that ended.
     pub fn finish(&mut self, ending: Ending, stats: &Stats) {
         use std::sync::atomic::Ordering::Relaxed;
@@ -147,17 +190,10 @@ impl<'t> Sequence<'t> {
             Ending::Finished { mut finish, context_full } => {
                 let mut text = String::new();
                 if finish != FinishReason::Stop {
-                    // Release what the decoder and the stop matcher still hold.
-                    let rest = self.decoder.finish();
-                    match self.stop.push(&rest) {
-                        StopStep::Continue(t) => text.push_str(t),
-                        StopStep::Stopped { text: t, .. } => {
-                            text.push_str(t);
-                            finish = FinishReason::Stop;
-                        }
-                    }
-                    if finish != FinishReason::Stop {
-                        text.push_str(self.stop.finish());
+                    let stopped;
+                    (text, stopped) = self.release_held();
+                    if stopped {
+                        finish = FinishReason::Stop;
                     }
                 }
                 let elapsed = self.arrived.elapsed();

@@ -18,10 +18,11 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, OnceLock, mpsc};
 
 use crate::model::kv_cache::{BlockRef, GroupCounts};
 use crate::model::{ForwardScratch, KvPool, Logits, Model, SeqStep};
+use crate::structured::SortedVocab;
 use crate::tokenizer::Tokenizer;
 
 use super::prefix_cache::PrefixCache;
@@ -64,6 +65,8 @@ pub struct Scheduler<'m> {
     cache: Option<PrefixCache>,
     scratch: ForwardScratch,
     waiting: VecDeque<Sequence<'m>>,
+    /// The vocabulary in byte order for JSON output, built on the first such request.
+    json_vocab: OnceLock<Arc<SortedVocab>>,
     /// In admission order: preemption takes from the back.
     running: Vec<Sequence<'m>>,
 }
@@ -88,6 +91,7 @@ impl<'m> Scheduler<'m> {
             cache,
             scratch: ForwardScratch::new(model),
             waiting: VecDeque::new(),
+            json_vocab: OnceLock::new(),
             running: Vec::new(),
         }
     }
@@ -105,7 +109,7 @@ impl<'m> Scheduler<'m> {
     }
 
     pub(crate) fn push(&mut self, sub: Submission) {
-        match Sequence::new(sub, self.tokenizer) {
+        match Sequence::new(sub, self.tokenizer, &self.json_vocab) {
             Ok(seq) => self.waiting.push_back(seq),
             Err(refused) => {
                 let (sub, why) = *refused;

@@ -342,6 +342,7 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
         stop: req.stop.clone(),
         ignore_eos: req.ignore_eos,
         logprobs: false,
+        format: req.format,
     };
     let stream = match state.engine.submit(engine_req) {
         Ok(s) => s,

@@ -9,6 +9,7 @@ use serde_json::{Map, Value, json};
 
 use crate::engine::{FinishReason, Usage};
 use crate::sampling::{SamplingParams, random_seed};
+use crate::structured::OutputFormat;
 use crate::tokenizer::chat::ChatMessage;
 
 /// A client error: HTTP status, message, and the parameter at fault.
@@ -63,6 +64,8 @@ pub struct GenerationRequest {
     pub include_usage: bool,
     pub ignore_eos: bool,
     pub model: Option<String>,
+    /// `response_format`: free text, or one JSON object.
+    pub format: OutputFormat,
 }
 
 /// Most stop strings a request may give.
@@ -230,11 +233,7 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
     f.unsupported("logit_bias", |v| v.as_object().is_some_and(Map::is_empty), "logit_bias")?;
     f.unsupported("tools", |v| v.as_array().is_some_and(Vec::is_empty), "tool calling")?;
     f.unsupported("functions", |v| v.as_array().is_some_and(Vec::is_empty), "function calling")?;
-    f.unsupported(
-        "response_format",
-        |v| v.get("type").and_then(Value::as_str) == Some("text"),
-        "a response format other than text",
-    )?;
+    let format = parse_response_format(&f)?;
     for name in ["presence_penalty", "frequency_penalty"] {
         if f.f32(name)?.is_some_and(|x| x != 0.0) {
             return Err(ApiError::bad(name, format!("`{name}` is not supported (use `repeat_penalty`)")));
@@ -254,7 +253,32 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
     let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
     let model = f.string("model")?.map(str::to_string);
     f.string("user")?;
-    Ok(GenerationRequest { prompt, max_tokens, sampling, stop, stream, include_usage, ignore_eos, model })
+    Ok(GenerationRequest { prompt, max_tokens, sampling, stop, stream, include_usage, ignore_eos, model, format })
+}
+
+/// `response_format`: `{"type": "text"}` (the default) or `{"type": "json_object"}`; a JSON schema is refused by
+/// name, so a client that relies on one learns it was not applied.
+fn parse_response_format(f: &Fields<'_>) -> Result<OutputFormat, ApiError> {
+    const NAME: &str = "response_format";
+    let o = match f.get(NAME) {
+        None => return Ok(OutputFormat::Text),
+        Some(Value::Object(o)) => o,
+        Some(v) => return Err(ApiError::bad(NAME, format!("`{NAME}` must be an object, not {}", kind(v)))),
+    };
+    match o.get("type") {
+        Some(Value::String(t)) if t == "text" => Ok(OutputFormat::Text),
+        Some(Value::String(t)) if t == "json_object" => Ok(OutputFormat::JsonObject),
+        Some(Value::String(t)) if t == "json_schema" => Err(ApiError::bad(
+            NAME,
+            "`response_format`: json_schema is not supported; {\"type\": \"json_object\"} constrains the output \
+             to a JSON object without a schema",
+        )),
+        Some(Value::String(t)) => {
+            Err(ApiError::bad(NAME, format!("`response_format.type` = \"{t}\": expected \"text\" or \"json_object\"")))
+        }
+        Some(v) => Err(ApiError::bad(NAME, format!("`response_format.type` must be a string, not {}", kind(v)))),
+        None => Err(ApiError::bad(NAME, "`response_format` needs a `type` (\"text\" or \"json_object\")")),
+    }
 }
 
 fn parse_prompt(f: &Fields<'_>) -> Result<Prompt, ApiError> {

@@ -13,7 +13,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::cli::info::file_type_name;
 use crate::cli::output::{print_line, stderr_is_terminal};
 use crate::cli::peak;
-use crate::engine::{EngineConfig, KvBudget, Request, Scheduler};
+use crate::engine::{EngineConfig, KvBudget, OutputFormat, Request, Scheduler};
 use crate::gguf::MetaValue;
 use crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
 use crate::model::{ForwardScratch, KvDtype, KvPool, Logits, Model, SeqKv, SeqStep};
@@ -332,6 +332,7 @@ fn curve_once(
             stop: Vec::new(),
             ignore_eos: true,
             logprobs: false,
+            format: OutputFormat::Text,
         };
         streams.push(sched.submit(req)?);
     }

@@ -6,6 +6,7 @@ use crate::chat::ChatSettings;
 use crate::cli::args::{
     parse_count, parse_min_p, parse_n_predict, parse_repeat_penalty, parse_seed, parse_temperature, parse_top_p,
 };
+use crate::structured::OutputFormat;
 
 /// A parsed command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,14 +37,15 @@ pub const HELP: &str = "\
 /save FILE          save the conversation and the settings as JSON
 /load FILE          load a conversation saved with /save
 /set [NAME VALUE]   show the settings, or set temp, top-k, top-p, min-p, repeat-penalty, repeat-last-n,
-                    seed (a number, or random) or n (most tokens per reply; -1 = no limit)
+                    seed (a number, or random), n (most tokens per reply; -1 = no limit) or
+                    format (text, or json: each reply is one JSON object)
 /context            how the context is spent: system, history, the reply's reserve, free
 /stats              the last reply's prompt and generation speed and time to first token
 \"\"\"                 start or end a message of several lines
 Ctrl-C stops a reply; what was said so far is kept.";
 
 /// Settings `/set` knows, as typed.
-pub const SETTINGS: &str = "temp, top-k, top-p, min-p, repeat-penalty, repeat-last-n, seed, n";
+pub const SETTINGS: &str = "temp, top-k, top-p, min-p, repeat-penalty, repeat-last-n, seed, n, format";
 
 /// Parses a command line (without the leading `/`).
 pub fn parse(line: &str) -> Result<Command, String> {
@@ -87,6 +89,13 @@ pub fn set(settings: &mut ChatSettings, key: &str, value: &str) -> Result<(), St
         "seed" if value == "random" => settings.seed = None,
         "seed" => settings.seed = Some(parse_seed(value).map_err(bad)?),
         "n" => settings.max_tokens = usize::try_from(parse_n_predict(value).map_err(bad)?).ok(),
+        "format" => {
+            settings.format = match value {
+                "text" => OutputFormat::Text,
+                "json" => OutputFormat::JsonObject,
+                _ => return Err(bad(format!("'{value}' is not a format (text or json)"))),
+            }
+        }
         other => return Err(format!("/set: unknown setting '{other}' (settings: {SETTINGS})")),
     }
     Ok(())
@@ -97,13 +106,17 @@ pub fn show(settings: &ChatSettings) -> String {
     let seed = settings.seed.map_or("random".to_string(), |s| s.to_string());
     let n = settings.max_tokens.map_or("-1 (no limit)".to_string(), |n| n.to_string());
     format!(
-        "temp {}\ntop-k {}\ntop-p {}\nmin-p {}\nrepeat-penalty {}\nrepeat-last-n {}\nseed {seed}\nn {n}",
+        "temp {}\ntop-k {}\ntop-p {}\nmin-p {}\nrepeat-penalty {}\nrepeat-last-n {}\nseed {seed}\nn {n}\nformat {}",
         settings.temperature,
         settings.top_k,
         settings.top_p,
         settings.min_p,
         settings.repeat_penalty,
         settings.repeat_last_n,
+        match settings.format {
+            OutputFormat::Text => "text",
+            OutputFormat::JsonObject => "json",
+        },
     )
 }
 
@@ -141,6 +154,10 @@ mod tests {
         set(&mut s, "n", "-1").unwrap();
         set(&mut s, "seed", "random").unwrap();
         assert_eq!((s.seed, s.max_tokens), (None, None));
+        set(&mut s, "format", "json").unwrap();
+        assert_eq!(s.format, OutputFormat::JsonObject);
+        assert!(show(&s).ends_with("format json"));
+        set(&mut s, "format", "text").unwrap();
         let before = s;
         for (key, value, needle) in [
             ("temp", "hot", "/set temp: 'hot' is not a number"),
@@ -149,6 +166,7 @@ mod tests {
             ("n", "-2", "/set n: must be -1"),
             ("seed", "x", "/set seed: 'x' is not a seed"),
             ("colour", "red", "unknown setting 'colour'"),
+            ("format", "yaml", "/set format: 'yaml' is not a format (text or json)"),
         ] {
             let e = set(&mut s, key, value).unwrap_err();
             assert!(e.contains(needle), "{key} {value}: {e}");

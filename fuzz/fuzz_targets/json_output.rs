@@ -1,0 +1,38 @@
+//! The JSON-output recognizer on arbitrary bytes, used as a constrained generator would use it: refused bytes are
+//! dropped, accepted ones kept. serde_json is the judge: whatever was kept is the start of some JSON text (it parses,
+//! or fails only by running out of input) wherever the machine is between characters, and once the machine says
+//! the object is complete it parses as an object and the machine accepts nothing more.
+#![no_main]
+
+use infer::structured::JsonMachine;
+use libfuzzer_sys::fuzz_target;
+
+fn is_prefix(bytes: &[u8]) -> bool {
+    match serde_json::from_slice::<serde_json::Value>(bytes) {
+        Ok(_) => true,
+        Err(e) => e.is_eof(),
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut m = JsonMachine::new();
+    let mut kept = Vec::with_capacity(data.len());
+    for &b in data {
+        if !m.step(b) {
+            continue;
+        }
+        kept.push(b);
+        if m.is_complete() {
+            break;
+        }
+        if m.in_plain_string() || !m.in_string() {
+            assert!(is_prefix(&kept), "not the start of JSON: {:?}", String::from_utf8_lossy(&kept));
+        }
+    }
+    if m.is_complete() {
+        let v: serde_json::Value = serde_json::from_slice(&kept)
+            .unwrap_or_else(|e| panic!("{e}: {:?}", String::from_utf8_lossy(&kept)));
+        assert!(v.is_object());
+        assert!((0..=255u8).all(|b| !m.can_take(b)), "a byte after the closed object");
+    }
+});
