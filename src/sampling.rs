@@ -165,6 +165,20 @@ pub fn logprob(logits: &[f32], id: u32) -> f32 {
     ((f64::from(x) - f64::from(max)) - exp_sum(logits, max).ln()) as f32
 }
 
+/// The `n` most likely tokens under the softmax of the raw `logits` (temperature 1, no filters), most likely first
+/// (ties by lowest id), with their natural-log probabilities: OpenAI's `top_logprobs`. Empty for empty logits.
+pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+    if logits.is_empty() || n == 0 {
+        return Vec::new();
+    }
+    let max = max_of(logits);
+    let log_sum = exp_sum(logits, max).ln();
+    let mut best = Vec::new();
+    top_k_scan(logits, n.min(logits.len()), &mut best);
+    best.sort_unstable_by(by_logit_desc);
+    best.iter().map(|c| (c.id, ((f64::from(c.logit) - f64::from(max)) - log_sum) as f32)).collect()
+}
+
 /// Lanes for the hot loops: independent accumulators that the compiler can keep in SIMD registers. The lane an
 /// element goes to depends only on its index, so results are the same on every platform.
 const LANES: usize = 16;

@@ -49,6 +49,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
         stop: Vec::new(),
         ignore_eos: true,
         logprobs: true,
+        top_logprobs: 0,
         format: OutputFormat::Text,
     }
 }

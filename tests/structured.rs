@@ -193,6 +193,7 @@ fn engine_requests_with_and_without_json_share_a_batch() {
             stop: Vec::new(),
             ignore_eos: false,
             logprobs: false,
+            top_logprobs: 0,
             format: if i % 2 == 0 { OutputFormat::JsonObject } else { OutputFormat::Text },
         })
         .collect();

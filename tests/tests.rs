@@ -13,6 +13,7 @@ mod families;
 mod faults;
 mod gguf;
 mod kv_pool;
+mod logprobs;
 mod model;
 mod quantize;
 mod reference_dequant;

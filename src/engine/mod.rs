@@ -100,6 +100,9 @@ pub enum EngineError {
     KvDtype(#[from] crate::model::kv_cache::KvDtypeError),
 }
 
+/// Most alternatives a request may ask for at each step (OpenAI's limit for `top_logprobs`).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
 /// What one request asks for.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -113,6 +116,8 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Report each generated token's log-probability ([`crate::sampling::logprob`]).
     pub logprobs: bool,
+    /// With `logprobs`, also report this many most likely tokens at each step ([`crate::sampling::top_logprobs`]).
+    pub top_logprobs: usize,
     /// The shape the text must have; with [`OutputFormat::JsonObject`] the request ends when the object closes.
     pub format: OutputFormat,
 }
@@ -134,6 +139,8 @@ pub enum RequestError {
     Sampling(#[from] SamplingError),
     #[error(transparent)]
     Stop(#[from] StopError),
+    #[error("top_logprobs = {0}: at most {MAX_TOP_LOGPROBS}")]
+    TooManyTopLogprobs(usize),
     #[error("the queue is full: {waiting} requests are waiting")]
     QueueFull { waiting: usize },
     #[error("the engine has stopped")]
@@ -171,7 +178,9 @@ pub struct Done {
 pub enum Event {
     /// A generated token and the text that is now final (empty while held back: an incomplete UTF-8 character, or
     /// text that may begin a stop string).
-    Token { id: u32, text: String, logprob: Option<f32> },
+    /// `top_logprobs` holds the request's `top_logprobs` most likely tokens and their log-probabilities (empty
+    /// when it asked for none).
+    Token { id: u32, text: String, logprob: Option<f32>, top_logprobs: Vec<(u32, f32)> },
     /// The request ended; nothing follows.
     Done(Done),
     /// The request failed (for example, the model produced non-finite logits); nothing follows.
@@ -211,7 +220,7 @@ impl RequestStream {
         let mut out = Completion::default();
         while let Some(ev) = self.blocking_next() {
             match ev {
-                Event::Token { id, text, logprob } => {
+                Event::Token { id, text, logprob, .. } => {
                     out.tokens.push(id);
                     out.text.push_str(&text);
                     out.logprobs.extend(logprob);
@@ -337,6 +346,9 @@ impl Shared {
         }
         req.sampling.validate()?;
         crate::stop::validate_stops(&req.stop)?;
+        if req.top_logprobs > MAX_TOP_LOGPROBS {
+            return Err(RequestError::TooManyTopLogprobs(req.top_logprobs));
+        }
         let max = self.config.max_queue;
         self.queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| (q < max).then_some(q + 1))

@@ -24,6 +24,7 @@ pub(crate) struct Sequence<'t> {
     max_tokens: usize,
     ignore_eos: bool,
     logprobs: bool,
+    top_logprobs: usize,
     sampler: Sampler,
     /// Structured output: which tokens may come next (JSON output only).
     constraint: Option<JsonConstraint>,
@@ -86,6 +87,7 @@ impl<'t> Sequence<'t> {
             max_tokens: req.max_tokens,
             ignore_eos: req.ignore_eos,
             logprobs: req.logprobs,
+            top_logprobs: if req.logprobs { req.top_logprobs } else { 0 },
             sampler,
             constraint,
             stop,
@@ -160,7 +162,8 @@ impl<'t> Sequence<'t> {
             (text, stopped)
         };
         let logprob = self.logprobs.then(|| crate::sampling::logprob(logits, next));
-        if self.tx.send(Event::Token { id: next, text, logprob }).is_err() {
+        let top_logprobs = crate::sampling::top_logprobs(logits, self.top_logprobs);
+        if self.tx.send(Event::Token { id: next, text, logprob, top_logprobs }).is_err() {
             return Some(Ending::Cancelled);
         }
         if stopped || json_closed {

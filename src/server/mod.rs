@@ -34,7 +34,7 @@ use crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::chat::ChatTemplate;
 
-use openai::{ApiError, GenerationRequest, Prompt, ResponseMeta};
+use openai::{ApiError, GenerationRequest, Prompt, ResponseMeta, TokenLogprobs};
 
 /// How request log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -310,6 +310,7 @@ fn refused(e: RequestError, n_ctx: usize) -> ApiError {
         RequestError::InvalidToken { .. } => ApiError::bad("prompt", e.to_string()),
         RequestError::NoTokens => ApiError::bad("max_tokens", e.to_string()),
         RequestError::Sampling(_) | RequestError::Stop(_) => ApiError::new(400, e.to_string()),
+        RequestError::TooManyTopLogprobs(_) => ApiError::bad("top_logprobs", e.to_string()),
     }
 }
 
@@ -341,7 +342,8 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
         sampling: req.sampling,
         stop: req.stop.clone(),
         ignore_eos: req.ignore_eos,
-        logprobs: false,
+        logprobs: req.logprobs.is_some(),
+        top_logprobs: req.logprobs.unwrap_or(0),
         format: req.format,
     };
     let stream = match state.engine.submit(engine_req) {
@@ -363,6 +365,9 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
             first: true,
             done: false,
             tail: Vec::new(),
+            logprobs: req.logprobs.is_some(),
+            pending: Vec::new(),
+            offset: 0,
         };
         let sse = futures_util::stream::unfold(events, |mut st| async move {
             let ev = st.next_event().await?;
@@ -372,11 +377,15 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
     }
     let mut stream = stream;
     let mut text = String::new();
+    let mut entries = Vec::new();
     loop {
         match stream.next().await {
-            Some(Event::Token { text: t, .. }) => {
+            Some(Event::Token { id, text: t, logprob, top_logprobs }) => {
                 log.ttft.get_or_insert_with(|| log.start.elapsed());
                 text.push_str(&t);
+                if req.logprobs.is_some() {
+                    entries.push(token_logprobs(&state.tokenizer, id, logprob, &top_logprobs));
+                }
             }
             Some(Event::Done(done)) => {
                 text.push_str(&done.text);
@@ -384,7 +393,8 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
                 let finish = openai::finish_reason(done.finish);
                 log.usage = Some(done.usage);
                 log.finish = Some(finish);
-                return axum::Json(meta.full(&text, finish, &done.usage)).into_response();
+                let logprobs = req.logprobs.is_some().then(|| openai::logprobs_json(chat, &entries, 0));
+                return axum::Json(meta.full(&text, finish, &done.usage, logprobs)).into_response();
             }
             Some(Event::Failed(e)) => return fail(log, ApiError::new(500, format!("generation failed: {e}"))),
             None => return fail(log, ApiError::new(503, "the engine stopped before the request ended")),
@@ -406,11 +416,38 @@ struct StreamState {
     done: bool,
     /// Events still to send after the end, last first.
     tail: Vec<SseEvent>,
+    /// The request asked for logprobs.
+    logprobs: bool,
+    /// Tokens whose logprobs wait for the next chunk with text (their text is held back).
+    pending: Vec<TokenLogprobs>,
+    /// Bytes of the tokens whose logprobs were sent (the completions endpoint's `text_offset`).
+    offset: usize,
+}
+
+/// One token's logprobs with the tokens' bytes, for a response.
+fn token_logprobs(tok: &Tokenizer, id: u32, logprob: Option<f32>, top: &[(u32, f32)]) -> TokenLogprobs {
+    TokenLogprobs {
+        bytes: tok.token_bytes(id, true).to_vec(),
+        logprob: logprob.unwrap_or(f32::NAN),
+        top: top.iter().map(|&(t, x)| (tok.token_bytes(t, true).to_vec(), x)).collect(),
+    }
 }
 
 impl StreamState {
     fn data(v: &Value) -> SseEvent {
         SseEvent::default().data(v.to_string())
+    }
+
+    /// The logprobs of the tokens waiting for a chunk (`None` if the request did not ask for them). Takes the
+    /// fields it needs, not `self`, so the chunk's metadata can go on borrowing the rest.
+    fn take_logprobs(wanted: bool, chat: bool, pending: &mut Vec<TokenLogprobs>, offset: &mut usize) -> Option<Value> {
+        if !wanted {
+            return None;
+        }
+        let v = openai::logprobs_json(chat, pending, *offset);
+        *offset += pending.iter().map(|e| e.bytes.len()).sum::<usize>();
+        pending.clear();
+        Some(v)
     }
 
     /// The next SSE event: a chunk of text, the last chunk(s), `[DONE]`, or the end.
@@ -422,12 +459,16 @@ impl StreamState {
             ResponseMeta { id: &self.id, created: self.created, model: &self.state.config.model_name, chat: self.chat };
         loop {
             match self.stream.next().await {
-                Some(Event::Token { text, .. }) => {
+                Some(Event::Token { id, text, logprob, top_logprobs }) => {
                     self.log.ttft.get_or_insert_with(|| self.log.start.elapsed());
+                    if self.logprobs {
+                        self.pending.push(token_logprobs(&self.state.tokenizer, id, logprob, &top_logprobs));
+                    }
                     if text.is_empty() {
                         continue;
                     }
-                    let chunk = meta.chunk(Some(&text), std::mem::take(&mut self.first), None, None);
+                    let logprobs = Self::take_logprobs(self.logprobs, self.chat, &mut self.pending, &mut self.offset);
+                    let chunk = meta.chunk(Some(&text), std::mem::take(&mut self.first), None, None, logprobs);
                     return Some(Self::data(&chunk));
                 }
                 Some(Event::Done(done)) => {
@@ -437,7 +478,8 @@ impl StreamState {
                     self.done = true;
                     let text = (!done.text.is_empty()).then_some(done.text.as_str());
                     let usage = (!self.include_usage).then_some(&done.usage);
-                    let last = Self::data(&meta.chunk(text, self.first, Some(finish), usage));
+                    let logprobs = Self::take_logprobs(self.logprobs, self.chat, &mut self.pending, &mut self.offset);
+                    let last = Self::data(&meta.chunk(text, self.first, Some(finish), usage, logprobs));
                     if self.include_usage {
                         self.tail.push(Self::data(&meta.usage_chunk(&done.usage)));
                     }

@@ -3,7 +3,7 @@
 //!
 //! Fields a client may send that do not change the result (`user`, `stream_options` without usage, a `model` name)
 //! are accepted; unknown fields are ignored, as the OpenAI API does; features this server does not have (`n` > 1,
-//! `logprobs`, tools, `echo`, ...) are refused by name rather than silently dropped.
+//! `logit_bias`, tools, `echo`, a JSON schema, ...) are refused by name rather than silently dropped.
 
 use serde_json::{Map, Value, json};
 
@@ -66,6 +66,8 @@ pub struct GenerationRequest {
     pub model: Option<String>,
     /// `response_format`: free text, or one JSON object.
     pub format: OutputFormat,
+    /// Report each token's log-probability and this many alternatives (`None`: no logprobs).
+    pub logprobs: Option<usize>,
 }
 
 /// Most stop strings a request may give.
@@ -228,8 +230,7 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
     f.unsupported("best_of", |v| v.as_i64() == Some(1), "best_of other than 1")?;
     f.unsupported("echo", |v| v == &Value::Bool(false), "echo")?;
     f.unsupported("suffix", |v| v.as_str() == Some(""), "suffix")?;
-    f.unsupported("logprobs", |v| v == &Value::Bool(false), "logprobs")?;
-    f.unsupported("top_logprobs", |v| v.as_i64() == Some(0), "top_logprobs")?;
+    let logprobs = parse_logprobs(&f, chat)?;
     f.unsupported("logit_bias", |v| v.as_object().is_some_and(Map::is_empty), "logit_bias")?;
     f.unsupported("tools", |v| v.as_array().is_some_and(Vec::is_empty), "tool calling")?;
     f.unsupported("functions", |v| v.as_array().is_some_and(Vec::is_empty), "function calling")?;
@@ -253,7 +254,106 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
     let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
     let model = f.string("model")?.map(str::to_string);
     f.string("user")?;
-    Ok(GenerationRequest { prompt, max_tokens, sampling, stop, stream, include_usage, ignore_eos, model, format })
+    Ok(GenerationRequest {
+        prompt,
+        max_tokens,
+        sampling,
+        stop,
+        stream,
+        include_usage,
+        ignore_eos,
+        model,
+        format,
+        logprobs,
+    })
+}
+
+/// Most alternatives the completions endpoint's `logprobs` may ask for (OpenAI's limit there).
+pub const MAX_COMPLETION_LOGPROBS: i64 = 5;
+
+/// Chat: `logprobs` (true/false) and `top_logprobs` (0 to 20, only with `logprobs`). Completions: `logprobs`, the
+/// number of alternatives (0 to 5), or null.
+fn parse_logprobs(f: &Fields<'_>, chat: bool) -> Result<Option<usize>, ApiError> {
+    let max_top = crate::engine::MAX_TOP_LOGPROBS as i64;
+    if chat {
+        let on = f.bool("logprobs")?.unwrap_or(false);
+        match f.int("top_logprobs")? {
+            None => Ok(on.then_some(0)),
+            Some(n) if !(0..=max_top).contains(&n) => {
+                Err(ApiError::bad("top_logprobs", format!("`top_logprobs` must be in 0..={max_top}, got {n}")))
+            }
+            Some(n) if n > 0 && !on => Err(ApiError::bad("top_logprobs", "`top_logprobs` needs `logprobs`: true")),
+            Some(n) => Ok(on.then_some(n as usize)),
+        }
+    } else {
+        f.unsupported(
+            "top_logprobs",
+            |v| v.as_i64() == Some(0),
+            "top_logprobs on /v1/completions (use `logprobs`: N)",
+        )?;
+        match f.int("logprobs")? {
+            None => Ok(None),
+            Some(n) if (0..=MAX_COMPLETION_LOGPROBS).contains(&n) => Ok(Some(n as usize)),
+            Some(n) => Err(ApiError::bad(
+                "logprobs",
+                format!("`logprobs` must be in 0..={MAX_COMPLETION_LOGPROBS} on /v1/completions, got {n}"),
+            )),
+        }
+    }
+}
+
+/// One generated token's log-probability and its most likely alternatives, with their text.
+#[derive(Debug, Clone)]
+pub struct TokenLogprobs {
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    pub top: Vec<(Vec<u8>, f32)>,
+}
+
+/// A token's text for `logprobs`: its bytes, with a piece of a UTF-8 character shown as U+FFFD (the `bytes` field
+/// has them exactly).
+fn token_text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A logprob as JSON: a number, or (if the model's output was not finite) null.
+fn lp(x: f32) -> Value {
+    if x.is_finite() { json!(x) } else { Value::Null }
+}
+
+/// The `logprobs` object of a choice, for the tokens in `entries`. Chat: `{"content": [{token, logprob, bytes,
+/// top_logprobs}]}`. Completions (the legacy shape): `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`,
+/// the offsets counted in bytes from `offset`, where these tokens begin in the completion.
+pub fn logprobs_json(chat: bool, entries: &[TokenLogprobs], offset: usize) -> Value {
+    if chat {
+        let content: Vec<Value> = entries
+            .iter()
+            .map(|e| {
+                let top: Vec<Value> = e
+                    .top
+                    .iter()
+                    .map(|(b, x)| json!({ "token": token_text(b), "logprob": lp(*x), "bytes": b }))
+                    .collect();
+                json!({ "token": token_text(&e.bytes), "logprob": lp(e.logprob), "bytes": e.bytes, "top_logprobs": top })
+            })
+            .collect();
+        return json!({ "content": content });
+    }
+    let mut at = offset;
+    let mut offsets = Vec::with_capacity(entries.len());
+    for e in entries {
+        offsets.push(at);
+        at += e.bytes.len();
+    }
+    json!({
+        "tokens": entries.iter().map(|e| token_text(&e.bytes)).collect::<Vec<_>>(),
+        "token_logprobs": entries.iter().map(|e| lp(e.logprob)).collect::<Vec<_>>(),
+        "top_logprobs": entries
+            .iter()
+            .map(|e| e.top.iter().map(|(b, x)| (token_text(b), lp(*x))).collect::<Map<String, Value>>())
+            .collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
 }
 
 /// `response_format`: `{"type": "text"}` (the default) or `{"type": "json_object"}`; a JSON schema is refused by
@@ -391,11 +491,12 @@ pub struct ResponseMeta<'a> {
 
 impl ResponseMeta<'_> {
     /// A whole (non-streamed) response.
-    pub fn full(&self, text: &str, finish: &str, usage: &Usage) -> Value {
+    pub fn full(&self, text: &str, finish: &str, usage: &Usage, logprobs: Option<Value>) -> Value {
+        let logprobs = logprobs.unwrap_or(Value::Null);
         let choice = if self.chat {
-            json!({ "index": 0, "message": { "role": "assistant", "content": text }, "logprobs": null, "finish_reason": finish })
+            json!({ "index": 0, "message": { "role": "assistant", "content": text }, "logprobs": logprobs, "finish_reason": finish })
         } else {
-            json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": finish })
+            json!({ "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish })
         };
         json!({
             "id": self.id,
@@ -409,7 +510,15 @@ impl ResponseMeta<'_> {
 
     /// One streamed chunk: new text, or (with `finish`) the last one, which also carries the usage unless a
     /// separate usage chunk follows. The first chat chunk announces the role.
-    pub fn chunk(&self, text: Option<&str>, first: bool, finish: Option<&str>, usage: Option<&Usage>) -> Value {
+    pub fn chunk(
+        &self,
+        text: Option<&str>,
+        first: bool,
+        finish: Option<&str>,
+        usage: Option<&Usage>,
+        logprobs: Option<Value>,
+    ) -> Value {
+        let logprobs = logprobs.unwrap_or(Value::Null);
         let choice = if self.chat {
             let mut delta = Map::new();
             if first {
@@ -418,9 +527,9 @@ impl ResponseMeta<'_> {
             if let Some(t) = text {
                 delta.insert("content".into(), json!(t));
             }
-            json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish })
+            json!({ "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish })
         } else {
-            json!({ "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish })
+            json!({ "index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish })
         };
         let mut out = json!({
             "id": self.id,

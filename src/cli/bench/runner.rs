@@ -332,6 +332,7 @@ fn curve_once(
             stop: Vec::new(),
             ignore_eos: true,
             logprobs: false,
+            top_logprobs: 0,
             format: OutputFormat::Text,
         };
         streams.push(sched.submit(req)?);
