@@ -156,7 +156,8 @@ fn bad_commands_and_values_are_one_line_errors_and_the_repl_goes_on() {
         dir.path().join("missing.json").display(),
         bad_json.display()
     );
-    let out = chat(&[model.to_str().unwrap(), "-n", "3", "-c", "128"], &input);
+    // The synthetic model has no template of its own: name one, so the note about that is not on stderr either.
+    let out = chat(&[model.to_str().unwrap(), "-n", "3", "-c", "128", "--chat-template", "chatml"], &input);
     let errors = error_lines(&out);
     let expected = [
         "unknown command /frobnicate",
@@ -513,4 +514,18 @@ fn set_format_json_makes_the_next_replies_json_objects() {
     assert_eq!(r[1]["finish_reason"], "stop");
     assert!(serde_json::from_str::<serde_json::Value>(&text(0)).is_err(), "free text: {:?}", text(0));
     assert_eq!(text(2), text(0), "back to free text, the same reply as before");
+}
+
+#[test]
+fn a_model_without_a_chat_template_gets_a_note_naming_the_built_in_one() {
+    let dir = tempdir();
+    let model = dir.path().join("tiny.gguf");
+    build(Spec::llama(GgmlType::Q8_0), 5).write_file(&model).unwrap();
+    let m = model.to_str().unwrap();
+    let out = chat(&[m, "-n", "2", "-c", "128"], "hi\n");
+    assert!(out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("no chat template of its own") && err.contains("built-in 'chatml'"), "{err}");
+    let out = chat(&[m, "-n", "2", "-c", "128", "--chat-template", "chatml"], "hi\n");
+    assert!(!stderr(&out).contains("no chat template"), "an explicit template needs no note");
 }

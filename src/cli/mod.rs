@@ -234,7 +234,17 @@ pub fn chat_template(
         Some(t) => Some(t.to_string()),
         None => None,
     };
-    ChatTemplate::from_gguf(model.file(), source.as_deref()).context("loading the chat template")
+    let template = ChatTemplate::from_gguf(model.file(), source.as_deref()).context("loading the chat template")?;
+    if source.is_none() && model.file().metadata().get(crate::tokenizer::keys::CHAT_TEMPLATE).is_none() {
+        // A file without a template is usually a base model (the registry's Gemma 3 270M is one): say why its
+        // replies may not read as answers, and what to change.
+        crate::cli::output::eprintln_lossy!(
+            "note: the model has no chat template of its own (a base model?); using the built-in '{}' template, which \
+             it may not follow (--chat-template picks another)",
+            template.name()
+        );
+    }
+    Ok(template)
 }
 
 /// A flag that Ctrl-C sets; generation checks it between tokens and stops. A second Ctrl-C while the flag is still
