@@ -9,6 +9,8 @@
 //!
 //! 1. **repeat penalty** over the distinct tokens among the last `repeat_last_n` of the history: a positive logit is
 //!    divided by `repeat_penalty`, a zero or negative one multiplied by it (llama.cpp's convention);
+//!    then, with [`Sampler::sample_masked`] (structured output, [`crate::structured`]), only the tokens the mask
+//!    allows go on to the next steps;
 //! 2. **top-k**: keep the `top_k` highest logits (0 = off);
 //! 3. **top-p** (nucleus): keep the smallest set of highest-probability tokens whose probability mass, measured on
 //!    the distribution left by top-k at temperature 1, reaches `top_p` (1 = off);

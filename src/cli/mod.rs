@@ -234,17 +234,26 @@ pub fn chat_template(
         Some(t) => Some(t.to_string()),
         None => None,
     };
-    let template = ChatTemplate::from_gguf(model.file(), source.as_deref()).context("loading the chat template")?;
-    if source.is_none() && model.file().metadata().get(crate::tokenizer::keys::CHAT_TEMPLATE).is_none() {
-        // A file without a template is usually a base model (the registry's Gemma 3 270M is one): say why its
-        // replies may not read as answers, and what to change.
-        crate::cli::output::eprintln_lossy!(
-            "note: the model has no chat template of its own (a base model?); using the built-in '{}' template, which \
-             it may not follow (--chat-template picks another)",
+    ChatTemplate::from_gguf(model.file(), source.as_deref()).context("loading the chat template")
+}
+
+/// A note for stderr when `template` is a built-in stand-in for a file that has no chat template of its own (no
+/// `--chat-template` given). Such a file is usually a base model (the registry's Gemma 3 270M is one), whose replies
+/// may not read as answers: the note says why, and what to change. Callers print it once the command has started
+/// for good, so a command that then fails still prints one line.
+pub fn template_note(
+    model: &crate::model::Model,
+    arg: Option<&str>,
+    template: &crate::tokenizer::chat::ChatTemplate,
+) -> Option<String> {
+    let own = model.file().metadata().get(crate::tokenizer::keys::CHAT_TEMPLATE).is_some();
+    (arg.is_none() && !own).then(|| {
+        format!(
+            "note: the model has no chat template of its own (a base model?); using the built-in '{}' template, \
+             which it may not follow (--chat-template picks another)",
             template.name()
-        );
-    }
-    Ok(template)
+        )
+    })
 }
 
 /// A flag that Ctrl-C sets; generation checks it between tokens and stops. A second Ctrl-C while the flag is still

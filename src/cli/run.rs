@@ -84,8 +84,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let (model, tokenizer) = (&loaded.model, &loaded.tokenizer);
     let load_time = load_start.elapsed();
 
+    let mut template_note = None;
     let prompt_text = if args.chat {
         let template = super::chat_template(model, args.chat_template.as_deref())?;
+        template_note = super::template_note(model, args.chat_template.as_deref(), &template);
         let mut messages = Vec::new();
         if let Some(sys) = &args.system {
             messages.push(ChatMessage { role: "system".into(), content: sys.clone() });
@@ -120,6 +122,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     crate::timeline::mark!("session made (KV cache reserved)");
     let json_mode = args.json;
     let mut wrote_any = false;
+    if let Some(note) = &template_note {
+        eprintln_lossy!("{note}");
+    }
     let result = pool.install(|| {
         session.generate(&req, &cancel, &mut |text| {
             if !json_mode && !text.is_empty() {
