@@ -322,21 +322,12 @@ impl<'m> Session<'m> {
         }
         if finish != FinishReason::Stop || json_closed {
             // Flush what the decoder and the stop matcher still hold.
-            let rest = decoder.finish();
-            let (tail, stopped) = match stop.push(&rest) {
-                StopStep::Continue(t) => (t.to_string(), false),
-                StopStep::Stopped { text: t, .. } => (t.to_string(), true),
-            };
+            let (tail, stopped) = stop.finish_with(&decoder.finish());
             if stopped {
                 finish = FinishReason::Stop;
             }
             text.push_str(&tail);
             on_text(&tail)?;
-            if !stopped {
-                let held = stop.finish().to_string();
-                text.push_str(&held);
-                on_text(&held)?;
-            }
         }
         timings.generated_tokens = tokens.len();
         timings.generate_time = start.elapsed();

@@ -164,6 +164,19 @@ impl StopMatcher {
         StopStep::Continue(&self.out)
     }
 
+    /// Ends the stream with its last chunk `rest` (what a UTF-8 decoder still held): the text still to show, and
+    /// whether `rest` completed a stop string. Without a stop, that is `rest` and everything held back in case it
+    /// began one (the matcher is then reset, as by [`finish`](Self::finish)); with one, only the text before it.
+    pub fn finish_with(&mut self, rest: &str) -> (String, bool) {
+        match self.push(rest) {
+            StopStep::Continue(t) => {
+                let t = t.to_string();
+                (t + self.finish(), false)
+            }
+            StopStep::Stopped { text, .. } => (text.to_string(), true),
+        }
+    }
+
     /// Ends the stream: returns the held text (nothing once stopped) and resets the matcher.
     pub fn finish(&mut self) -> &str {
         self.out.clear();

@@ -180,10 +180,7 @@ impl<'t> Sequence<'t> {
     /// Releases what the decoder and the stop matcher still hold, and says whether that completed a stop string.
     fn release_held(&mut self) -> (String, bool) {
         let rest = self.decoder.finish();
-        match self.stop.push(&rest) {
-            StopStep::Continue(t) => (t.to_string() + self.stop.finish(), false),
-            StopStep::Stopped { text, .. } => (text.to_string(), true),
-        }
+        self.stop.finish_with(&rest)
     }
 
     /// Sends the last event of a request that ended.

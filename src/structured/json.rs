@@ -25,8 +25,8 @@ pub const MAX_WS_RUN: u8 = 40;
 /// Longest number, in bytes.
 pub const MAX_NUMBER_LEN: u8 = 40;
 
-/// Where the machine is. `Copy`, compared and hashed whole (the mask cache keys on it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Where the machine is. `Copy`, and compared whole (the mask cache finds a state's mask by equality).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JsonMachine {
     /// Open containers: bit `i` is set when level `i` (0 = outermost) is an object, clear when an array.
     stack: u64,
@@ -38,7 +38,7 @@ pub struct JsonMachine {
     mode: Mode,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     /// Before the top-level object.
     Start,
@@ -65,7 +65,7 @@ enum Mode {
 }
 
 /// Position inside a string.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StrAt {
     Plain,
     /// After `\`.
@@ -89,7 +89,7 @@ enum StrAt {
 }
 
 /// Position inside a number, after what the name says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum NumAt {
     Minus,
     Zero,

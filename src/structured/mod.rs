@@ -31,6 +31,21 @@ pub enum OutputFormat {
     JsonObject,
 }
 
+impl OutputFormat {
+    /// The name a user types (`--format`, `/set format`): `text` or `json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            OutputFormat::Text => "text",
+            OutputFormat::JsonObject => "json",
+        }
+    }
+
+    /// The format a user named ([`name`](Self::name)'s inverse).
+    pub fn from_name(name: &str) -> Option<OutputFormat> {
+        [OutputFormat::Text, OutputFormat::JsonObject].into_iter().find(|f| f.name() == name)
+    }
+}
+
 /// Masks kept per constraint: the states of a string's inside, of the places between values, and a spare.
 const CACHED_MASKS: usize = 4;
 

@@ -47,14 +47,6 @@ impl SortedTokens {
         t
     }
 
-    fn heap_bytes(&self) -> usize {
-        self.ids.capacity() * 4
-            + self.bytes.capacity()
-            + self.ends.capacity() * 4
-            + self.shared.capacity() * 2
-            + self.groups.capacity() * 12
-    }
-
     /// Sets the bit of every token whose bytes `machine` accepts in full (other bits are left as they are).
     ///
     /// A token repeats the first `shared` bytes of the one before: the machine's state after each byte of the
@@ -146,16 +138,6 @@ impl SortedVocab {
         let all = SortedTokens::new(order, piece);
         let in_string = SortedTokens::new(active, piece);
         SortedVocab { all, in_string, inert, n_vocab, longest }
-    }
-
-    /// The size of the mask: the model's vocabulary, tokens without text included.
-    pub fn n_vocab(&self) -> usize {
-        self.n_vocab
-    }
-
-    /// Heap bytes held (for memory accounting).
-    pub fn heap_bytes(&self) -> usize {
-        self.all.heap_bytes() + self.in_string.heap_bytes() + self.inert.capacity() * 8
     }
 
     /// Sets bit `id` of `mask` (`n_vocab` bits, 64 per word) for every token whose bytes `machine` accepts in full,

@@ -90,11 +90,8 @@ pub fn set(settings: &mut ChatSettings, key: &str, value: &str) -> Result<(), St
         "seed" => settings.seed = Some(parse_seed(value).map_err(bad)?),
         "n" => settings.max_tokens = usize::try_from(parse_n_predict(value).map_err(bad)?).ok(),
         "format" => {
-            settings.format = match value {
-                "text" => OutputFormat::Text,
-                "json" => OutputFormat::JsonObject,
-                _ => return Err(bad(format!("'{value}' is not a format (text or json)"))),
-            }
+            settings.format = OutputFormat::from_name(value)
+                .ok_or_else(|| bad(format!("'{value}' is not a format (text or json)")))?
         }
         other => return Err(format!("/set: unknown setting '{other}' (settings: {SETTINGS})")),
     }
@@ -113,10 +110,7 @@ pub fn show(settings: &ChatSettings) -> String {
         settings.min_p,
         settings.repeat_penalty,
         settings.repeat_last_n,
-        match settings.format {
-            OutputFormat::Text => "text",
-            OutputFormat::JsonObject => "json",
-        },
+        settings.format.name(),
     )
 }
 
