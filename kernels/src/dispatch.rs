@@ -228,6 +228,18 @@ impl<'a> Act32<'a> {
         let q: &[i8; 32] = self.qs[i * 32..i * 32 + 32].try_into().unwrap();
         (q, self.d[i], self.s[i], self.isum[i])
     }
+
+    /// The rows from `a0` on, renumbered from 0 (rows of `nb` blocks); empty where the buffers end before `a0`
+    /// (activations a call's matrices do not use).
+    pub fn rows_from(&self, a0: usize, nb: usize) -> Act32<'a> {
+        let i = a0 * nb;
+        Act32 {
+            qs: self.qs.get(i * 32..).unwrap_or_default(),
+            d: self.d.get(i..).unwrap_or_default(),
+            s: self.s.get(i..).unwrap_or_default(),
+            isum: self.isum.get(i..).unwrap_or_default(),
+        }
+    }
 }
 
 /// Converts ggml `BlockQ8_0` activations (one row) to the [`Act32`] layout, into the given buffers.
@@ -388,6 +400,9 @@ pub struct Kernels {
     pub quantize32: Quantize32,
     /// [`crate::matmul::quantize_row_q8k`].
     pub quantize_k: fn(&[f32], usize, &mut [BlockQ8K]),
+    /// Activation rows per task when [`crate::matmul`] cuts a prompt's rows into many tasks: a whole number of the
+    /// panel kernels' chunks (the rows they convert at a time), so a task is the same loop over fewer chunks.
+    pub task_rows: usize,
 }
 
 fn one32<B>(p: Panel32<B>, w: &[B], act: Act32<'_>) -> f32 {

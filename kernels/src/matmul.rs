@@ -455,9 +455,18 @@ pub fn matmul_multi_with(
     // finishes first takes. The two halves of an even split do not finish together on this shared machine (on
     // SmolLM2's lm_head at 16 tokens one thread often idled for a sixth of the call); with the tail, that call
     // went from 1470-1574 to 1384-1427 µs on average (and 218 to 203 µs at one token), alternated in one process.
+    //
+    // A prompt (at least two of the level's task rows) is also cut along the activation rows, into chunks of
+    // `task_rows`, each with one share of the weight rows per thread, all claimed one at a time: a thread that
+    // the machine slows down (a shared host, other programs beside infer) takes fewer of them instead of holding
+    // the other up at the end of the region. Every task runs the kernel's own loop over its chunks, so the
+    // arithmetic and its order stay those of the even split (the same bits). Measured on Zen 1, SmolLM2 Q4_1
+    // pp512 with a busy loop on one of the two cores: 131 → 152-160 t/s; on the quiet machine within the noise
+    // (the caller waited for its helper 30 ms of 8.3 s of passes).
+    let chunks = if threads > 1 && m >= 2 * kern.task_rows { m.div_ceil(kern.task_rows) } else { 1 };
     let tail_rows = total_rows * BALANCE_SHARE_PCT / 100;
     let n_small = BALANCE_TASKS_PER_THREAD * threads;
-    let n_small = if threads > 1 && tail_rows / n_small >= BALANCE_MIN_TASK_ROWS { n_small } else { 0 };
+    let n_small = if chunks == 1 && threads > 1 && tail_rows / n_small >= BALANCE_MIN_TASK_ROWS { n_small } else { 0 };
     let (n_big, n_tasks) = (threads, threads + n_small);
     let big_rows = if n_small == 0 { total_rows } else { total_rows - tail_rows };
 
@@ -465,7 +474,13 @@ pub fn matmul_multi_with(
     let actk: &[BlockQ8K] = &scratch.k;
     let outs_raw: &[(usize, usize)] = &scratch.outs;
 
-    let task = |t: usize| {
+    let task = |i: usize| {
+        // Task `i` is share `t` of the weight rows against chunk `c` of the activation rows.
+        let (t, c) = (i % n_tasks, i / n_tasks);
+        let acts = if chunks == 1 { 0..m } else { c * kern.task_rows..((c + 1) * kern.task_rows).min(m) };
+        let (x, m, a0) = (&x[acts.start * cols..acts.end * cols], acts.len(), acts.start * group);
+        let act32 = act32.rows_from(a0, cols / 32);
+        let actk = actk.get(a0 * (cols / QK_K)..).unwrap_or_default();
         // Rows [lo, hi) of the concatenation of all matrices. Within each matrix the bounds are then rounded down
         // to whole panels (16 rows, which also keeps the 4-row tiles whole), except at the matrix's end: neighbouring
         // tasks round their shared bound the same way, so the ranges stay disjoint and cover every row.
@@ -489,15 +504,15 @@ pub fn matmul_multi_with(
                 // disjoint row ranges of the concatenated matrices, so within `outs[i]` each task writes only the
                 // columns `rows` of its own, and nothing else touches `outs` until every task has finished.
                 let sink = unsafe { OutSink::from_raw(ptr as *mut f32, len, w.rows, rows.clone()) };
-                run_panel(kern, w, rows, x, m, act32, actk, group, &sink);
+                run_panel(kern, w, rows, x, m, act32, actk, group, &sink.rows_from(acts.start));
             }
             base += w.rows;
         }
     };
-    if n_tasks == 1 {
+    if n_tasks * chunks == 1 {
         task(0);
     } else {
-        parallel::for_each_index(n_tasks, task);
+        parallel::for_each_index(n_tasks * chunks, task);
     }
 }
 

@@ -156,7 +156,8 @@ fn same_result_on_one_and_two_threads_and_multi_equals_single() {
             with_weights(ty, r2, cols, 2, |b2, _| {
                 let w1 = WeightMatrix::new(ty, b1, r1, cols).unwrap();
                 let w2 = WeightMatrix::new(ty, b2, r2, cols).unwrap();
-                for m in [1, 5] {
+                // The last is a prompt that two threads also cut into chunks of activation rows.
+                for m in [1, 5, 2 * infer_kernels::dispatch::kernels().task_rows + 5] {
                     let x = randv(&mut ChaCha8Rng::seed_from_u64(m as u64), m * cols);
                     for prec in [ActPrecision::Q8, ActPrecision::Q8x2] {
                         let run = |pool: &rayon::ThreadPool| {

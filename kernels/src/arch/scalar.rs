@@ -42,6 +42,8 @@ pub(crate) static KERNELS: Kernels = Kernels {
     geglu: crate::vec_f32::geglu_impl,
     quantize32: crate::dispatch::quantize_row32_impl,
     quantize_k: crate::matmul::quantize_row_k_impl,
+    // The scalar kernels have no chunks of their own; this is the widest level's.
+    task_rows: 64,
 };
 
 pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {

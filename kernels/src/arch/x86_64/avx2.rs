@@ -48,7 +48,8 @@ x86_kernels!(
     }),
     packed_formats = &crate::packed::PackedFormat::ALL,
     attention = [dot_cols_f32, dot_cols_f16, axpy_rows_f32, axpy_rows_f16, f16_to_f32],
-    quantize32 = quantize32
+    quantize32 = quantize32,
+    task_rows = crate::arch::packed256::ACT_CHUNK
 );
 
 /// [`crate::dispatch::quantize_row32`] with 256-bit vectors, producing the same bytes as the portable

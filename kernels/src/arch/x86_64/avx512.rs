@@ -54,7 +54,8 @@ x86_kernels!(
         crate::packed::PackedFormat::F16,
     ],
     attention = [dot_cols_f32_zmm, dot_cols_f16_zmm, axpy_rows_f32_zmm, axpy_rows_f16_zmm, f16_to_f32_zmm],
-    quantize32 = quantize32_zmm
+    quantize32 = quantize32_zmm,
+    task_rows = crate::arch::packed512::ACT_CHUNK
 );
 
 /// [`crate::dispatch::quantize_row32`] with one 32-value block in two 512-bit registers, producing the same bytes as

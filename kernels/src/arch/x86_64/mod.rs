@@ -15,6 +15,8 @@
 //!   `Q8_0_OFF · Σq` (128 when `w` is biased to unsigned, 0 when the sign is moved onto `q`);
 //! - `madd16_acc(acc, p, s)`: `acc` plus the pairwise products of the i16 lanes of `p` and `s`.
 //!
+//! `task_rows = ..` is how many activation rows a prompt's matmul task gets (whole chunks of the level's panel
+//! kernel; see [`crate::dispatch::Kernels::task_rows`]).
 //! `quantize32 = ..` names the level's activation quantizer (the macro's 256-bit `quantize32`, or a wider one).
 //! `attention = [..]` names the level's attention kernels (`dot_cols` and `axpy_rows`, f32 and f16 caches, and the
 //! f16 → f32 conversion):
@@ -42,7 +44,8 @@ macro_rules! x86_kernels {
         packed_f = $packed_f:expr,
         packed_formats = $pf:expr,
         attention = [$dc32:ident, $dc16:ident, $ar32:ident, $ar16:ident, $cvt:ident],
-        quantize32 = $q32:ident
+        quantize32 = $q32:ident,
+        task_rows = $task_rows:expr
     ) => {
         use std::ops::Range;
 
@@ -59,7 +62,8 @@ macro_rules! x86_kernels {
             packed_f = $packed_f,
             packed_formats = $pf,
             attention = [$dc32, $dc16, $ar32, $ar16, $cvt],
-            quantize32 = $q32
+            quantize32 = $q32,
+            task_rows = $task_rows
         );
         x86_attention!($feat);
         x86_float!($feat);

@@ -35,7 +35,7 @@ const HALF: usize = PANEL_ROWS / 2;
 
 /// Output rows converted to 16 bits at a time: their activations stay in L2 while the task's panels pass. A
 /// multiple of [`TILE_W`], so that a prefill chunk has no remainder tile.
-const ACT_CHUNK: usize = 48;
+pub(crate) const ACT_CHUNK: usize = 48;
 
 /// Output rows of a batch tile ([`tile_w`]): 3 rows × 2 halves = 6 integer accumulators, with the 4 weight
 /// registers of a pair of groups, 2 activation broadcasts and 2 products, in 14 of the 16 registers

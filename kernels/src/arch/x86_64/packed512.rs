@@ -40,7 +40,7 @@ const fn tile_rows(group: usize, panels: usize, halves: bool) -> usize {
 }
 
 /// Output rows whose activations stay in L1/L2 while all of a task's panels pass (as in the GGUF-layout kernels).
-const ACT_CHUNK: usize = 64;
+pub(crate) const ACT_CHUNK: usize = 64;
 
 /// The format-specific part of a tile: how a block's quants become registers of unsigned bytes, a pair at a
 /// time (weight groups `jj` and `jj + 4`, which share a nibble chunk in the 4-bit formats).

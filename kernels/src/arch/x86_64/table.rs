@@ -9,7 +9,8 @@ macro_rules! x86_table {
         packed_f = $packed_f:expr,
         packed_formats = $pf:expr,
         attention = [$dc32:ident, $dc16:ident, $ar32:ident, $ar16:ident, $cvt:ident],
-        quantize32 = $q32:ident
+        quantize32 = $q32:ident,
+        task_rows = $task_rows:expr
     ) => {
         /// This level's table. Only [`crate::dispatch`] hands it out, after checking the CPU has every feature in
         /// the target-feature string: that check is the safety argument of every wrapper below.
@@ -118,6 +119,7 @@ macro_rules! x86_table {
                 // SAFETY: see KERNELS.
                 unsafe { quantize_k(x, g, out) }
             },
+            task_rows: $task_rows,
         };
     };
 }
