@@ -61,6 +61,8 @@ pub struct ChatSettings {
     pub min_p: f32,
     pub repeat_penalty: f32,
     pub repeat_last_n: usize,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
     /// A fixed seed makes replies reproducible; `None` picks a fresh one per reply.
     pub seed: Option<u64>,
     /// Most tokens per reply; `None` = until the model ends its turn or the context is full.
@@ -84,6 +86,8 @@ impl ChatSettings {
             min_p: p.min_p,
             repeat_penalty: p.repeat_penalty,
             repeat_last_n: p.repeat_last_n,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
             seed,
             max_tokens,
             format: OutputFormat::Text,
@@ -99,6 +103,8 @@ impl ChatSettings {
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             seed,
         }
     }

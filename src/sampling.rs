@@ -7,8 +7,10 @@
 //!
 //! [`Sampler::sample`] applies, in this order (llama.cpp's default order):
 //!
-//! 1. **repeat penalty** over the distinct tokens among the last `repeat_last_n` of the history: a positive logit is
-//!    divided by `repeat_penalty`, a zero or negative one multiplied by it (llama.cpp's convention);
+//! 1. **penalties** over the tokens among the last `repeat_last_n` of the history: the **repeat penalty** divides a
+//!    positive logit by `repeat_penalty` and multiplies a zero or negative one by it (llama.cpp's convention); then
+//!    a token seen `c` times loses `c × frequency_penalty + presence_penalty` (OpenAI's definition, llama.cpp's
+//!    order);
 //!    then, with [`Sampler::sample_masked`] (structured output, [`crate::structured`]), only the tokens the mask
 //!    allows go on to the next steps;
 //! 2. **top-k**: keep the `top_k` highest logits (0 = off);
@@ -81,8 +83,12 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// Repeat penalty, > 0; 1 = off, above 1 discourages repeats.
     pub repeat_penalty: f32,
-    /// How many of the most recent history tokens the repeat penalty looks at; 0 = off.
+    /// How many of the most recent history tokens the penalties look at; 0 = off.
     pub repeat_last_n: usize,
+    /// Subtracted once from the logit of every token among the last `repeat_last_n`, in [-2, 2]; 0 = off.
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it occurs among the last `repeat_last_n`, in [-2, 2]; 0 = off.
+    pub frequency_penalty: f32,
     /// Seed of the sampler's RNG.
     pub seed: u64,
 }
@@ -96,6 +102,8 @@ impl SamplingParams {
         min_p: 0.05,
         repeat_penalty: 1.0,
         repeat_last_n: 64,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
         seed: 0,
     };
 
@@ -107,6 +115,8 @@ impl SamplingParams {
         min_p: 0.0,
         repeat_penalty: 1.0,
         repeat_last_n: 0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
         seed: 0,
     };
 
@@ -119,7 +129,16 @@ impl SamplingParams {
         check("top_p", self.top_p, self.top_p > 0.0 && self.top_p <= 1.0, "a number in (0, 1] (1 = off)")?;
         check("min_p", self.min_p, (0.0..=1.0).contains(&self.min_p), "a number in [0, 1] (0 = off)")?;
         check("repeat_penalty", self.repeat_penalty, self.repeat_penalty > 0.0, "a number > 0 (1 = off)")?;
+        let in_range = |x: f32| (-PENALTY_LIMIT..=PENALTY_LIMIT).contains(&x);
+        check("presence_penalty", self.presence_penalty, in_range(self.presence_penalty), "a number in [-2, 2]")?;
+        check("frequency_penalty", self.frequency_penalty, in_range(self.frequency_penalty), "a number in [-2, 2]")?;
         Ok(())
+    }
+
+    /// Whether any penalty would change the logits (given a history).
+    pub fn penalizes(&self) -> bool {
+        self.repeat_last_n > 0
+            && (self.repeat_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0)
     }
 
     /// Whether this samples greedily (the RNG is never used).
@@ -127,6 +146,9 @@ impl SamplingParams {
         self.temperature == 0.0 || self.top_k == 1
     }
 }
+
+/// The largest presence or frequency penalty either way (OpenAI's range).
+pub const PENALTY_LIMIT: f32 = 2.0;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -282,12 +304,12 @@ pub struct Sampler {
     params: SamplingParams,
     ln_min_p: f32,
     rng: ChaCha8Rng,
-    /// The penalized copy of the logits (only when the repeat penalty is on).
+    /// The penalized copy of the logits (only when a penalty is on).
     penalized: Vec<f32>,
     /// The scores of the tokens a mask allows, and their ids (only when sampling with a mask).
     masked: Vec<f32>,
     masked_ids: Vec<u32>,
-    /// Distinct recent tokens, for the repeat penalty.
+    /// Recent tokens, sorted, for the penalties.
     recent: Vec<u32>,
     cands: Vec<Cand>,
     weights: Vec<f32>,
@@ -407,8 +429,8 @@ impl Sampler {
 
         let Sampler { params, ln_min_p, penalized, recent, cands, top_p: top_p_scratch, .. } = self;
         let window = &history[history.len().saturating_sub(params.repeat_last_n)..];
-        let scores: &[f32] = if params.repeat_penalty != 1.0 && !window.is_empty() {
-            apply_repeat_penalty(logits, window, params.repeat_penalty, penalized, recent)?;
+        let scores: &[f32] = if params.penalizes() && !window.is_empty() {
+            apply_penalties(logits, window, params, penalized, recent)?;
             penalized
         } else {
             logits
@@ -529,11 +551,12 @@ impl Sampler {
     }
 }
 
-/// Copies `logits` into `out` and penalizes each distinct token of `window` once.
-fn apply_repeat_penalty(
+/// Copies `logits` into `out` and applies the penalties to each distinct token of `window`: the repeat penalty,
+/// then `count × frequency + presence`.
+fn apply_penalties(
     logits: &[f32],
     window: &[u32],
-    penalty: f32,
+    params: &SamplingParams,
     out: &mut Vec<f32>,
     recent: &mut Vec<u32>,
 ) -> Result<(), SamplingError> {
@@ -542,13 +565,15 @@ fn apply_repeat_penalty(
     recent.clear();
     recent.extend_from_slice(window);
     recent.sort_unstable();
-    recent.dedup();
-    for &token in recent.iter() {
+    for run in recent.chunk_by(|a, b| a == b) {
+        let token = run[0];
         let Some(v) = out.get_mut(token as usize) else {
             return Err(SamplingError::TokenOutOfRange { token, vocab_size: logits.len() });
         };
+        let penalty = params.repeat_penalty;
         let p = if *v > 0.0 { *v / penalty } else { *v * penalty };
-        // A tiny penalty can overflow a large logit: saturate rather than poison the rest with infinities.
+        let p = p - (run.len() as f32 * params.frequency_penalty + params.presence_penalty);
+        // A tiny repeat penalty can overflow a large logit: saturate rather than poison the rest with infinities.
         *v = p.clamp(f32::MIN, f32::MAX);
     }
     Ok(())

@@ -4,7 +4,17 @@ use infer::sampling::{Sampler, SamplingError, SamplingParams, argmax};
 
 /// No filters, temperature 1: plain softmax sampling.
 fn plain(seed: u64) -> SamplingParams {
-    SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, repeat_penalty: 1.0, repeat_last_n: 0, seed }
+    SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repeat_penalty: 1.0,
+        repeat_last_n: 0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        seed,
+    }
 }
 
 /// Deterministic pseudo-random logits over a vocabulary of `n`.
@@ -33,6 +43,7 @@ fn defaults_are_llama_cpp_s() {
     let p = SamplingParams::default();
     assert_eq!((p.temperature, p.top_k, p.top_p, p.min_p), (0.8, 40, 0.95, 0.05));
     assert_eq!((p.repeat_penalty, p.repeat_last_n), (1.0, 64));
+    assert_eq!((p.presence_penalty, p.frequency_penalty), (0.0, 0.0));
     p.validate().unwrap();
     SamplingParams::GREEDY.validate().unwrap();
 }
@@ -52,6 +63,10 @@ fn validate_rejects_nan_negative_and_out_of_range() {
         SamplingParams { repeat_penalty: 0.0, ..Default::default() },
         SamplingParams { repeat_penalty: -1.0, ..Default::default() },
         SamplingParams { repeat_penalty: f32::NAN, ..Default::default() },
+        SamplingParams { presence_penalty: 2.01, ..Default::default() },
+        SamplingParams { presence_penalty: f32::NAN, ..Default::default() },
+        SamplingParams { frequency_penalty: -2.5, ..Default::default() },
+        SamplingParams { frequency_penalty: f32::INFINITY, ..Default::default() },
     ];
     for params in bad {
         assert!(matches!(params.validate(), Err(SamplingError::InvalidParam { .. })), "{params:?}");
@@ -300,6 +315,38 @@ fn repeat_penalty_lowers_repeated_tokens() {
 }
 
 #[test]
+fn presence_and_frequency_penalties_subtract_per_token_and_per_occurrence() {
+    // OpenAI's definition, after the repeat penalty (llama.cpp's order): a token seen c times in the window loses
+    // c × frequency + presence.
+    let l = [2.0f32, 2.0, -1.0, -1.0, 0.0];
+    let params = SamplingParams {
+        repeat_penalty: 2.0,
+        repeat_last_n: 64,
+        presence_penalty: 0.5,
+        frequency_penalty: 0.25,
+        ..plain(3)
+    };
+    let mut sampler = Sampler::new(params).unwrap();
+    let history = [0u32, 2, 0, 0];
+    let dist: Vec<_> = sampler.distribution(&l, &history).unwrap().to_vec();
+    let prob = |id: u32| dist.iter().find(|t| t.id == id).unwrap().prob;
+    // Token 0: 2 / 2, seen 3 times; token 2: -1 × 2, seen once.
+    let want = [1.0f32 - 3.0 * 0.25 - 0.5, 2.0, -2.0 - 0.25 - 0.5, -1.0, 0.0];
+    let z: f32 = want.iter().map(|v| v.exp()).sum();
+    for (id, w) in want.iter().enumerate() {
+        assert!((prob(id as u32) - w.exp() / z).abs() < 1e-5, "token {id}: {} vs {}", prob(id as u32), w.exp() / z);
+    }
+    // A negative penalty encourages repeats; the window is the same as the repeat penalty's.
+    let greedy = |p: SamplingParams, h: &[u32]| Sampler::new(p).unwrap().sample(&l, h).unwrap();
+    let base = SamplingParams { temperature: 0.0, ..plain(0) };
+    assert_eq!(greedy(SamplingParams { repeat_last_n: 64, presence_penalty: 0.1, ..base }, &[0]), 1);
+    assert_eq!(greedy(SamplingParams { repeat_last_n: 64, presence_penalty: -0.1, ..base }, &[1]), 1);
+    assert_eq!(greedy(SamplingParams { repeat_last_n: 64, frequency_penalty: -2.0, ..base }, &[4, 4]), 4);
+    assert_eq!(greedy(SamplingParams { repeat_last_n: 1, frequency_penalty: 2.0, ..base }, &[0, 1]), 0);
+    assert_eq!(greedy(SamplingParams { repeat_last_n: 0, frequency_penalty: 2.0, ..base }, &[0, 0]), 0);
+}
+
+#[test]
 fn non_finite_logits_are_an_error() {
     for params in [SamplingParams::default(), SamplingParams::GREEDY, plain(0)] {
         let mut sampler = Sampler::new(params).unwrap();
@@ -380,15 +427,15 @@ fn large_vocab_defaults_stay_in_the_nucleus() {
 /// first and their probabilities, or `None` for greedy.
 fn reference(l: &[f32], history: &[u32], p: &SamplingParams) -> (Vec<u32>, Vec<f64>) {
     let mut l = l.to_vec();
-    if p.repeat_penalty != 1.0 {
-        let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
-        let mut seen = std::collections::BTreeSet::new();
-        for &t in window {
-            if seen.insert(t) {
-                let v = &mut l[t as usize];
-                *v = if *v > 0.0 { *v / p.repeat_penalty } else { *v * p.repeat_penalty };
-            }
-        }
+    let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
+    let mut seen = std::collections::BTreeMap::new();
+    for &t in window {
+        *seen.entry(t).or_insert(0usize) += 1;
+    }
+    for (&t, &count) in &seen {
+        let v = &mut l[t as usize];
+        *v = if *v > 0.0 { *v / p.repeat_penalty } else { *v * p.repeat_penalty };
+        *v -= count as f32 * p.frequency_penalty + p.presence_penalty;
     }
     let mut order: Vec<u32> = (0..l.len() as u32).collect();
     order.sort_by(|&a, &b| l[b as usize].partial_cmp(&l[a as usize]).unwrap().then(a.cmp(&b)));
@@ -431,11 +478,23 @@ proptest::proptest! {
         top_p in proptest::sample::select(vec![1.0f32, 0.95, 0.5, 0.05, 1e-6]),
         min_p in proptest::sample::select(vec![0.0f32, 0.05, 0.3, 1.0]),
         repeat_penalty in proptest::sample::select(vec![1.0f32, 1.3, 0.7]),
+        presence_penalty in proptest::sample::select(vec![0.0f32, 0.6, -1.5]),
+        frequency_penalty in proptest::sample::select(vec![0.0f32, 0.3, -0.2, 2.0]),
         history in proptest::collection::vec(0u32..3000, 0..100),
     ) {
         let l: Vec<f32> = logits(vocab, salt).iter().map(|v| v * sharpness).collect();
         let history: Vec<u32> = history.into_iter().map(|t| t % vocab as u32).collect();
-        let params = SamplingParams { temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n: 64, seed: salt };
+        let params = SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repeat_penalty,
+            repeat_last_n: 64,
+            presence_penalty,
+            frequency_penalty,
+            seed: salt,
+        };
         let (want, want_p) = reference(&l, &history, &params);
         let mut sampler = Sampler::new(params).unwrap();
         let dist = sampler.distribution(&l, &history).unwrap().to_vec();
@@ -665,6 +724,10 @@ mod args {
             "1.1",
             "--repeat-last-n",
             "128",
+            "--presence-penalty",
+            "-0.5",
+            "--frequency-penalty",
+            "1.25",
             "--seed",
             "18446744073709551615",
             "-t",
@@ -685,6 +748,8 @@ mod args {
                 min_p: 0.1,
                 repeat_penalty: 1.1,
                 repeat_last_n: 128,
+                presence_penalty: -0.5,
+                frequency_penalty: 1.25,
                 seed: u64::MAX
             }
         );
@@ -752,6 +817,9 @@ mod args {
             (&["--top-k", "-1"], ">= 0"),
             (&["--top-k", "4.5"], "whole number"),
             (&["--repeat-last-n", "-64"], ">= 0"),
+            (&["--presence-penalty", "2.5"], "[-2, 2]"),
+            (&["--frequency-penalty=-3"], "[-2, 2]"),
+            (&["--frequency-penalty", "nan"], "not a finite number"),
             (&["--seed", "-1"], "not a seed"),
             (&["-t", "0"], "at least 1"),
             (&["--threads", "-2"], "thread count"),

@@ -38,10 +38,18 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "X", default_value_t = D.repeat_penalty, value_parser = parse_repeat_penalty,
           allow_negative_numbers = true, help_heading = "Sampling")]
     pub repeat_penalty: f32,
-    /// How many recent tokens the repeat penalty looks at; 0 = off.
+    /// How many recent tokens the penalties look at; 0 = off.
     #[arg(long, value_name = "N", default_value_t = D.repeat_last_n, value_parser = parse_count,
           allow_negative_numbers = true, help_heading = "Sampling")]
     pub repeat_last_n: usize,
+    /// Subtract X from the logit of every token seen among the last --repeat-last-n, in [-2, 2]; 0 = off.
+    #[arg(long, value_name = "X", default_value_t = D.presence_penalty, value_parser = parse_penalty,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub presence_penalty: f32,
+    /// Subtract X from a token's logit for each time it occurs among the last --repeat-last-n, in [-2, 2]; 0 = off.
+    #[arg(long, value_name = "X", default_value_t = D.frequency_penalty, value_parser = parse_penalty,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub frequency_penalty: f32,
     /// Seed of the random number generator, for reproducible output [default: random, from the clock].
     #[arg(long, value_name = "N", value_parser = parse_seed, allow_negative_numbers = true, help_heading = "Sampling")]
     pub seed: Option<u64>,
@@ -58,6 +66,8 @@ impl SamplingArgs {
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             seed: self.seed.unwrap_or_else(random_seed),
         }
     }
@@ -72,6 +82,8 @@ impl Default for SamplingArgs {
             min_p: D.min_p,
             repeat_penalty: D.repeat_penalty,
             repeat_last_n: D.repeat_last_n,
+            presence_penalty: D.presence_penalty,
+            frequency_penalty: D.frequency_penalty,
             seed: None,
         }
     }
@@ -181,6 +193,13 @@ pub fn parse_min_p(text: &str) -> Result<f32, String> {
 pub fn parse_repeat_penalty(text: &str) -> Result<f32, String> {
     let value = parse_float(text)?;
     if value > 0.0 { Ok(value) } else { Err("the repeat penalty must be > 0 (1 = off)".into()) }
+}
+
+/// `--presence-penalty`, `--frequency-penalty`: a number in [-2, 2] (OpenAI's range).
+pub fn parse_penalty(text: &str) -> Result<f32, String> {
+    let value = parse_float(text)?;
+    let limit = crate::sampling::PENALTY_LIMIT;
+    if (-limit..=limit).contains(&value) { Ok(value) } else { Err(format!("must be in [-{limit}, {limit}] (0 = off)")) }
 }
 
 /// `--top-k`, `--repeat-last-n`: a whole number ≥ 0.

@@ -194,7 +194,35 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
         None => random_seed(),
         Some(s) => s as u64,
     };
-    let sampling = SamplingParams { temperature, top_k, top_p, min_p, repeat_penalty, seed, ..d };
+    let repeat_last_n = match f.int("repeat_last_n")? {
+        None => d.repeat_last_n,
+        // llama-server's -1: the whole history.
+        Some(-1) => usize::MAX,
+        Some(n) if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
+        Some(n) => {
+            return Err(ApiError::bad("repeat_last_n", format!("`repeat_last_n` must be >= 0 (or -1: all), got {n}")));
+        }
+    };
+    let mut penalties = [0.0f32; 2];
+    for (name, value) in ["presence_penalty", "frequency_penalty"].into_iter().zip(&mut penalties) {
+        let limit = crate::sampling::PENALTY_LIMIT;
+        *value = f.f32(name)?.unwrap_or(0.0);
+        if !(-limit..=limit).contains(value) {
+            return Err(ApiError::bad(name, format!("`{name}` must be in [-{limit}, {limit}], got {value}")));
+        }
+    }
+    let [presence_penalty, frequency_penalty] = penalties;
+    let sampling = SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repeat_penalty,
+        repeat_last_n,
+        presence_penalty,
+        frequency_penalty,
+        seed,
+    };
 
     let stop = match f.get("stop") {
         None => Vec::new(),
@@ -235,11 +263,6 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
     f.unsupported("tools", |v| v.as_array().is_some_and(Vec::is_empty), "tool calling")?;
     f.unsupported("functions", |v| v.as_array().is_some_and(Vec::is_empty), "function calling")?;
     let format = parse_response_format(&f)?;
-    for name in ["presence_penalty", "frequency_penalty"] {
-        if f.f32(name)?.is_some_and(|x| x != 0.0) {
-            return Err(ApiError::bad(name, format!("`{name}` is not supported (use `repeat_penalty`)")));
-        }
-    }
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = match f.get("stream_options") {
         None => false,
@@ -574,6 +597,13 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("messages[0].content"));
         let e = err(r#"{"prompt": "hi", "temperature": -1}"#, false);
         assert_eq!(e.param.as_deref(), Some("temperature"));
+        for field in ["presence_penalty", "frequency_penalty"] {
+            let e = err(&format!(r#"{{"prompt": "hi", "{field}": 2.5}}"#), false);
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(field)));
+            assert!(e.message.contains("[-2, 2]"), "{}", e.message);
+        }
+        let e = err(r#"{"prompt": "hi", "repeat_last_n": -2}"#, false);
+        assert_eq!(e.param.as_deref(), Some("repeat_last_n"));
         let e = err(r#"{"prompt": "hi", "n": 2}"#, false);
         assert!(e.message.contains("only n = 1"), "{}", e.message);
         let e = err(r#"{"prompt": "hi", "stop": ["a", ""]}"#, false);
@@ -593,7 +623,8 @@ mod tests {
                 {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
                 "max_completion_tokens": 5, "temperature": 0, "top_p": 0.9, "top_k": -1, "min_p": 0.1, "seed": 7,
                 "stop": "\n", "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true,
-                "user": "u", "unknown_field": [1, 2]}"#,
+                "user": "u", "unknown_field": [1, 2], "presence_penalty": 0.5, "frequency_penalty": -1.5,
+                "repetition_penalty": 1.1, "repeat_last_n": -1}"#,
             true,
         )
         .unwrap();
@@ -604,6 +635,9 @@ mod tests {
         assert_eq!(r.max_tokens, Some(5));
         assert_eq!((r.sampling.temperature, r.sampling.top_p, r.sampling.top_k, r.sampling.min_p), (0.0, 0.9, 0, 0.1));
         assert_eq!(r.sampling.seed, 7);
+        let p = &r.sampling;
+        assert_eq!((p.presence_penalty, p.frequency_penalty, p.repeat_penalty), (0.5, -1.5, 1.1));
+        assert_eq!(p.repeat_last_n, usize::MAX);
         assert_eq!(r.stop, vec!["\n".to_string()]);
         assert!(r.stream && r.include_usage && r.ignore_eos);
         let r = parse(br#"{"prompt": [[1, 2, 3]], "max_tokens": null}"#, false).unwrap();

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use crate::chat::ChatSettings;
 use crate::cli::args::{
-    parse_count, parse_min_p, parse_n_predict, parse_repeat_penalty, parse_seed, parse_temperature, parse_top_p,
+    parse_count, parse_min_p, parse_n_predict, parse_penalty, parse_repeat_penalty, parse_seed, parse_temperature,
+    parse_top_p,
 };
 use crate::structured::OutputFormat;
 
@@ -37,7 +38,8 @@ pub const HELP: &str = "\
 /save FILE          save the conversation and the settings as JSON
 /load FILE          load a conversation saved with /save
 /set [NAME VALUE]   show the settings, or set temp, top-k, top-p, min-p, repeat-penalty, repeat-last-n,
-                    seed (a number, or random), n (most tokens per reply; -1 = no limit) or
+                    presence-penalty, frequency-penalty, seed (a number, or random),
+                    n (most tokens per reply; -1 = no limit) or
                     format (text, or json: each reply is one JSON object)
 /context            how the context is spent: system, history, the reply's reserve, free
 /stats              the last reply's prompt and generation speed and time to first token
@@ -45,7 +47,8 @@ pub const HELP: &str = "\
 Ctrl-C stops a reply; what was said so far is kept.";
 
 /// Settings `/set` knows, as typed.
-pub const SETTINGS: &str = "temp, top-k, top-p, min-p, repeat-penalty, repeat-last-n, seed, n, format";
+pub const SETTINGS: &str =
+    "temp, top-k, top-p, min-p, repeat-penalty, repeat-last-n, presence-penalty, frequency-penalty, seed, n, format";
 
 /// Parses a command line (without the leading `/`).
 pub fn parse(line: &str) -> Result<Command, String> {
@@ -86,6 +89,8 @@ pub fn set(settings: &mut ChatSettings, key: &str, value: &str) -> Result<(), St
         "min-p" => settings.min_p = parse_min_p(value).map_err(bad)?,
         "repeat-penalty" => settings.repeat_penalty = parse_repeat_penalty(value).map_err(bad)?,
         "repeat-last-n" => settings.repeat_last_n = parse_count(value).map_err(bad)?,
+        "presence-penalty" => settings.presence_penalty = parse_penalty(value).map_err(bad)?,
+        "frequency-penalty" => settings.frequency_penalty = parse_penalty(value).map_err(bad)?,
         "seed" if value == "random" => settings.seed = None,
         "seed" => settings.seed = Some(parse_seed(value).map_err(bad)?),
         "n" => settings.max_tokens = usize::try_from(parse_n_predict(value).map_err(bad)?).ok(),
@@ -103,13 +108,16 @@ pub fn show(settings: &ChatSettings) -> String {
     let seed = settings.seed.map_or("random".to_string(), |s| s.to_string());
     let n = settings.max_tokens.map_or("-1 (no limit)".to_string(), |n| n.to_string());
     format!(
-        "temp {}\ntop-k {}\ntop-p {}\nmin-p {}\nrepeat-penalty {}\nrepeat-last-n {}\nseed {seed}\nn {n}\nformat {}",
+        "temp {}\ntop-k {}\ntop-p {}\nmin-p {}\nrepeat-penalty {}\nrepeat-last-n {}\npresence-penalty {}\n\
+         frequency-penalty {}\nseed {seed}\nn {n}\nformat {}",
         settings.temperature,
         settings.top_k,
         settings.top_p,
         settings.min_p,
         settings.repeat_penalty,
         settings.repeat_last_n,
+        settings.presence_penalty,
+        settings.frequency_penalty,
         settings.format.name(),
     )
 }
