@@ -28,6 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         stop: vec!["\n\n".to_string()],
         ignore_eos: false,
         format: infer::structured::OutputFormat::Text,
+        logit_bias: Default::default(),
     };
     let cancel = AtomicBool::new(false);
     let mut stdout = std::io::stdout();

@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicBool;
 
 use serde::{Deserialize, Serialize};
 
-use crate::sampling::{SamplingError, SamplingParams, random_seed};
+use crate::sampling::{LogitBias, SamplingError, SamplingParams, random_seed};
 use crate::session::{GenerateError, GenerateRequest, Generation, Session, Timings};
 use crate::structured::OutputFormat;
 use crate::tokenizer::Tokenizer;
@@ -287,6 +287,8 @@ pub struct Chat<'m> {
     pub settings: ChatSettings,
     /// Stop strings for every reply.
     pub stop: Vec<String>,
+    /// Biases on chosen tokens' logits, for every reply.
+    pub logit_bias: LogitBias,
     pub on_full: OnFull,
     last: Option<TurnStats>,
     /// How many times the last reply has been regenerated (a fixed seed moves on by one each time).
@@ -308,6 +310,7 @@ impl<'m> Chat<'m> {
             conversation: Conversation::new(system),
             settings,
             stop: Vec::new(),
+            logit_bias: LogitBias::default(),
             on_full: OnFull::DropOldest,
             last: None,
             regenerations: 0,
@@ -470,6 +473,7 @@ impl<'m> Chat<'m> {
             stop: self.stop.clone(),
             ignore_eos: false,
             format: self.settings.format,
+            logit_bias: self.logit_bias.clone(),
             prompt,
         };
         let generation = self.session.generate(&req, cancel, on_text)?;

@@ -7,6 +7,8 @@
 //!
 //! [`Sampler::sample`] applies, in this order (llama.cpp's default order):
 //!
+//! 0. **logit bias**: each token of the request's [`LogitBias`] has its bias added; a banned one (−∞) is never
+//!    drawn, and when every token is banned sampling fails ([`SamplingError::NothingAllowed`]);
 //! 1. **penalties** over the tokens among the last `repeat_last_n` of the history: the **repeat penalty** divides a
 //!    positive logit by `repeat_penalty` and multiplies a zero or negative one by it (llama.cpp's convention); then
 //!    a token seen `c` times loses `c × frequency_penalty + presence_penalty` (OpenAI's definition, llama.cpp's
@@ -64,9 +66,15 @@ pub enum SamplingError {
     /// More logits than 32-bit token ids can name.
     #[error("{0} logits: more than 32-bit token ids can name")]
     VocabTooLarge(usize),
-    /// A mask (structured output) allowed no token at all.
-    #[error("no token of the vocabulary can continue the constrained output")]
+    /// A mask (structured output) or the logit bias's bans allowed no token at all.
+    #[error("no token of the vocabulary can continue the output (the constraint or the banned tokens exclude all)")]
     NothingAllowed,
+    /// A logit bias names a token the vocabulary does not have.
+    #[error("logit bias for token {token}: the vocabulary has {vocab_size} tokens")]
+    BiasTokenOutOfRange { token: u32, vocab_size: usize },
+    /// A logit bias is NaN, +infinity or outside [-100, 100] (−infinity bans the token).
+    #[error("logit bias {bias} for token {token}: expected a number in [-100, 100], or -inf to ban the token")]
+    InvalidBias { token: u32, bias: f32 },
 }
 
 /// The knobs of one request's sampling. See the [module docs](self) for what each does and in which order.
@@ -144,6 +152,61 @@ impl SamplingParams {
     /// Whether this samples greedily (the RNG is never used).
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == 1
+    }
+}
+
+/// The largest logit bias either way (OpenAI's range; −infinity also bans a token).
+pub const BIAS_LIMIT: f32 = 100.0;
+
+/// Additive biases on chosen tokens' logits (OpenAI's `logit_bias`, llama.cpp's `--logit-bias`), applied before
+/// everything else. A bias of −infinity bans the token: its score becomes the lowest finite number, so it is only
+/// ever chosen if every token is banned, and then [`Sampler::sample`] fails with
+/// [`SamplingError::NothingAllowed`] instead.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogitBias {
+    /// By token id, one entry per token.
+    entries: Vec<(u32, f32)>,
+}
+
+impl LogitBias {
+    /// The biases, checked; a token named twice keeps its last bias.
+    pub fn new(entries: impl IntoIterator<Item = (u32, f32)>) -> Result<LogitBias, SamplingError> {
+        let mut all: Vec<(u32, f32)> = Vec::new();
+        for (token, bias) in entries {
+            if !(bias == f32::NEG_INFINITY || (-BIAS_LIMIT..=BIAS_LIMIT).contains(&bias)) {
+                return Err(SamplingError::InvalidBias { token, bias });
+            }
+            all.push((token, bias));
+        }
+        // Stable: the last of equal ids ends up last, and is the one kept.
+        all.sort_by_key(|&(token, _)| token);
+        let mut entries: Vec<(u32, f32)> = Vec::with_capacity(all.len());
+        for e in all {
+            match entries.last_mut() {
+                Some(last) if last.0 == e.0 => *last = e,
+                _ => entries.push(e),
+            }
+        }
+        Ok(LogitBias { entries })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The biases by token id.
+    pub fn entries(&self) -> &[(u32, f32)] {
+        &self.entries
+    }
+
+    /// Checks every token against a vocabulary of `vocab_size`.
+    pub fn check_vocab(&self, vocab_size: usize) -> Result<(), SamplingError> {
+        match self.entries.last() {
+            Some(&(token, _)) if token as usize >= vocab_size => {
+                Err(SamplingError::BiasTokenOutOfRange { token, vocab_size })
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -304,7 +367,8 @@ pub struct Sampler {
     params: SamplingParams,
     ln_min_p: f32,
     rng: ChaCha8Rng,
-    /// The penalized copy of the logits (only when a penalty is on).
+    bias: LogitBias,
+    /// The biased and penalized copy of the logits (only when a bias or a penalty is on).
     penalized: Vec<f32>,
     /// The scores of the tokens a mask allows, and their ids (only when sampling with a mask).
     masked: Vec<f32>,
@@ -325,6 +389,7 @@ impl Sampler {
             params,
             ln_min_p: params.min_p.ln(),
             rng: ChaCha8Rng::seed_from_u64(params.seed),
+            bias: LogitBias::default(),
             penalized: Vec::new(),
             masked: Vec::new(),
             masked_ids: Vec::new(),
@@ -338,6 +403,11 @@ impl Sampler {
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
+    }
+
+    /// Biases every later draw with `bias` (replacing any earlier one).
+    pub fn set_logit_bias(&mut self, bias: LogitBias) {
+        self.bias = bias;
     }
 
     /// Restarts the RNG from `seed` (as if the sampler had been built with it).
@@ -427,10 +497,21 @@ impl Sampler {
             return Err(SamplingError::NonFiniteLogits { index });
         }
 
-        let Sampler { params, ln_min_p, penalized, recent, cands, top_p: top_p_scratch, .. } = self;
+        let Sampler { params, ln_min_p, bias, penalized, recent, cands, top_p: top_p_scratch, .. } = self;
         let window = &history[history.len().saturating_sub(params.repeat_last_n)..];
-        let scores: &[f32] = if params.penalizes() && !window.is_empty() {
-            apply_penalties(logits, window, params, penalized, recent)?;
+        let penalize = params.penalizes() && !window.is_empty();
+        let scores: &[f32] = if penalize || !bias.is_empty() {
+            penalized.clear();
+            penalized.extend_from_slice(logits);
+            for &(token, b) in bias.entries() {
+                let Some(v) = penalized.get_mut(token as usize) else {
+                    return Err(SamplingError::BiasTokenOutOfRange { token, vocab_size: logits.len() });
+                };
+                *v = (*v + b).clamp(f32::MIN, f32::MAX);
+            }
+            if penalize {
+                apply_penalties(window, params, penalized, recent)?;
+            }
             penalized
         } else {
             logits
@@ -458,6 +539,10 @@ impl Sampler {
         };
 
         let max = max_of(scores);
+        if max == f32::MIN && bias.entries().iter().any(|&(_, b)| b == f32::NEG_INFINITY) {
+            // Every token left is banned (or scores as low as a banned one).
+            return Err(SamplingError::NothingAllowed);
+        }
         let best = scores.iter().position(|&v| v == max).map_or(0, |i| i as u32);
         if params.is_greedy() {
             return Ok(Prepared::Greedy(best));
@@ -551,24 +636,21 @@ impl Sampler {
     }
 }
 
-/// Copies `logits` into `out` and applies the penalties to each distinct token of `window`: the repeat penalty,
-/// then `count × frequency + presence`.
+/// Applies the penalties to the scores `out` of each distinct token of `window`: the repeat penalty, then
+/// `count × frequency + presence`.
 fn apply_penalties(
-    logits: &[f32],
     window: &[u32],
     params: &SamplingParams,
-    out: &mut Vec<f32>,
+    out: &mut [f32],
     recent: &mut Vec<u32>,
 ) -> Result<(), SamplingError> {
-    out.clear();
-    out.extend_from_slice(logits);
     recent.clear();
     recent.extend_from_slice(window);
     recent.sort_unstable();
     for run in recent.chunk_by(|a, b| a == b) {
         let token = run[0];
         let Some(v) = out.get_mut(token as usize) else {
-            return Err(SamplingError::TokenOutOfRange { token, vocab_size: logits.len() });
+            return Err(SamplingError::TokenOutOfRange { token, vocab_size: out.len() });
         };
         let penalty = params.repeat_penalty;
         let p = if *v > 0.0 { *v / penalty } else { *v * penalty };

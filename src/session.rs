@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::model::{ForwardError, ForwardScratch, KvDtype, KvPool, Logits, Model, SeqKv, SeqStep};
-use crate::sampling::{Sampler, SamplingError, SamplingParams};
+use crate::sampling::{LogitBias, Sampler, SamplingError, SamplingParams};
 use crate::stop::{StopError, StopMatcher, StopStep};
 use crate::structured::{JsonConstraint, OutputFormat, SortedVocab};
 use crate::tokenizer::Tokenizer;
@@ -30,6 +30,8 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
     /// The shape the text must have; with [`OutputFormat::JsonObject`] generation ends when the object closes.
     pub format: OutputFormat,
+    /// Biases on chosen tokens' logits (empty: none).
+    pub logit_bias: LogitBias,
 }
 
 /// Why generation ended.
@@ -201,6 +203,8 @@ impl<'m> Session<'m> {
         self.model.file().check_unchanged()?;
         let began = Instant::now();
         let mut sampler = Sampler::new(req.sampling)?;
+        req.logit_bias.check_vocab(self.model.config.n_vocab)?;
+        sampler.set_logit_bias(req.logit_bias.clone());
         let mut stop = StopMatcher::new(req.stop.iter().cloned())?;
         let mut constraint = match req.format {
             OutputFormat::Text => None,

@@ -251,6 +251,7 @@ fn fresh_reply(
         stop: Vec::new(),
         ignore_eos: false,
         format: infer::structured::OutputFormat::Text,
+        logit_bias: Default::default(),
     };
     session.generate(&req, &AtomicBool::new(false), &mut |_| Ok(())).unwrap().tokens
 }

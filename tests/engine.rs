@@ -51,6 +51,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
         logprobs: true,
         top_logprobs: 0,
         format: OutputFormat::Text,
+        logit_bias: Default::default(),
     }
 }
 
@@ -145,6 +146,7 @@ fn text_and_stop_strings_match_a_session() {
             stop,
             ignore_eos: true,
             format: OutputFormat::Text,
+            logit_bias: Default::default(),
         };
         session.reset();
         session.generate(&req, &cancel, &mut |_| Ok(())).unwrap()

@@ -1,6 +1,6 @@
 //! Sampling, stop strings and the shared sampling/thread flags.
 
-use infer::sampling::{Sampler, SamplingError, SamplingParams, argmax};
+use infer::sampling::{LogitBias, Sampler, SamplingError, SamplingParams, argmax};
 
 /// No filters, temperature 1: plain softmax sampling.
 fn plain(seed: u64) -> SamplingParams {
@@ -344,6 +344,64 @@ fn presence_and_frequency_penalties_subtract_per_token_and_per_occurrence() {
     assert_eq!(greedy(SamplingParams { repeat_last_n: 64, frequency_penalty: -2.0, ..base }, &[4, 4]), 4);
     assert_eq!(greedy(SamplingParams { repeat_last_n: 1, frequency_penalty: 2.0, ..base }, &[0, 1]), 0);
     assert_eq!(greedy(SamplingParams { repeat_last_n: 0, frequency_penalty: 2.0, ..base }, &[0, 0]), 0);
+}
+
+#[test]
+fn logit_bias_adds_before_the_penalties_and_bans() {
+    let l = logits(300, 7);
+    let history = [5u32, 5, 9, 200];
+    let params = SamplingParams {
+        repeat_penalty: 1.3,
+        repeat_last_n: 64,
+        presence_penalty: 0.4,
+        frequency_penalty: 0.2,
+        top_k: 50,
+        top_p: 0.9,
+        min_p: 0.01,
+        ..plain(11)
+    };
+    // The same distribution as unbiased sampling on logits with the biases added by hand (the bias comes first,
+    // so the repeat penalty divides a biased logit).
+    let bias = [(5u32, 2.0f32), (9, -1.5), (42, 3.0), (299, 100.0)];
+    let mut biased = l.clone();
+    for &(t, b) in &bias {
+        biased[t as usize] += b;
+    }
+    let mut with = Sampler::new(params).unwrap();
+    with.set_logit_bias(LogitBias::new(bias).unwrap());
+    let mut by_hand = Sampler::new(params).unwrap();
+    assert_eq!(with.distribution(&l, &history).unwrap(), by_hand.distribution(&biased, &history).unwrap());
+    for _ in 0..50 {
+        assert_eq!(with.sample(&l, &history).unwrap(), by_hand.sample(&biased, &history).unwrap());
+    }
+
+    // A ban: never drawn, even as the argmax; when every token is banned, an error.
+    let top = argmax(&l);
+    let mut banned = Sampler::new(SamplingParams { temperature: 0.0, ..plain(0) }).unwrap();
+    banned.set_logit_bias(LogitBias::new([(top, f32::NEG_INFINITY)]).unwrap());
+    assert_ne!(banned.sample(&l, &[]).unwrap(), top);
+    let mut hot = Sampler::new(SamplingParams { temperature: 5.0, ..plain(1) }).unwrap();
+    let few = [1.0f32, 30.0, 2.0];
+    hot.set_logit_bias(LogitBias::new([(1, f32::NEG_INFINITY), (0, -100.0)]).unwrap());
+    assert!((0..500).all(|_| hot.sample(&few, &[1, 1]).unwrap() == 2));
+    hot.set_logit_bias(LogitBias::new((0..3).map(|t| (t, f32::NEG_INFINITY))).unwrap());
+    assert_eq!(hot.sample(&few, &[]), Err(SamplingError::NothingAllowed));
+    let mut mask_left_banned = Sampler::new(plain(2)).unwrap();
+    mask_left_banned.set_logit_bias(LogitBias::new([(1, f32::NEG_INFINITY)]).unwrap());
+    assert_eq!(mask_left_banned.sample_masked(&few, &[], &[0b010]), Err(SamplingError::NothingAllowed));
+    assert_eq!(mask_left_banned.sample_masked(&few, &[], &[0b110]), Ok(2));
+
+    // Checks: a token twice keeps its last bias; out-of-range values and tokens are refused by name.
+    assert_eq!(LogitBias::new([(4, 1.0), (2, 0.5), (4, -3.0)]).unwrap().entries(), &[(2, 0.5), (4, -3.0)]);
+    for b in [f32::NAN, f32::INFINITY, 100.5, -101.0] {
+        assert!(matches!(LogitBias::new([(3, b)]), Err(SamplingError::InvalidBias { token: 3, .. })), "{b}");
+    }
+    let far = LogitBias::new([(3, 1.0), (300, 1.0)]).unwrap();
+    assert_eq!(far.check_vocab(300), Err(SamplingError::BiasTokenOutOfRange { token: 300, vocab_size: 300 }));
+    far.check_vocab(301).unwrap();
+    let mut s = Sampler::new(plain(0)).unwrap();
+    s.set_logit_bias(far);
+    assert_eq!(s.sample(&l, &[]), Err(SamplingError::BiasTokenOutOfRange { token: 300, vocab_size: 300 }));
 }
 
 #[test]

@@ -227,6 +227,40 @@ fn bad_requests_get_4xx_with_openai_error_bodies_and_the_server_stays_up() {
 }
 
 #[test]
+fn logit_bias_reaches_the_sampler_in_both_forms() {
+    let dir = tempdir();
+    let server = Server::start(&tiny_model(dir.path()), &["--ctx-size", "64"]);
+    let url = format!("{}/v1/completions", server.base);
+    let complete = |extra: Value| {
+        let mut body = json!({"prompt": "hello", "max_tokens": 4, "temperature": 0});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, _, text) = post(&url, body.to_string().as_bytes());
+        (status, text)
+    };
+    let text_of = |(status, text): (u16, String)| {
+        assert_eq!(status, 200, "{text}");
+        serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    // +100 makes a token the argmax at every step: the reply is that token's text four times, in either form.
+    let a = text_of(complete(json!({"logit_bias": {"40": 100}})));
+    let b = text_of(complete(json!({"logit_bias": [[41, 100]]})));
+    assert_ne!(a, b);
+    for t in [&a, &b] {
+        let piece = &t[..t.len() / 4];
+        assert_eq!(*t, piece.repeat(4), "{t:?}");
+    }
+    // Banning that token (false, llama-server's form) leaves it out of the reply entirely.
+    let banned = text_of(complete(json!({"logit_bias": [[40, 100], [40, false]]})));
+    assert!(!banned.contains(&a[..a.len() / 4]) || a.trim().is_empty(), "{banned:?}");
+    // A token the vocabulary does not have: 400 naming the field.
+    let (status, text) = complete(json!({"logit_bias": {"99999": 1}}));
+    assert_eq!(status, 400, "{text}");
+    let e = error_of(&text);
+    assert_eq!(e["param"], "logit_bias");
+    assert!(e["message"].as_str().unwrap().contains("token 99999"), "{e}");
+}
+
+#[test]
 fn streams_end_with_done_and_carry_usage() {
     let dir = tempdir();
     let server = Server::start(&tiny_model(dir.path()), &["--chat-template", "chatml", "--log-format", "json"]);

@@ -142,6 +142,7 @@ fn session_output_is_json_on_a_random_model() {
             stop: Vec::new(),
             ignore_eos: false,
             format: OutputFormat::JsonObject,
+            logit_bias: Default::default(),
         };
         let mut streamed = String::new();
         let g = session
@@ -195,6 +196,7 @@ fn engine_requests_with_and_without_json_share_a_batch() {
             logprobs: false,
             top_logprobs: 0,
             format: if i % 2 == 0 { OutputFormat::JsonObject } else { OutputFormat::Text },
+            logit_bias: Default::default(),
         })
         .collect();
     let streams: Vec<_> = reqs.iter().map(|r| sched.submit(r.clone()).unwrap()).collect();

@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 use arbitrary::Arbitrary;
 use infer::gguf::GgufFile;
 use infer::model::{KvDtype, Model};
-use infer::sampling::SamplingParams;
+use infer::sampling::{LogitBias, SamplingParams};
 use infer::session::{GenerateRequest, Session};
 use infer::structured::OutputFormat;
 use infer::tokenizer::Tokenizer;
@@ -29,6 +29,9 @@ struct Input {
     min_p: f32,
     repeat_penalty: f32,
     repeat_last_n: u8,
+    presence_penalty: f32,
+    frequency_penalty: f32,
+    logit_bias: Vec<(u16, f32)>,
     seed: u64,
     stop: Vec<String>,
     turns: u8,
@@ -47,8 +50,11 @@ fuzz_target!(|input: Input| {
         min_p: input.min_p,
         repeat_penalty: input.repeat_penalty,
         repeat_last_n: input.repeat_last_n as usize,
+        presence_penalty: input.presence_penalty,
+        frequency_penalty: input.frequency_penalty,
         seed: input.seed,
     };
+    let logit_bias = LogitBias::new(input.logit_bias.iter().map(|&(t, b)| (u32::from(t), b))).unwrap_or_default();
     let n_ctx = 1 + input.n_ctx as usize % 64;
     let kv = if input.f16_cache { KvDtype::F16 } else { KvDtype::F32 };
     let mut session = Session::new(&model, &tok, n_ctx, kv);
@@ -63,6 +69,7 @@ fuzz_target!(|input: Input| {
             stop: input.stop.iter().take(3).cloned().collect(),
             ignore_eos: input.seed % 2 == 0,
             format: if input.json { OutputFormat::JsonObject } else { OutputFormat::Text },
+            logit_bias: logit_bias.clone(),
         };
         let mut streamed = String::new();
         match session.generate(&req, &cancel, &mut |t| {

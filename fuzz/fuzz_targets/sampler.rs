@@ -1,9 +1,9 @@
-//! The sampler on arbitrary logits (NaN, ±inf, all equal, empty) with arbitrary parameters and history: it returns
-//! a token of the vocabulary or an error, and never panics.
+//! The sampler on arbitrary logits (NaN, ±inf, all equal, empty) with arbitrary parameters, logit biases and
+//! history: it returns a token of the vocabulary or an error, and never panics; a banned token is never returned.
 #![no_main]
 
 use arbitrary::Arbitrary;
-use infer::sampling::{Sampler, SamplingParams};
+use infer::sampling::{LogitBias, Sampler, SamplingParams};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -14,6 +14,9 @@ struct Input {
     min_p: f32,
     repeat_penalty: f32,
     repeat_last_n: u16,
+    presence_penalty: f32,
+    frequency_penalty: f32,
+    bias: Vec<(u32, f32)>,
     seed: u64,
     logits: Vec<f32>,
     repeat: u16,
@@ -29,9 +32,13 @@ fuzz_target!(|input: Input| {
         min_p: input.min_p,
         repeat_penalty: input.repeat_penalty,
         repeat_last_n: input.repeat_last_n as usize,
+        presence_penalty: input.presence_penalty,
+        frequency_penalty: input.frequency_penalty,
         seed: input.seed,
     };
     let Ok(mut sampler) = Sampler::new(params) else { return };
+    let Ok(bias) = LogitBias::new(input.bias.iter().copied()) else { return };
+    sampler.set_logit_bias(bias.clone());
     // Logits repeated up to a vocabulary's size, so the large-vocabulary paths run too.
     let mut logits = input.logits.clone();
     for _ in 0..(input.repeat % 64) {
@@ -40,6 +47,8 @@ fuzz_target!(|input: Input| {
     for _ in 0..=(input.draws % 4) {
         if let Ok(t) = sampler.sample(&logits, &input.history) {
             assert!((t as usize) < logits.len(), "token {t} of {}", logits.len());
+            let banned = bias.entries().iter().any(|&(id, b)| id == t && b == f32::NEG_INFINITY);
+            assert!(!banned, "token {t} is banned");
         }
     }
 });

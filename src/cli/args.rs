@@ -8,7 +8,7 @@ use std::num::NonZeroUsize;
 
 use clap::{Args, ValueEnum};
 
-use crate::sampling::{SamplingParams, random_seed};
+use crate::sampling::{BIAS_LIMIT, LogitBias, SamplingParams, random_seed};
 use crate::stop::{StopError, StopMatcher, parse_stop};
 use crate::structured::OutputFormat;
 
@@ -50,6 +50,10 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "X", default_value_t = D.frequency_penalty, value_parser = parse_penalty,
           allow_negative_numbers = true, help_heading = "Sampling")]
     pub frequency_penalty: f32,
+    /// Add BIAS to token ID's logit: ID+BIAS or ID-BIAS, BIAS up to 100; ID-inf bans the token. Repeatable (llama.cpp's
+    /// syntax; `infer tokenize` shows a text's ids).
+    #[arg(long, short = 'l', value_name = "ID(+|-)BIAS", value_parser = parse_logit_bias, help_heading = "Sampling")]
+    pub logit_bias: Vec<(u32, f32)>,
     /// Seed of the random number generator, for reproducible output [default: random, from the clock].
     #[arg(long, value_name = "N", value_parser = parse_seed, allow_negative_numbers = true, help_heading = "Sampling")]
     pub seed: Option<u64>,
@@ -71,6 +75,11 @@ impl SamplingArgs {
             seed: self.seed.unwrap_or_else(random_seed),
         }
     }
+
+    /// The `--logit-bias` flags (each checked when parsed; a token given twice keeps its last bias).
+    pub fn logit_bias(&self) -> LogitBias {
+        LogitBias::new(self.logit_bias.iter().copied()).expect("checked by parse_logit_bias")
+    }
 }
 
 impl Default for SamplingArgs {
@@ -84,6 +93,7 @@ impl Default for SamplingArgs {
             repeat_last_n: D.repeat_last_n,
             presence_penalty: D.presence_penalty,
             frequency_penalty: D.frequency_penalty,
+            logit_bias: Vec::new(),
             seed: None,
         }
     }
@@ -200,6 +210,27 @@ pub fn parse_penalty(text: &str) -> Result<f32, String> {
     let value = parse_float(text)?;
     let limit = crate::sampling::PENALTY_LIMIT;
     if (-limit..=limit).contains(&value) { Ok(value) } else { Err(format!("must be in [-{limit}, {limit}] (0 = off)")) }
+}
+
+/// `--logit-bias`: `ID+BIAS` or `ID-BIAS` (llama.cpp's form), the bias at most 100 either way, or `ID-inf` to ban.
+pub fn parse_logit_bias(text: &str) -> Result<(u32, f32), String> {
+    let text = text.trim();
+    let split = text.find(['+', '-']).ok_or_else(|| format!("'{text}' is not ID+BIAS or ID-BIAS (e.g. 15043-1.5)"))?;
+    let (id, bias) = text.split_at(split);
+    let id: u32 = id.parse().map_err(|_| format!("'{id}' is not a token id (a whole number >= 0)"))?;
+    let (sign, magnitude) = bias.split_at(1);
+    let bias = match magnitude {
+        "inf" if sign == "-" => f32::NEG_INFINITY,
+        "inf" => return Err("+inf is not a bias: the most is +100 (-inf bans a token)".into()),
+        m => {
+            let v: f32 = m.parse().map_err(|_| format!("'{m}' is not a number"))?;
+            if !(v.is_finite() && v <= BIAS_LIMIT) {
+                return Err(format!("the bias must be at most {BIAS_LIMIT} either way (or -inf to ban), got {bias}"));
+            }
+            if sign == "-" { -v } else { v }
+        }
+    };
+    Ok((id, bias))
 }
 
 /// `--top-k`, `--repeat-last-n`: a whole number ≥ 0.

@@ -95,6 +95,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let session = Session::new(model, tokenizer, n_ctx, args.engine.kv_dtype());
     let mut chat = Chat::new(session, tokenizer, template, args.system.clone(), settings);
     chat.stop = args.stop.stop.clone();
+    chat.logit_bias = args.sampling.logit_bias();
     chat.on_full = match args.on_full {
         OnFullArg::Drop => OnFull::DropOldest,
         OnFullArg::Error => OnFull::Error,

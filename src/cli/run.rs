@@ -113,6 +113,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         stop: args.stop.stop.clone(),
         ignore_eos: args.ignore_eos,
         format: args.format.output_format(),
+        logit_bias: args.sampling.logit_bias(),
     };
 
     let cancel = super::cancel_on_ctrl_c();

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
 use crate::model::{KvDtype, KvPool, Model};
-use crate::sampling::{SamplingError, SamplingParams};
+use crate::sampling::{LogitBias, SamplingError, SamplingParams};
 use crate::stop::StopError;
 pub use crate::structured::OutputFormat;
 use crate::tokenizer::Tokenizer;
@@ -120,6 +120,8 @@ pub struct Request {
     pub top_logprobs: usize,
     /// The shape the text must have; with [`OutputFormat::JsonObject`] the request ends when the object closes.
     pub format: OutputFormat,
+    /// Biases on chosen tokens' logits (empty: none).
+    pub logit_bias: LogitBias,
 }
 
 /// Why a request was refused.
@@ -345,6 +347,7 @@ impl Shared {
             return Err(RequestError::InvalidToken { token, n_vocab: self.n_vocab });
         }
         req.sampling.validate()?;
+        req.logit_bias.check_vocab(self.n_vocab)?;
         crate::stop::validate_stops(&req.stop)?;
         if req.top_logprobs > MAX_TOP_LOGPROBS {
             return Err(RequestError::TooManyTopLogprobs(req.top_logprobs));

@@ -61,10 +61,11 @@ impl<'t> Sequence<'t> {
         tokenizer: &'t Tokenizer,
         json_vocab: &OnceLock<Arc<SortedVocab>>,
     ) -> Result<Sequence<'t>, Box<(Submission, String)>> {
-        let sampler = match Sampler::new(sub.req.sampling) {
+        let mut sampler = match Sampler::new(sub.req.sampling) {
             Ok(s) => s,
             Err(e) => return Err(Box::new((sub, e.to_string()))),
         };
+        sampler.set_logit_bias(sub.req.logit_bias.clone());
         let stop = match StopMatcher::new(sub.req.stop.iter().cloned()) {
             Ok(s) => s,
             Err(e) => return Err(Box::new((sub, e.to_string()))),

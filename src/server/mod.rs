@@ -31,6 +31,7 @@ use serde_json::{Value, json};
 use crate::engine::prefix_cache::prefix_hashes;
 use crate::engine::{Engine, Event, FinishReason, Request, RequestError, RequestStream, Usage};
 use crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
+use crate::sampling::SamplingError;
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::chat::ChatTemplate;
 
@@ -309,6 +310,7 @@ fn refused(e: RequestError, n_ctx: usize) -> ApiError {
         RequestError::EmptyPrompt => ApiError::bad("prompt", "the prompt is empty"),
         RequestError::InvalidToken { .. } => ApiError::bad("prompt", e.to_string()),
         RequestError::NoTokens => ApiError::bad("max_tokens", e.to_string()),
+        RequestError::Sampling(SamplingError::BiasTokenOutOfRange { .. }) => ApiError::bad("logit_bias", e.to_string()),
         RequestError::Sampling(_) | RequestError::Stop(_) => ApiError::new(400, e.to_string()),
         RequestError::TooManyTopLogprobs(_) => ApiError::bad("top_logprobs", e.to_string()),
     }
@@ -345,6 +347,7 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
         logprobs: req.logprobs.is_some(),
         top_logprobs: req.logprobs.unwrap_or(0),
         format: req.format,
+        logit_bias: req.logit_bias.clone(),
     };
     let stream = match state.engine.submit(engine_req) {
         Ok(s) => s,

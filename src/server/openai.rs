@@ -3,12 +3,12 @@
 //!
 //! Fields a client may send that do not change the result (`user`, `stream_options` without usage, a `model` name)
 //! are accepted; unknown fields are ignored, as the OpenAI API does; features this server does not have (`n` > 1,
-//! `logit_bias`, tools, `echo`, a JSON schema, ...) are refused by name rather than silently dropped.
+//! tools, `echo`, a JSON schema, ...) are refused by name rather than silently dropped.
 
 use serde_json::{Map, Value, json};
 
 use crate::engine::{FinishReason, Usage};
-use crate::sampling::{SamplingParams, random_seed};
+use crate::sampling::{BIAS_LIMIT, LogitBias, SamplingParams, random_seed};
 use crate::structured::OutputFormat;
 use crate::tokenizer::chat::ChatMessage;
 
@@ -68,6 +68,8 @@ pub struct GenerationRequest {
     pub format: OutputFormat,
     /// Report each token's log-probability and this many alternatives (`None`: no logprobs).
     pub logprobs: Option<usize>,
+    /// `logit_bias`: added to the named tokens' logits.
+    pub logit_bias: LogitBias,
 }
 
 /// Most stop strings a request may give.
@@ -259,7 +261,7 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
     f.unsupported("echo", |v| v == &Value::Bool(false), "echo")?;
     f.unsupported("suffix", |v| v.as_str() == Some(""), "suffix")?;
     let logprobs = parse_logprobs(&f, chat)?;
-    f.unsupported("logit_bias", |v| v.as_object().is_some_and(Map::is_empty), "logit_bias")?;
+    let logit_bias = parse_logit_bias(&f)?;
     f.unsupported("tools", |v| v.as_array().is_some_and(Vec::is_empty), "tool calling")?;
     f.unsupported("functions", |v| v.as_array().is_some_and(Vec::is_empty), "function calling")?;
     let format = parse_response_format(&f)?;
@@ -288,7 +290,39 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
         model,
         format,
         logprobs,
+        logit_bias,
     })
+}
+
+/// `logit_bias`: OpenAI's object of token ids (as strings) to biases in [-100, 100], or llama-server's array of
+/// `[id, bias]` pairs where a bias of `false` bans the token. Whether the ids exist in the vocabulary is the
+/// engine's check (a 400 naming the id).
+fn parse_logit_bias(f: &Fields<'_>) -> Result<LogitBias, ApiError> {
+    let bad = |m: String| ApiError::bad("logit_bias", m);
+    let entry = |id: u32, v: &Value| -> Result<(u32, f32), ApiError> {
+        match v {
+            Value::Bool(false) => Ok((id, f32::NEG_INFINITY)),
+            Value::Number(n) => match n.as_f64() {
+                Some(b) if (-f64::from(BIAS_LIMIT)..=f64::from(BIAS_LIMIT)).contains(&b) => Ok((id, b as f32)),
+                _ => Err(bad(format!("the bias for token {id} must be in [-{BIAS_LIMIT}, {BIAS_LIMIT}], got {n}"))),
+            },
+            v => Err(bad(format!("the bias for token {id} must be a number (or false to ban it), not {}", kind(v)))),
+        }
+    };
+    let id_of = |key: &str| key.trim().parse::<u32>().map_err(|_| bad(format!("'{key}' is not a token id")));
+    let entries = match f.get("logit_bias") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(map)) => map.iter().map(|(k, v)| entry(id_of(k)?, v)).collect::<Result<_, _>>()?,
+        Some(Value::Array(pairs)) => pairs
+            .iter()
+            .map(|p| match p.as_array().map(Vec::as_slice) {
+                Some([Value::Number(id), v]) => entry(id_of(&id.to_string())?, v),
+                _ => Err(bad(format!("each entry of the array form must be [token id, bias], not {p}"))),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(v) => return Err(bad(format!("`logit_bias` must be an object of token ids to biases, not {}", kind(v)))),
+    };
+    LogitBias::new(entries).map_err(|e| bad(e.to_string()))
 }
 
 /// Most alternatives the completions endpoint's `logprobs` may ask for (OpenAI's limit there).
@@ -602,6 +636,19 @@ mod tests {
             assert_eq!((e.status, e.param.as_deref()), (400, Some(field)));
             assert!(e.message.contains("[-2, 2]"), "{}", e.message);
         }
+        for (bias, needle) in [
+            (r#"{"12": 101}"#, "[-100, 100]"),
+            (r#"{"12": "5"}"#, "must be a number"),
+            (r#"{"x": 1}"#, "'x' is not a token id"),
+            (r#"{"-1": 1}"#, "not a token id"),
+            (r#"[[12]]"#, "[token id, bias]"),
+            (r#"[[12, true]]"#, "must be a number"),
+            (r#"5"#, "must be an object"),
+        ] {
+            let e = err(&format!(r#"{{"prompt": "hi", "logit_bias": {bias}}}"#), false);
+            assert_eq!((e.status, e.param.as_deref()), (400, Some("logit_bias")), "{bias}");
+            assert!(e.message.contains(needle), "{bias}: {}", e.message);
+        }
         let e = err(r#"{"prompt": "hi", "repeat_last_n": -2}"#, false);
         assert_eq!(e.param.as_deref(), Some("repeat_last_n"));
         let e = err(r#"{"prompt": "hi", "n": 2}"#, false);
@@ -640,6 +687,10 @@ mod tests {
         assert_eq!(p.repeat_last_n, usize::MAX);
         assert_eq!(r.stop, vec!["\n".to_string()]);
         assert!(r.stream && r.include_usage && r.ignore_eos);
+        let r = parse(br#"{"prompt": "a", "logit_bias": {"7": -100, " 3 ": 2.5}}"#, false).unwrap();
+        assert_eq!(r.logit_bias.entries(), &[(3, 2.5), (7, -100.0)]);
+        let r = parse(br#"{"prompt": "a", "logit_bias": [[9, false], [2, 0.5]]}"#, false).unwrap();
+        assert_eq!(r.logit_bias.entries(), &[(2, 0.5), (9, f32::NEG_INFINITY)]);
         let r = parse(br#"{"prompt": [[1, 2, 3]], "max_tokens": null}"#, false).unwrap();
         assert_eq!((r.prompt, r.max_tokens), (Prompt::Tokens(vec![1, 2, 3]), None));
     }

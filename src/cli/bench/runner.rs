@@ -334,6 +334,7 @@ fn curve_once(
             logprobs: false,
             top_logprobs: 0,
             format: OutputFormat::Text,
+            logit_bias: Default::default(),
         };
         streams.push(sched.submit(req)?);
     }
