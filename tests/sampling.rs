@@ -4,17 +4,7 @@ use infer::sampling::{LogitBias, Sampler, SamplingError, SamplingParams, argmax}
 
 /// No filters, temperature 1: plain softmax sampling.
 fn plain(seed: u64) -> SamplingParams {
-    SamplingParams {
-        temperature: 1.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        repeat_penalty: 1.0,
-        repeat_last_n: 0,
-        presence_penalty: 0.0,
-        frequency_penalty: 0.0,
-        seed,
-    }
+    SamplingParams { temperature: 1.0, seed, ..SamplingParams::GREEDY }
 }
 
 /// Deterministic pseudo-random logits over a vocabulary of `n`.
