@@ -52,7 +52,7 @@ pub enum OnFull {
 }
 
 /// Sampling settings of a chat, as `/set` changes them and a saved conversation stores them.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ChatSettings {
     pub temperature: f32,
@@ -207,7 +207,7 @@ impl Conversation {
 
     /// The conversation as JSON: `{"messages": [{"role", "content"}, ...], "settings": {...}}`.
     pub fn to_json(&self, settings: &ChatSettings) -> String {
-        let file = ChatFile { messages: self.messages(None), settings: Some(*settings) };
+        let file = ChatFile { messages: self.messages(None), settings: Some(settings.clone()) };
         serde_json::to_string_pretty(&file).expect("strings and numbers serialize")
     }
 
@@ -472,7 +472,7 @@ impl<'m> Chat<'m> {
             sampling: self.settings.params(seed),
             stop: self.stop.clone(),
             ignore_eos: false,
-            format: self.settings.format,
+            format: self.settings.format.clone(),
             logit_bias: self.logit_bias.clone(),
             prompt,
         };

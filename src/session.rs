@@ -206,13 +206,10 @@ impl<'m> Session<'m> {
         req.logit_bias.check_vocab(self.model.config.n_vocab)?;
         sampler.set_logit_bias(req.logit_bias.clone());
         let mut stop = StopMatcher::new(req.stop.iter().cloned())?;
-        let mut constraint = match req.format {
-            OutputFormat::Text => None,
-            OutputFormat::JsonObject => {
-                let vocab = self.json_vocab.get_or_init(|| std::sync::Arc::new(SortedVocab::new(self.tokenizer)));
-                Some(JsonConstraint::new(vocab.clone()))
-            }
-        };
+        let mut constraint = req.format.schema().map(|schema| {
+            let vocab = self.json_vocab.get_or_init(|| std::sync::Arc::new(SortedVocab::new(self.tokenizer)));
+            JsonConstraint::new(vocab.clone(), schema)
+        });
         let n_vocab = self.model.config.n_vocab;
         let mut timings = Timings::default();
 

@@ -287,7 +287,7 @@ fn gemma3_across_the_sliding_window_matches_a_fresh_session() {
     // No margin behind the window: going back re-prefills the conversation, and the pool is as small as it gets,
     // so a 512-token chunk that starts inside a block needs its extra block.
     let session = Session::with_rewind(&model, &tok, 2048, KvDtype::F16, 0);
-    let mut chat = Chat::new(session, &tok, template(), None, settings);
+    let mut chat = Chat::new(session, &tok, template(), None, settings.clone());
     chat.send(&m1, &cancel, no_text).unwrap();
     // Pad the second message so that its prompt of `p` tokens ends where
     // - going back to just before the reply (undo and the same message, or regenerate) needs a freed block: that

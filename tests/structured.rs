@@ -1,4 +1,4 @@
-//! Structured output (`--format json`, `response_format: json_object`): the token mask against a token-by-token
+//! Structured output (`--format json`, `response_format: json_object`; schemas are `json_schema.rs`'s): the token mask against a token-by-token
 //! check on synthetic and real vocabularies, the masked sampler against the plain one on the allowed tokens alone,
 //! and generation through the session, the engine and the CLI, with serde_json as the judge of the text.
 
@@ -9,7 +9,7 @@ use infer::kernels::GgmlType;
 use infer::model::KvDtype;
 use infer::sampling::{Sampler, SamplingError, SamplingParams};
 use infer::session::{FinishReason, GenerateRequest, Session};
-use infer::structured::{JsonConstraint, JsonMachine, SortedVocab, vocab::allows};
+use infer::structured::{JsonConstraint, JsonMachine, JsonSchema, SortedVocab, vocab::allows};
 use infer::tokenizer::Tokenizer;
 
 use crate::common::{infer, real_model};
@@ -51,7 +51,7 @@ fn check_masks(tok: &Tokenizer) {
     let (mut mask, mut scratch) = (Vec::new(), Vec::new());
     let mut allowed_somewhere = 0;
     for state in sample_states() {
-        vocab.fill_mask(&state, &mut mask, &mut scratch);
+        vocab.fill_mask(&state, state.in_plain_string().then_some(u32::MAX), |m, b| m.step(b), &mut mask, &mut scratch);
         for id in 0..tok.n_vocab() as u32 {
             let bytes = tok.token_bytes(id, true);
             let mut m = state;
@@ -225,7 +225,7 @@ fn engine_requests_with_and_without_json_share_a_batch() {
 #[test]
 fn a_closed_object_allows_nothing() {
     let (_, tok) = load(Spec::llama(GgmlType::Q8_0));
-    let mut c = JsonConstraint::new(Arc::new(SortedVocab::new(&tok)));
+    let mut c = JsonConstraint::new(Arc::new(SortedVocab::new(&tok)), JsonSchema::any_object());
     let id_of = |b: u8| (0..tok.n_vocab() as u32).find(|&i| tok.token_bytes(i, true) == [b]).unwrap();
     assert!(c.accept(id_of(b'x'), b"x").is_err(), "x cannot start an object");
     assert!(allows(c.mask(), id_of(b'{')));
@@ -269,7 +269,7 @@ fn run_format_json_on_smollm2_gives_an_object() {
 }
 
 #[test]
-fn serve_takes_response_format_json_object_and_refuses_a_schema_by_name() {
+fn serve_takes_response_format_json_object() {
     use crate::serve::{Server, post, tiny_model};
     let dir = crate::common::tempdir();
     let server = Server::start(&tiny_model(dir.path()), &["--ctx-size", "256", "--chat-template", "chatml"]);
@@ -295,8 +295,7 @@ fn serve_takes_response_format_json_object_and_refuses_a_schema_by_name() {
     }
     assert!(closed >= 1, "no reply closed its object");
     for (format, needle) in [
-        (r#"{"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}"#, "json_schema is not supported"),
-        (r#"{"type": "yaml"}"#, "expected \"text\" or \"json_object\""),
+        (r#"{"type": "yaml"}"#, "expected \"text\", \"json_object\" or \"json_schema\""),
         (r#"{}"#, "needs a `type`"),
         (r#""json""#, "must be an object, not a string"),
     ] {

@@ -12,6 +12,7 @@ mod engine;
 mod families;
 mod faults;
 mod gguf;
+mod json_schema;
 mod kv_pool;
 mod logprobs;
 mod model;

@@ -5,12 +5,13 @@
 //! flag and the allowed range before any model is loaded.
 
 use std::num::NonZeroUsize;
+use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 
 use crate::sampling::{BIAS_LIMIT, LogitBias, SamplingParams, random_seed};
 use crate::stop::{StopError, StopMatcher, parse_stop};
-use crate::structured::OutputFormat;
+use crate::structured::{JsonSchema, OutputFormat};
 
 const D: SamplingParams = SamplingParams::DEFAULT;
 
@@ -266,6 +267,20 @@ pub struct FormatArgs {
     /// token by token) and stops when it closes.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = FormatArg::Text, help_heading = "Sampling")]
     pub format: FormatArg,
+    /// Constrain the output to one JSON value of this JSON schema (given as JSON text), and stop when it closes;
+    /// e.g. '{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}'. Implies
+    /// `--format json`.
+    #[arg(short = 'j', long, value_name = "SCHEMA", value_parser = parse_json_schema, help_heading = "Sampling")]
+    pub json_schema: Option<Arc<JsonSchema>>,
+    /// As `--json-schema`, with the schema read from a file.
+    #[arg(
+        long,
+        value_name = "FILE",
+        value_parser = parse_json_schema_file,
+        conflicts_with = "json_schema",
+        help_heading = "Sampling"
+    )]
+    pub json_schema_file: Option<Arc<JsonSchema>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -278,9 +293,24 @@ pub enum FormatArg {
 
 impl FormatArgs {
     pub fn output_format(&self) -> OutputFormat {
+        if let Some(schema) = self.json_schema.as_ref().or(self.json_schema_file.as_ref()) {
+            return OutputFormat::JsonSchema(schema.clone());
+        }
         match self.format {
             FormatArg::Text => OutputFormat::Text,
             FormatArg::Json => OutputFormat::JsonObject,
         }
     }
+}
+
+/// `--json-schema`: JSON text of a schema the structured output supports (compiled here, before the model loads).
+pub fn parse_json_schema(text: &str) -> Result<Arc<JsonSchema>, String> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    JsonSchema::compile(&value).map(Arc::new).map_err(|e| e.to_string())
+}
+
+/// `--json-schema-file`: as [`parse_json_schema`], from a file (the input size cap of prompt files applies).
+pub fn parse_json_schema_file(path: &str) -> Result<Arc<JsonSchema>, String> {
+    let text = crate::cli::input::read_text_file(std::path::Path::new(path)).map_err(|e| format!("{e:#}"))?;
+    parse_json_schema(&text).map_err(|e| format!("{path}: {e}"))
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use crate::model::SeqKv;
 use crate::sampling::Sampler;
 use crate::stop::{StopMatcher, StopStep};
-use crate::structured::{JsonConstraint, OutputFormat, SortedVocab};
+use crate::structured::{JsonConstraint, SortedVocab};
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::stream::StreamDecoder;
 
@@ -70,12 +70,9 @@ impl<'t> Sequence<'t> {
             Ok(s) => s,
             Err(e) => return Err(Box::new((sub, e.to_string()))),
         };
-        let constraint = match sub.req.format {
-            OutputFormat::Text => None,
-            OutputFormat::JsonObject => {
-                Some(JsonConstraint::new(json_vocab.get_or_init(|| Arc::new(SortedVocab::new(tokenizer))).clone()))
-            }
-        };
+        let constraint = sub.req.format.schema().map(|schema| {
+            JsonConstraint::new(json_vocab.get_or_init(|| Arc::new(SortedVocab::new(tokenizer))).clone(), schema)
+        });
         let Submission { id, req, tx, arrived } = sub;
         let prompt_len = req.prompt.len();
         let mut tokens = req.prompt;

@@ -3,13 +3,16 @@
 //!
 //! Fields a client may send that do not change the result (`user`, `stream_options` without usage, a `model` name)
 //! are accepted; unknown fields are ignored, as the OpenAI API does; features this server does not have (`n` > 1,
-//! tools, `echo`, a JSON schema, ...) are refused by name rather than silently dropped.
+//! tools, `echo`, a JSON schema keyword the output cannot be held to, ...) are refused by name rather than silently
+//! dropped.
+
+use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
 use crate::engine::{FinishReason, Usage};
 use crate::sampling::{BIAS_LIMIT, LogitBias, SamplingParams, random_seed};
-use crate::structured::OutputFormat;
+use crate::structured::{JsonSchema, OutputFormat};
 use crate::tokenizer::chat::ChatMessage;
 
 /// A client error: HTTP status, message, and the parameter at fault.
@@ -64,7 +67,7 @@ pub struct GenerationRequest {
     pub include_usage: bool,
     pub ignore_eos: bool,
     pub model: Option<String>,
-    /// `response_format`: free text, or one JSON object.
+    /// `response_format`: free text, one JSON object, or one value of a JSON schema.
     pub format: OutputFormat,
     /// Report each token's log-probability and this many alternatives (`None`: no logprobs).
     pub logprobs: Option<usize>,
@@ -413,28 +416,54 @@ pub fn logprobs_json(chat: bool, entries: &[TokenLogprobs], offset: usize) -> Va
     })
 }
 
-/// `response_format`: `{"type": "text"}` (the default) or `{"type": "json_object"}`; a JSON schema is refused by
-/// name, so a client that relies on one learns it was not applied.
+/// `response_format`: `{"type": "text"}` (the default), `{"type": "json_object"}`, or OpenAI's
+/// `{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`; llama-server's spellings too, a `schema`
+/// beside `json_object` and a top-level `json_schema` field. A schema the structured output cannot enforce is a 400
+/// naming the keyword, never a looser constraint.
 fn parse_response_format(f: &Fields<'_>) -> Result<OutputFormat, ApiError> {
     const NAME: &str = "response_format";
-    let o = match f.get(NAME) {
-        None => return Ok(OutputFormat::Text),
-        Some(Value::Object(o)) => o,
-        Some(v) => return Err(ApiError::bad(NAME, format!("`{NAME}` must be an object, not {}", kind(v)))),
+    let schema = |v: &Value, field: &str| {
+        JsonSchema::compile(v)
+            .map(|s| OutputFormat::JsonSchema(Arc::new(s)))
+            .map_err(|e| ApiError::bad(NAME, format!("`{field}`: {e}")))
+    };
+    let o = match (f.get(NAME), f.get("json_schema")) {
+        (None, None) => return Ok(OutputFormat::Text),
+        (None, Some(v)) => {
+            return schema(v, "json_schema").map_err(|e| ApiError { param: Some("json_schema".into()), ..e });
+        }
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad(NAME, "give either `response_format` or `json_schema`, not both"));
+        }
+        (Some(Value::Object(o)), None) => o,
+        (Some(v), None) => return Err(ApiError::bad(NAME, format!("`{NAME}` must be an object, not {}", kind(v)))),
     };
     match o.get("type") {
         Some(Value::String(t)) if t == "text" => Ok(OutputFormat::Text),
-        Some(Value::String(t)) if t == "json_object" => Ok(OutputFormat::JsonObject),
-        Some(Value::String(t)) if t == "json_schema" => Err(ApiError::bad(
+        Some(Value::String(t)) if t == "json_object" => match o.get("schema") {
+            None | Some(Value::Null) => Ok(OutputFormat::JsonObject),
+            Some(v) => schema(v, "response_format.schema"),
+        },
+        Some(Value::String(t)) if t == "json_schema" => match o.get("json_schema") {
+            Some(Value::Object(js)) => match js.get("schema") {
+                // OpenAI makes the schema optional; without one the output is a JSON object.
+                None | Some(Value::Null) => Ok(OutputFormat::JsonObject),
+                Some(v) => schema(v, "response_format.json_schema.schema"),
+            },
+            Some(v) => Err(ApiError::bad(
+                NAME,
+                format!("`response_format.json_schema` must be an object with a `schema`, not {}", kind(v)),
+            )),
+            None => Err(ApiError::bad(NAME, "`response_format` of type json_schema needs a `json_schema` object")),
+        },
+        Some(Value::String(t)) => Err(ApiError::bad(
             NAME,
-            "`response_format`: json_schema is not supported; {\"type\": \"json_object\"} constrains the output \
-             to a JSON object without a schema",
+            format!("`response_format.type` = \"{t}\": expected \"text\", \"json_object\" or \"json_schema\""),
         )),
-        Some(Value::String(t)) => {
-            Err(ApiError::bad(NAME, format!("`response_format.type` = \"{t}\": expected \"text\" or \"json_object\"")))
-        }
         Some(v) => Err(ApiError::bad(NAME, format!("`response_format.type` must be a string, not {}", kind(v)))),
-        None => Err(ApiError::bad(NAME, "`response_format` needs a `type` (\"text\" or \"json_object\")")),
+        None => {
+            Err(ApiError::bad(NAME, "`response_format` needs a `type` (\"text\", \"json_object\" or \"json_schema\")"))
+        }
     }
 }
 

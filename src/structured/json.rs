@@ -66,7 +66,7 @@ enum Mode {
 
 /// Position inside a string.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum StrAt {
+pub(super) enum StrAt {
     Plain,
     /// After `\`.
     Escape,
@@ -90,7 +90,7 @@ enum StrAt {
 
 /// Position inside a number, after what the name says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum NumAt {
+pub(super) enum NumAt {
     Minus,
     Zero,
     Int,
@@ -107,15 +107,15 @@ enum NumAt {
 
 impl NumAt {
     /// Whether a number may end here.
-    fn can_end(self) -> bool {
+    pub(super) fn can_end(self) -> bool {
         matches!(self, NumAt::Zero | NumAt::Int | NumAt::Frac | NumAt::Exp | NumAt::Exp2)
     }
 }
 
-const LITERALS: [&[u8]; 3] = [b"true", b"false", b"null"];
+pub(super) const LITERALS: [&[u8]; 3] = [b"true", b"false", b"null"];
 
 /// Whitespace the machine lets a model write (JSON also allows `\r`, which a model has no need for).
-fn is_ws(b: u8) -> bool {
+pub(super) fn is_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n')
 }
 
@@ -131,9 +131,21 @@ impl JsonMachine {
         JsonMachine { stack: 0, depth: 0, ws: 0, ws_newline: false, mode: Mode::Start }
     }
 
-    /// Whether the top-level object has closed.
+    /// A machine for one JSON value of any kind (the schema machine's unconstrained values): complete when the
+    /// value is, except a number, which can always grow; [`ends_in_number`](Self::ends_in_number) says when one
+    /// may stop.
+    pub const fn any_value() -> JsonMachine {
+        JsonMachine { stack: 0, depth: 0, ws: 0, ws_newline: false, mode: Mode::Value }
+    }
+
+    /// Whether the top-level object (or the value of [`any_value`](Self::any_value)) has closed.
     pub fn is_complete(&self) -> bool {
         self.mode == Mode::Done
+    }
+
+    /// Whether the machine holds a whole top-level number that the next byte may end.
+    pub fn ends_in_number(&self) -> bool {
+        matches!(self.mode, Mode::Number { at, .. } if self.depth == 0 && at.can_end())
     }
 
     /// Whether the machine sits inside a string (where nearly every byte is accepted).
@@ -178,7 +190,7 @@ impl JsonMachine {
                     return false;
                 }
                 self.mode = if pos as usize + 1 == lit.len() {
-                    Mode::CommaOrClose
+                    self.after_value()
                 } else {
                     Mode::Literal { word, pos: pos + 1 }
                 };
@@ -196,7 +208,7 @@ impl JsonMachine {
                     return false;
                 }
                 // The number ended; the byte is whatever follows a value.
-                self.mode = Mode::CommaOrClose;
+                self.mode = self.after_value();
             }
             Mode::Done => return false,
             _ => {}
@@ -268,79 +280,106 @@ impl JsonMachine {
     fn close(&mut self) -> bool {
         self.depth -= 1;
         self.stack &= !(1u64 << self.depth);
-        self.mode = if self.depth == 0 { Mode::Done } else { Mode::CommaOrClose };
+        self.mode = self.after_value();
         true
+    }
+
+    /// Where a value that just ended leaves the machine: done at the top level, else between values.
+    fn after_value(&self) -> Mode {
+        if self.depth == 0 { Mode::Done } else { Mode::CommaOrClose }
     }
 
     fn string_byte(&mut self, key: bool, at: StrAt, b: u8) -> bool {
-        let next = match at {
-            StrAt::Plain => match b {
-                b'"' => {
-                    self.mode = if key { Mode::Colon } else { Mode::CommaOrClose };
-                    return true;
-                }
-                b'\\' => StrAt::Escape,
-                0x00..=0x1f => return false,
-                0x20..=0x7f => StrAt::Plain,
-                0xc2..=0xdf => StrAt::Utf8 { need: 1, lo: 0x80, hi: 0xbf },
-                0xe0 => StrAt::Utf8 { need: 2, lo: 0xa0, hi: 0xbf },
-                // 0xed 0xa0.. would encode a surrogate.
-                0xed => StrAt::Utf8 { need: 2, lo: 0x80, hi: 0x9f },
-                0xe1..=0xef => StrAt::Utf8 { need: 2, lo: 0x80, hi: 0xbf },
-                0xf0 => StrAt::Utf8 { need: 3, lo: 0x90, hi: 0xbf },
-                0xf1..=0xf3 => StrAt::Utf8 { need: 3, lo: 0x80, hi: 0xbf },
-                0xf4 => StrAt::Utf8 { need: 3, lo: 0x80, hi: 0x8f },
-                // Continuation bytes without a lead, overlong leads (0xc0, 0xc1), and leads past U+10FFFF.
-                _ => return false,
-            },
-            StrAt::Utf8 { need, lo, hi } => {
-                if !(lo..=hi).contains(&b) {
-                    return false;
-                }
-                if need == 1 { StrAt::Plain } else { StrAt::Utf8 { need: need - 1, lo: 0x80, hi: 0xbf } }
+        match string_byte(at, b) {
+            StrStep::Refused => false,
+            StrStep::Closed => {
+                self.mode = if key { Mode::Colon } else { self.after_value() };
+                true
             }
-            StrAt::Escape => match b {
-                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => StrAt::Plain,
-                b'u' => StrAt::Hex { digits: 0, value: 0, low: false },
-                _ => return false,
-            },
-            StrAt::NeedLowBackslash if b == b'\\' => StrAt::NeedLowU,
-            StrAt::NeedLowU if b == b'u' => StrAt::Hex { digits: 0, value: 0, low: true },
-            StrAt::NeedLowBackslash | StrAt::NeedLowU => return false,
-            StrAt::Hex { digits, value, low } => {
-                let Some(d) = (b as char).to_digit(16) else { return false };
-                let value = value << 4 | d as u16;
-                let digits = digits + 1;
-                // The escapes this prefix can still become: [first, last].
-                let shift = 4 * u32::from(4 - digits);
-                let first = u32::from(value) << shift;
-                let last = first + ((1 << shift) - 1);
-                let overlaps = |lo: u32, hi: u32| first <= hi && last >= lo;
-                let possible = if low {
-                    overlaps(0xdc00, 0xdfff)
-                } else {
-                    // Anything but a lone low surrogate.
-                    overlaps(0x0000, 0xdbff) || overlaps(0xe000, 0xffff)
-                };
-                if !possible {
-                    return false;
-                }
-                if digits < 4 {
-                    StrAt::Hex { digits, value, low }
-                } else if !low && (0xd800..=0xdbff).contains(&value) {
-                    StrAt::NeedLowBackslash
-                } else {
-                    StrAt::Plain
-                }
+            StrStep::Inside(next) => {
+                self.mode = Mode::Str { key, at: next };
+                true
             }
-        };
-        self.mode = Mode::Str { key, at: next };
-        true
+        }
     }
 }
 
+/// What a byte does inside a string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StrStep {
+    Refused,
+    /// The closing quote.
+    Closed,
+    /// The string goes on; a return to [`StrAt::Plain`] means a character (or escape) is complete.
+    Inside(StrAt),
+}
+
+/// The string grammar, byte by byte (both machines share it): valid UTF-8, no control bytes, escapes with paired
+/// surrogates.
+pub(super) fn string_byte(at: StrAt, b: u8) -> StrStep {
+    let next = match at {
+        StrAt::Plain => match b {
+            b'"' => return StrStep::Closed,
+            b'\\' => StrAt::Escape,
+            0x00..=0x1f => return StrStep::Refused,
+            0x20..=0x7f => StrAt::Plain,
+            0xc2..=0xdf => StrAt::Utf8 { need: 1, lo: 0x80, hi: 0xbf },
+            0xe0 => StrAt::Utf8 { need: 2, lo: 0xa0, hi: 0xbf },
+            // 0xed 0xa0.. would encode a surrogate.
+            0xed => StrAt::Utf8 { need: 2, lo: 0x80, hi: 0x9f },
+            0xe1..=0xef => StrAt::Utf8 { need: 2, lo: 0x80, hi: 0xbf },
+            0xf0 => StrAt::Utf8 { need: 3, lo: 0x90, hi: 0xbf },
+            0xf1..=0xf3 => StrAt::Utf8 { need: 3, lo: 0x80, hi: 0xbf },
+            0xf4 => StrAt::Utf8 { need: 3, lo: 0x80, hi: 0x8f },
+            // Continuation bytes without a lead, overlong leads (0xc0, 0xc1), and leads past U+10FFFF.
+            _ => return StrStep::Refused,
+        },
+        StrAt::Utf8 { need, lo, hi } => {
+            if !(lo..=hi).contains(&b) {
+                return StrStep::Refused;
+            }
+            if need == 1 { StrAt::Plain } else { StrAt::Utf8 { need: need - 1, lo: 0x80, hi: 0xbf } }
+        }
+        StrAt::Escape => match b {
+            b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => StrAt::Plain,
+            b'u' => StrAt::Hex { digits: 0, value: 0, low: false },
+            _ => return StrStep::Refused,
+        },
+        StrAt::NeedLowBackslash if b == b'\\' => StrAt::NeedLowU,
+        StrAt::NeedLowU if b == b'u' => StrAt::Hex { digits: 0, value: 0, low: true },
+        StrAt::NeedLowBackslash | StrAt::NeedLowU => return StrStep::Refused,
+        StrAt::Hex { digits, value, low } => {
+            let Some(d) = (b as char).to_digit(16) else { return StrStep::Refused };
+            let value = value << 4 | d as u16;
+            let digits = digits + 1;
+            // The escapes this prefix can still become: [first, last].
+            let shift = 4 * u32::from(4 - digits);
+            let first = u32::from(value) << shift;
+            let last = first + ((1 << shift) - 1);
+            let overlaps = |lo: u32, hi: u32| first <= hi && last >= lo;
+            let possible = if low {
+                overlaps(0xdc00, 0xdfff)
+            } else {
+                // Anything but a lone low surrogate.
+                overlaps(0x0000, 0xdbff) || overlaps(0xe000, 0xffff)
+            };
+            if !possible {
+                return StrStep::Refused;
+            }
+            if digits < 4 {
+                StrAt::Hex { digits, value, low }
+            } else if !low && (0xd800..=0xdbff).contains(&value) {
+                StrAt::NeedLowBackslash
+            } else {
+                StrAt::Plain
+            }
+        }
+    };
+    StrStep::Inside(next)
+}
+
 /// Where a byte that continues a number leads, or `None` if it cannot continue it.
-fn number_byte(at: NumAt, b: u8) -> Option<NumAt> {
+pub(super) fn number_byte(at: NumAt, b: u8) -> Option<NumAt> {
     let digit = b.is_ascii_digit();
     Some(match (at, b) {
         (NumAt::Minus, b'0') => NumAt::Zero,

@@ -1,16 +1,19 @@
-//! Structured output: constraining generation so the text is valid JSON.
+//! Structured output: constraining generation so the text is valid JSON, of a given JSON schema or any object.
 //!
-//! At each step a [`JsonConstraint`] computes which tokens can extend the text so far towards a valid JSON object
+//! At each step a [`JsonConstraint`] computes which tokens can extend the text so far towards a valid JSON value
+//! of the schema ([`schema`], [`schema_machine`]; OpenAI's `json_object` format is the schema `{"type": "object"}`)
 //! (a bit mask over the vocabulary), the sampler draws only among those ([`crate::sampling::Sampler::sample_masked`]:
 //! the mask applies after the repeat penalty and before top-k, top-p, min-p and temperature, so the distribution is
 //! the model's, renormalized over the allowed tokens), and the chosen token's bytes advance the machine. Generation
-//! ends when the object closes.
+//! ends when the value closes.
 //!
 //! A mask is one walk over the vocabulary in byte order ([`vocab::SortedVocab::fill_mask`], tens of microseconds
 //! with its shortcuts); the last few masks are kept with the state each is for, and a long string repeats one state
 //! token after token, so most steps inside strings reuse one.
 
 pub mod json;
+pub mod schema;
+pub mod schema_machine;
 pub mod vocab;
 
 use std::sync::Arc;
@@ -18,10 +21,12 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub use json::JsonMachine;
+pub use schema::{JsonSchema, SchemaError};
+pub use schema_machine::SchemaMachine;
 pub use vocab::SortedVocab;
 
 /// What shape the generated text must have.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OutputFormat {
     /// Free text.
@@ -29,14 +34,27 @@ pub enum OutputFormat {
     Text,
     /// One JSON object, and nothing after it.
     JsonObject,
+    /// One JSON value of this schema, and nothing after it.
+    JsonSchema(Arc<JsonSchema>),
 }
 
 impl OutputFormat {
-    /// The name a user types (`--format`, `/set format`): `text` or `json`.
-    pub fn name(self) -> &'static str {
+    /// The name a user types (`--format`, `/set format`): `text` or `json`; `json-schema` for a schema (given with
+    /// `--json-schema`).
+    pub fn name(&self) -> &'static str {
         match self {
             OutputFormat::Text => "text",
             OutputFormat::JsonObject => "json",
+            OutputFormat::JsonSchema(_) => "json-schema",
+        }
+    }
+
+    /// The schema generation follows, if the text is constrained.
+    pub fn schema(&self) -> Option<Arc<JsonSchema>> {
+        match self {
+            OutputFormat::Text => None,
+            OutputFormat::JsonObject => Some(JsonSchema::any_object()),
+            OutputFormat::JsonSchema(s) => Some(s.clone()),
         }
     }
 
@@ -49,14 +67,15 @@ impl OutputFormat {
 /// Masks kept per constraint: the states of a string's inside, of the places between values, and a spare.
 const CACHED_MASKS: usize = 4;
 
-/// One sequence's JSON constraint: the machine, and masks of the states it met recently.
+/// One sequence's JSON constraint: the schema, the machine, and masks of the states it met recently.
 #[derive(Debug)]
 pub struct JsonConstraint {
     vocab: Arc<SortedVocab>,
-    machine: JsonMachine,
+    schema: Arc<JsonSchema>,
+    machine: SchemaMachine,
     /// Recently computed masks with the state each is for; the most recent last.
-    cache: Vec<(JsonMachine, Vec<u64>)>,
-    states: Vec<JsonMachine>,
+    cache: Vec<(SchemaMachine, Vec<u64>)>,
+    states: Vec<SchemaMachine>,
 }
 
 /// A token the constraint did not allow was fed to it.
@@ -67,10 +86,11 @@ pub struct Refused {
 }
 
 impl JsonConstraint {
-    pub fn new(vocab: Arc<SortedVocab>) -> JsonConstraint {
+    pub fn new(vocab: Arc<SortedVocab>, schema: Arc<JsonSchema>) -> JsonConstraint {
         JsonConstraint {
             vocab,
-            machine: JsonMachine::new(),
+            machine: SchemaMachine::new(&schema),
+            schema,
             cache: Vec::with_capacity(CACHED_MASKS),
             states: Vec::new(),
         }
@@ -83,7 +103,9 @@ impl JsonConstraint {
             Some(at) => at,
             None => {
                 let mut mask = if self.cache.len() == CACHED_MASKS { self.cache.remove(0).1 } else { Vec::new() };
-                self.vocab.fill_mask(&self.machine, &mut mask, &mut self.states);
+                let schema = &*self.schema;
+                let plain = self.machine.plain_string(schema);
+                self.vocab.fill_mask(&self.machine, plain, |m, b| m.step(schema, b), &mut mask, &mut self.states);
                 self.cache.push((self.machine, mask));
                 self.cache.len() - 1
             }
@@ -94,14 +116,14 @@ impl JsonConstraint {
     /// Advances past `token`'s bytes (`bytes`, as the tokenizer decodes it), which must be allowed.
     pub fn accept(&mut self, token: u32, bytes: &[u8]) -> Result<(), Refused> {
         let mut next = self.machine;
-        if bytes.is_empty() || !next.feed(bytes) {
+        if bytes.is_empty() || !next.feed(&self.schema, bytes) {
             return Err(Refused { token });
         }
         self.machine = next;
         Ok(())
     }
 
-    /// Whether the object has closed (generation should end).
+    /// Whether the value has closed (generation should end).
     pub fn is_complete(&self) -> bool {
         self.machine.is_complete()
     }

@@ -12,6 +12,9 @@ use crate::tokenizer::{TokenType, Tokenizer};
 
 use super::json::JsonMachine;
 
+/// Characters up to which the inert tokens of a bounded string have a mask each (longer ones are listed).
+const SHORT_CHARS: usize = 16;
+
 /// Tokens in the byte order of their pieces, grouped by first byte.
 #[derive(Debug, Default)]
 struct SortedTokens {
@@ -52,9 +55,9 @@ impl SortedTokens {
     /// A token repeats the first `shared` bytes of the one before: the machine's state after each byte of the
     /// previous token is kept in `states`, and a token starts from the state its shared prefix left. When a prefix
     /// was refused, every following token that shares it is refused without running.
-    fn walk(&self, machine: &JsonMachine, mask: &mut [u64], states: &mut [JsonMachine]) {
+    fn walk<M: Copy>(&self, machine: &M, step: &impl Fn(&mut M, u8) -> bool, mask: &mut [u64], states: &mut [M]) {
         for &(first, start, end) in &self.groups {
-            if !machine.can_take(first) {
+            if !step(&mut { *machine }, first) {
                 continue;
             }
             // Bytes of the previous token the machine accepted (the index of its first refused byte).
@@ -73,7 +76,7 @@ impl SortedTokens {
                 let mut m = states[common];
                 accepted = common;
                 for &b in &piece[common..] {
-                    if !m.step(b) {
+                    if !step(&mut m, b) {
                         break;
                     }
                     accepted += 1;
@@ -98,6 +101,10 @@ pub struct SortedVocab {
     /// Tokens a string's plain inside accepts without changing state: whole UTF-8 characters, none of them a
     /// quote, a backslash or a control character.
     inert: Vec<u64>,
+    /// For a string of bounded length: `short_inert[k]` holds the inert tokens of at most `k` characters, up to
+    /// [`SHORT_CHARS`]; `long_inert` the longer ones with their character counts.
+    short_inert: Vec<Vec<u64>>,
+    long_inert: Vec<(u32, u32)>,
     n_vocab: usize,
     longest: usize,
 }
@@ -126,32 +133,67 @@ impl SortedVocab {
         let mut in_string = JsonMachine::new();
         assert!(in_string.feed(b"{\""));
         let mut inert = vec![0u64; n_vocab.div_ceil(64)];
+        let mut short_inert = vec![vec![0u64; n_vocab.div_ceil(64)]; SHORT_CHARS + 1];
+        let mut long_inert = Vec::new();
         let mut active = Vec::new();
         for &id in &order {
             let mut m = in_string;
-            if piece(id).iter().all(|&b| m.step(b) && m.in_string()) && m == in_string {
+            // Characters as a string's length counts them: an escape (`\\n`, `\\u00e9`, a surrogate pair) is one.
+            let mut chars = 0;
+            if piece(id).iter().all(|&b| {
+                let ok = m.step(b) && m.in_string();
+                chars += usize::from(ok && m.in_plain_string());
+                ok
+            }) && m == in_string
+            {
                 inert[id as usize / 64] |= 1 << (id % 64);
+                if chars <= SHORT_CHARS {
+                    for mask in &mut short_inert[chars..] {
+                        mask[id as usize / 64] |= 1 << (id % 64);
+                    }
+                } else {
+                    long_inert.push((id, chars.min(u32::MAX as usize) as u32));
+                }
             } else {
                 active.push(id);
             }
         }
         let all = SortedTokens::new(order, piece);
         let in_string = SortedTokens::new(active, piece);
-        SortedVocab { all, in_string, inert, n_vocab, longest }
+        SortedVocab { all, in_string, inert, short_inert, long_inert, n_vocab, longest }
     }
 
-    /// Sets bit `id` of `mask` (`n_vocab` bits, 64 per word) for every token whose bytes `machine` accepts in full,
-    /// and clears every other bit. `states` is scratch space.
-    pub fn fill_mask(&self, machine: &JsonMachine, mask: &mut Vec<u64>, states: &mut Vec<JsonMachine>) {
+    /// Sets bit `id` of `mask` (`n_vocab` bits, 64 per word) for every token whose bytes `machine` accepts in full
+    /// (`step` runs it a byte at a time, refusing without change), and clears every other bit. `plain_string`:
+    /// the machine sits inside a string where each inert token is taken if it has at most that many characters
+    /// (`u32::MAX`: any; nothing else changes, so no walk is needed for them). `states` is scratch space.
+    pub fn fill_mask<M: Copy>(
+        &self,
+        machine: &M,
+        plain_string: Option<u32>,
+        step: impl Fn(&mut M, u8) -> bool,
+        mask: &mut Vec<u64>,
+        states: &mut Vec<M>,
+    ) {
         mask.clear();
         states.clear();
         states.resize(self.longest + 1, *machine);
-        if machine.in_plain_string() {
-            mask.extend_from_slice(&self.inert);
-            self.in_string.walk(machine, mask, states);
+        if let Some(room) = plain_string {
+            match usize::try_from(room).unwrap_or(usize::MAX) {
+                r if r == u32::MAX as usize => mask.extend_from_slice(&self.inert),
+                r => {
+                    mask.extend_from_slice(&self.short_inert[r.min(SHORT_CHARS)]);
+                    for &(id, chars) in &self.long_inert {
+                        if chars as usize <= r {
+                            mask[id as usize / 64] |= 1 << (id % 64);
+                        }
+                    }
+                }
+            }
+            self.in_string.walk(machine, &step, mask, states);
         } else {
             mask.resize(self.n_vocab.div_ceil(64), 0);
-            self.all.walk(machine, mask, states);
+            self.all.walk(machine, &step, mask, states);
         }
     }
 }

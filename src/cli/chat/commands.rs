@@ -160,7 +160,7 @@ mod tests {
         assert_eq!(s.format, OutputFormat::JsonObject);
         assert!(show(&s).ends_with("format json"));
         set(&mut s, "format", "text").unwrap();
-        let before = s;
+        let before = s.clone();
         for (key, value, needle) in [
             ("temp", "hot", "/set temp: 'hot' is not a number"),
             ("temp", "-1", "/set temp: the temperature must be >= 0"),
