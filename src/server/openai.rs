@@ -12,6 +12,7 @@ use serde_json::{Map, Value, json};
 
 use crate::engine::{FinishReason, Usage};
 use crate::sampling::{BIAS_LIMIT, LogitBias, SamplingParams, random_seed};
+use crate::structured::schema::json_kind as kind;
 use crate::structured::{JsonSchema, OutputFormat};
 use crate::tokenizer::chat::ChatMessage;
 
@@ -133,17 +134,6 @@ impl Fields<'_> {
             Some(v) if !neutral(v) => Err(ApiError::bad(name, format!("`{name}`: {what} is not supported"))),
             _ => Ok(()),
         }
-    }
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

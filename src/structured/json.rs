@@ -31,10 +31,8 @@ pub struct JsonMachine {
     /// Open containers: bit `i` is set when level `i` (0 = outermost) is an object, clear when an array.
     stack: u64,
     depth: u8,
-    /// Whitespace bytes in the current run.
-    ws: u8,
-    /// The current run of whitespace holds its newline.
-    ws_newline: bool,
+    /// The current run of whitespace.
+    ws: WsRun,
     mode: Mode,
 }
 
@@ -114,6 +112,27 @@ impl NumAt {
 
 pub(super) const LITERALS: [&[u8]; 3] = [b"true", b"false", b"null"];
 
+/// The run of whitespace since the last token of JSON text: bytes so far, and whether one was a newline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct WsRun {
+    len: u8,
+    newline: bool,
+}
+
+impl WsRun {
+    pub(super) const NONE: WsRun = WsRun { len: 0, newline: false };
+
+    /// Takes whitespace byte `b` if the run stays within [`MAX_WS_RUN`] bytes and one newline.
+    pub(super) fn take(&mut self, b: u8) -> bool {
+        if self.len >= MAX_WS_RUN || (b == b'\n' && self.newline) {
+            return false;
+        }
+        self.len += 1;
+        self.newline |= b == b'\n';
+        true
+    }
+}
+
 /// Whitespace the machine lets a model write (JSON also allows `\r`, which a model has no need for).
 pub(super) fn is_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n')
@@ -128,14 +147,14 @@ impl Default for JsonMachine {
 impl JsonMachine {
     /// A machine that has accepted nothing yet.
     pub const fn new() -> JsonMachine {
-        JsonMachine { stack: 0, depth: 0, ws: 0, ws_newline: false, mode: Mode::Start }
+        JsonMachine { stack: 0, depth: 0, ws: WsRun::NONE, mode: Mode::Start }
     }
 
     /// A machine for one JSON value of any kind (the schema machine's unconstrained values): complete when the
     /// value is, except a number, which can always grow; [`ends_in_number`](Self::ends_in_number) says when one
     /// may stop.
     pub const fn any_value() -> JsonMachine {
-        JsonMachine { stack: 0, depth: 0, ws: 0, ws_newline: false, mode: Mode::Value }
+        JsonMachine { stack: 0, depth: 0, ws: WsRun::NONE, mode: Mode::Value }
     }
 
     /// Whether the top-level object (or the value of [`any_value`](Self::any_value)) has closed.
@@ -214,15 +233,9 @@ impl JsonMachine {
             _ => {}
         }
         if is_ws(b) {
-            if self.mode == Mode::Start || self.ws >= MAX_WS_RUN || (b == b'\n' && self.ws_newline) {
-                return false;
-            }
-            self.ws += 1;
-            self.ws_newline |= b == b'\n';
-            return true;
+            return self.mode != Mode::Start && self.ws.take(b);
         }
-        self.ws = 0;
-        self.ws_newline = false;
+        self.ws = WsRun::NONE;
         match (self.mode, b) {
             (Mode::Start, b'{') => self.open(true),
             (Mode::KeyOrClose | Mode::Key, b'"') => {

@@ -735,7 +735,8 @@ fn pointer_escape(name: &str) -> String {
     name.replace('~', "~0").replace('/', "~1")
 }
 
-fn json_kind(v: &Value) -> &'static str {
+/// What kind of JSON value `v` is, for messages ("a string", "an array", ...).
+pub fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

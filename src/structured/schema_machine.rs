@@ -7,8 +7,9 @@
 //! node indices into the schema, which every step takes by reference. Open containers are a fixed stack of
 //! [`MAX_FRAMES`] frames; free values nest up to the JSON machine's own limit inside one.
 
-use super::json::{JsonMachine, LITERALS, NumAt, StrAt, StrStep, is_ws, number_byte, string_byte};
-use super::json::{MAX_NUMBER_LEN, MAX_WS_RUN};
+use super::json::{
+    JsonMachine, LITERALS, MAX_NUMBER_LEN, NumAt, StrAt, StrStep, WsRun, is_ws, number_byte, string_byte,
+};
 use super::schema::{JsonSchema, Node, NodeId, Property};
 
 /// Deepest nesting of the schema's own objects and arrays.
@@ -81,20 +82,13 @@ enum At {
 pub struct SchemaMachine {
     frames: [Frame; MAX_FRAMES],
     depth: u8,
-    ws: u8,
-    ws_newline: bool,
+    ws: WsRun,
     at: At,
 }
 
 impl SchemaMachine {
     pub fn new(schema: &JsonSchema) -> SchemaMachine {
-        SchemaMachine {
-            frames: [Frame::default(); MAX_FRAMES],
-            depth: 0,
-            ws: 0,
-            ws_newline: false,
-            at: At::Value(schema.root),
-        }
+        SchemaMachine { frames: [Frame::default(); MAX_FRAMES], depth: 0, ws: WsRun::NONE, at: At::Value(schema.root) }
     }
 
     pub fn is_complete(&self) -> bool {
@@ -216,15 +210,9 @@ impl SchemaMachine {
         }
         if is_ws(b) {
             let at_start = self.depth == 0 && matches!(self.at, At::Value(_));
-            if at_start || self.ws >= MAX_WS_RUN || (b == b'\n' && self.ws_newline) {
-                return false;
-            }
-            self.ws += 1;
-            self.ws_newline |= b == b'\n';
-            return true;
+            return !at_start && self.ws.take(b);
         }
-        self.ws = 0;
-        self.ws_newline = false;
+        self.ws = WsRun::NONE;
         match self.at {
             At::Value(node) => self.value_start(s, node, b),
             At::Key { first } => {
