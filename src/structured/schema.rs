@@ -243,7 +243,7 @@ impl JsonSchema {
         let kind = Kind::of_first_byte(b)?;
         match self.node(node) {
             Node::Union(alts) => alts.iter().find(|(k, _)| *k == kind).map(|&(_, n)| n),
-            n if kinds(n).contains(&kind) => Some(node),
+            n if accepts(n, kind) => Some(node),
             _ => None,
         }
     }
@@ -289,22 +289,26 @@ fn min_depths(nodes: &[Node]) -> Vec<u8> {
     }
 }
 
-/// The kinds of value a node (not a union) accepts.
-fn kinds(n: &Node) -> Vec<Kind> {
+/// Whether a node takes a value of `kind` (what its first byte shows). A match, not a list: the machine asks at
+/// every value start of every token it walks.
+fn accepts(n: &Node, kind: Kind) -> bool {
     match n {
-        Node::Any => Kind::ALL.to_vec(),
-        Node::AnyObject | Node::Object(_) | Node::Map { .. } => vec![Kind::Object],
-        Node::Null => vec![Kind::Null],
-        Node::Boolean => vec![Kind::True, Kind::False],
-        Node::Number { .. } => vec![Kind::Number],
-        Node::String { .. } => vec![Kind::String],
-        Node::Values(v) => {
-            v.first().and_then(|t| t.first()).and_then(|&b| Kind::of_first_byte(b)).into_iter().collect()
-        }
-        Node::Array { .. } => vec![Kind::Array],
-        Node::Union(alts) => alts.iter().map(|(k, _)| *k).collect(),
-        Node::Pending => Vec::new(),
+        Node::Any => true,
+        Node::AnyObject | Node::Object(_) | Node::Map { .. } => kind == Kind::Object,
+        Node::Null => kind == Kind::Null,
+        Node::Boolean => matches!(kind, Kind::True | Kind::False),
+        Node::Number { .. } => kind == Kind::Number,
+        Node::String { .. } => kind == Kind::String,
+        Node::Values(v) => v.first().and_then(|t| t.first()).and_then(|&b| Kind::of_first_byte(b)) == Some(kind),
+        Node::Array { .. } => kind == Kind::Array,
+        Node::Union(alts) => alts.iter().any(|(k, _)| *k == kind),
+        Node::Pending => false,
     }
+}
+
+/// The kinds of value a node takes ([`accepts`] as a list, for compiling alternatives).
+fn kinds(n: &Node) -> Vec<Kind> {
+    Kind::ALL.into_iter().filter(|&k| accepts(n, k)).collect()
 }
 
 struct Compiler<'a> {
@@ -448,7 +452,7 @@ impl Compiler<'_> {
         match o.get("nullable") {
             None | Some(Value::Bool(false)) => Ok(node),
             Some(Value::Bool(true)) => {
-                if kinds(&self.nodes[usize::from(node)]).contains(&Kind::Null) {
+                if accepts(&self.nodes[usize::from(node)], Kind::Null) {
                     return Ok(node);
                 }
                 let null = self.push(Node::Null)?;
