@@ -7,14 +7,14 @@ use std::sync::Arc;
 
 use infer::kernels::GgmlType;
 use infer::model::KvDtype;
-use infer::sampling::SamplingParams;
-use infer::session::{FinishReason, GenerateRequest, Session};
+use infer::session::{FinishReason, Session};
 use infer::structured::{JsonSchema, OutputFormat, SchemaMachine, SortedVocab, vocab::allows};
 use infer::tokenizer::Tokenizer;
 use serde_json::{Value, json};
 
 use crate::common::{infer, real_model};
 use crate::engine::load;
+use crate::structured::hot_request;
 use crate::synthetic::{Rng, Spec};
 
 fn compile(v: &Value) -> JsonSchema {
@@ -363,22 +363,7 @@ fn session_output_is_an_instance_on_a_random_model() {
         let format = OutputFormat::JsonSchema(Arc::new(compile(source)));
         let mut closed = 0;
         for seed in 0..8 {
-            let req = GenerateRequest {
-                prompt: vec![1, 40, 41, 42],
-                max_tokens: 200,
-                sampling: SamplingParams {
-                    temperature: 1.5,
-                    top_k: 0,
-                    top_p: 1.0,
-                    min_p: 0.0,
-                    seed,
-                    ..SamplingParams::DEFAULT
-                },
-                stop: Vec::new(),
-                ignore_eos: false,
-                format: format.clone(),
-                logit_bias: Default::default(),
-            };
+            let req = hot_request(format.clone(), seed, 200);
             let g = session.generate(&req, &cancel, &mut |_| Ok(())).unwrap();
             if g.finish == FinishReason::Stop {
                 let v: Value = serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("{e}: {:?}", g.text));

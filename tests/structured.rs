@@ -119,6 +119,27 @@ fn masked_sampling_is_plain_sampling_over_the_allowed_tokens() {
     assert_eq!(s.sample_masked(&[1.0, 2.0], &[], &[0]), Err(SamplingError::NothingAllowed));
 }
 
+/// A short prompt for the random model, sampled hot and unfiltered (temperature 1.5, no top-k, top-p or min-p), so
+/// that the constraint, not the model, decides what can come next.
+pub(crate) fn hot_request(format: OutputFormat, seed: u64, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        prompt: vec![1, 40, 41, 42],
+        max_tokens,
+        sampling: SamplingParams {
+            temperature: 1.5,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed,
+            ..SamplingParams::DEFAULT
+        },
+        stop: Vec::new(),
+        ignore_eos: false,
+        format,
+        logit_bias: Default::default(),
+    }
+}
+
 /// Generates with the session at a high temperature: every text is a prefix of JSON, and every one that ended on
 /// its own (finish "stop") is a whole object.
 #[test]
@@ -128,22 +149,7 @@ fn session_output_is_json_on_a_random_model() {
     let cancel = std::sync::atomic::AtomicBool::new(false);
     let mut closed = 0;
     for seed in 0..24 {
-        let req = GenerateRequest {
-            prompt: vec![1, 40, 41, 42],
-            max_tokens: 160,
-            sampling: SamplingParams {
-                temperature: 1.5,
-                top_k: 0,
-                top_p: 1.0,
-                min_p: 0.0,
-                seed,
-                ..SamplingParams::DEFAULT
-            },
-            stop: Vec::new(),
-            ignore_eos: false,
-            format: OutputFormat::JsonObject,
-            logit_bias: Default::default(),
-        };
+        let req = hot_request(OutputFormat::JsonObject, seed, 160);
         let mut streamed = String::new();
         let g = session
             .generate(&req, &cancel, &mut |t| {
