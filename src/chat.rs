@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::sampling::{LogitBias, SamplingError, SamplingParams, random_seed};
 use crate::session::{GenerateError, GenerateRequest, Generation, Session, Timings};
+use crate::speculative::DraftParams;
 use crate::structured::OutputFormat;
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::chat::{ChatMessage, ChatTemplate, TemplateError};
@@ -289,6 +290,8 @@ pub struct Chat<'m> {
     pub stop: Vec<String>,
     /// Biases on chosen tokens' logits, for every reply.
     pub logit_bias: LogitBias,
+    /// Speculative decoding for every reply (the text is the same with or without it).
+    pub draft: DraftParams,
     pub on_full: OnFull,
     last: Option<TurnStats>,
     /// How many times the last reply has been regenerated (a fixed seed moves on by one each time).
@@ -311,6 +314,7 @@ impl<'m> Chat<'m> {
             settings,
             stop: Vec::new(),
             logit_bias: LogitBias::default(),
+            draft: DraftParams::OFF,
             on_full: OnFull::DropOldest,
             last: None,
             regenerations: 0,
@@ -474,6 +478,7 @@ impl<'m> Chat<'m> {
             ignore_eos: false,
             format: self.settings.format.clone(),
             logit_bias: self.logit_bias.clone(),
+            draft: self.draft,
             prompt,
         };
         let generation = self.session.generate(&req, cancel, on_text)?;

@@ -468,6 +468,7 @@ pub fn greedy(
         stop: Vec::new(),
         ignore_eos: false,
         format: crate::structured::OutputFormat::Text,
+        draft: crate::speculative::DraftParams::OFF,
         logit_bias: Default::default(),
     };
     let g = session.generate(&req, cancel, &mut |_| Ok(()))?;

@@ -17,6 +17,7 @@ pub mod registry;
 pub mod sampling;
 pub mod server;
 pub mod session;
+pub mod speculative;
 pub mod stop;
 pub mod structured;
 pub mod timeline;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::model::{ForwardError, ForwardScratch, KvDtype, KvPool, Logits, Model, SeqKv, SeqStep};
 use crate::sampling::{LogitBias, Sampler, SamplingError, SamplingParams};
+use crate::speculative::{DraftParams, DraftPolicy, DraftStats};
 use crate::stop::{StopError, StopMatcher, StopStep};
 use crate::structured::{JsonConstraint, OutputFormat, SortedVocab};
 use crate::tokenizer::Tokenizer;
@@ -32,6 +33,9 @@ pub struct GenerateRequest {
     pub format: OutputFormat,
     /// Biases on chosen tokens' logits (empty: none).
     pub logit_bias: LogitBias,
+    /// Guessing ahead by prompt lookup ([`crate::speculative`]); [`DraftParams::OFF`] decodes a token per pass.
+    /// The tokens are the same either way.
+    pub draft: DraftParams,
 }
 
 /// Why generation ended.
@@ -65,6 +69,8 @@ pub struct Timings {
     pub generate_time: Duration,
     /// From the call to the first generated token (prefill included): what a person waits before text appears.
     pub first_token: Option<Duration>,
+    /// Speculation's guesses and how many stood.
+    pub draft: DraftStats,
 }
 
 impl Timings {
@@ -126,6 +132,9 @@ pub struct Session<'m> {
     scratch: ForwardScratch,
     /// The vocabulary in byte order, built on the first request for JSON output.
     json_vocab: std::sync::OnceLock<std::sync::Arc<SortedVocab>>,
+    /// Most positions the cache can be taken back from its end: unlimited without sliding-window layers, which
+    /// otherwise free what falls out of their window. Bounds a speculative pass, whose rejected guesses are dropped.
+    rewind: usize,
 }
 
 /// Positions a sliding-window layer group holds: its window plus one prefill chunk.
@@ -162,6 +171,7 @@ impl<'m> Session<'m> {
             cached: Vec::new(),
             scratch: ForwardScratch::new(model),
             json_vocab: std::sync::OnceLock::new(),
+            rewind: if model.config.sliding_window.is_some() { rewind } else { usize::MAX },
         }
     }
 
@@ -245,7 +255,10 @@ impl<'m> Session<'m> {
         timings.prompt_tokens = todo.len();
         timings.prompt_time = start.elapsed();
 
-        // Decode.
+        // Decode. A pass feeds the token just sampled and, with speculation, the guesses that follow it; its logits
+        // rows are sampled in turn while the guesses stand (see `crate::speculative`). Before a pass, `rows` is the
+        // number of rows the last one produced and `row` the one sampled next; the cache holds every token fed,
+        // so the last `rows - row - 1` of them are guesses not yet confirmed.
         let start = Instant::now();
         // Sized up front so the decode loop itself does not allocate.
         let room = req.max_tokens.min(self.n_ctx).saturating_add(1);
@@ -260,6 +273,11 @@ impl<'m> Session<'m> {
         // The JSON object closed: a stop that still releases held text (none of it began a stop string).
         let mut completed = false;
         let mut json_closed = false;
+        let draft_max = req.draft.max.min(self.rewind);
+        let mut fed: Vec<u32> = Vec::with_capacity(draft_max + 1);
+        let mut policy = DraftPolicy::new(req.draft);
+        let mut pass_start: Option<Instant> = None;
+        let (mut rows, mut row) = (1, 0);
         loop {
             if tokens.len() >= req.max_tokens {
                 break;
@@ -268,7 +286,7 @@ impl<'m> Session<'m> {
                 finish = FinishReason::Cancelled;
                 break;
             }
-            let logits = self.scratch.logits(0, n_vocab);
+            let logits = &self.scratch.logits(0, n_vocab)[row * n_vocab..(row + 1) * n_vocab];
             let next = match &mut constraint {
                 None => sampler.sample(logits, &history)?,
                 Some(c) => {
@@ -289,6 +307,7 @@ impl<'m> Session<'m> {
             }
             tokens.push(next);
             history.push(next);
+            policy.sampled(next);
             piece.clear();
             decoder.push_into(next, &mut piece);
             match stop.push(&piece) {
@@ -311,16 +330,43 @@ impl<'m> Session<'m> {
             if tokens.len() >= req.max_tokens {
                 break;
             }
+            // The guess fed after this row's token was the one drawn: its logits are the next row.
+            let unconfirmed = rows - row - 1;
+            if unconfirmed > 0 && self.cached[self.cached.len() - unconfirmed] == next {
+                timings.draft.accepted += 1;
+                row += 1;
+                continue;
+            }
+            self.drop_guesses(unconfirmed);
             if self.cached.len() >= self.n_ctx {
                 context_full = true;
                 break;
             }
-            let step = [next];
-            let mut items = [SeqStep { tokens: &step, kv: &mut self.kv, logits: Logits::Last }];
+            // The policy learns what a pass costs from the time between pass starts (its rows' sampling included).
+            let now = Instant::now();
+            if let Some(t) = pass_start {
+                policy.timed(rows - 1, now.duration_since(t).as_secs_f64());
+            }
+            pass_start = Some(now);
+            // Guesses beyond the context, or beyond the tokens still wanted (the last row of a pass yields one
+            // token of its own), would be wasted.
+            let limit = (self.n_ctx - self.cached.len() - 1).min(req.max_tokens - tokens.len() - 1).min(draft_max);
+            fed.clear();
+            fed.push(next);
+            fed.extend_from_slice(policy.guesses(&history, limit));
+            let logits = if fed.len() > 1 { Logits::All } else { Logits::Last };
+            let mut items = [SeqStep { tokens: &fed, kv: &mut self.kv, logits }];
             self.model.forward(&mut items, &mut self.pool, &mut self.scratch)?;
-            crate::timeline::mark!("decoded a token");
-            self.cached.push(next);
+            crate::timeline::mark!("decoded {} tokens", fed.len());
+            self.cached.extend_from_slice(&fed);
+            if fed.len() > 1 {
+                timings.draft.drafted += fed.len() - 1;
+                timings.draft.passes += 1;
+            }
+            (rows, row) = (fed.len(), 0);
         }
+        // Guesses after the last token drawn are not part of the text.
+        self.drop_guesses(rows - row - 1);
         if finish != FinishReason::Stop || json_closed {
             // Flush what the decoder and the stop matcher still hold.
             let (tail, stopped) = stop.finish_with(&decoder.finish());
@@ -333,6 +379,17 @@ impl<'m> Session<'m> {
         timings.generated_tokens = tokens.len();
         timings.generate_time = start.elapsed();
         Ok(Generation { text, tokens, finish, context_full, timings })
+    }
+
+    /// Takes the last `n` tokens (guesses that did not stand) out of the cache.
+    fn drop_guesses(&mut self, n: usize) {
+        if n > 0 {
+            let keep = self.cached.len() - n;
+            // `rewind` bounds every pass's guesses, so the window a query at `keep` sees is still held.
+            debug_assert!(self.pool.can_truncate(&self.kv, keep));
+            self.pool.truncate(&mut self.kv, keep);
+            self.cached.truncate(keep);
+        }
     }
 
     fn finish_early(&mut self, finish: FinishReason, timings: Timings) -> Generation {

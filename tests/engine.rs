@@ -147,6 +147,7 @@ fn text_and_stop_strings_match_a_session() {
             ignore_eos: true,
             format: OutputFormat::Text,
             logit_bias: Default::default(),
+            draft: infer::speculative::DraftParams::OFF,
         };
         session.reset();
         session.generate(&req, &cancel, &mut |_| Ok(())).unwrap()

@@ -137,6 +137,7 @@ pub(crate) fn hot_request(format: OutputFormat, seed: u64, max_tokens: usize) ->
         ignore_eos: false,
         format,
         logit_bias: Default::default(),
+        draft: infer::speculative::DraftParams::OFF,
     }
 }
 

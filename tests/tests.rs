@@ -23,6 +23,7 @@ mod registry;
 mod run;
 mod sampling;
 mod serve;
+mod speculative;
 mod structured;
 mod synthetic;
 mod tokenizer;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use clap::{Args, ValueEnum};
 
 use crate::sampling::{BIAS_LIMIT, LogitBias, SamplingParams, random_seed};
+use crate::speculative::{DraftParams, MAX_DRAFT};
 use crate::stop::{StopError, StopMatcher, parse_stop};
 use crate::structured::{JsonSchema, OutputFormat};
 
@@ -145,6 +146,73 @@ impl LengthArgs {
 pub fn parse_n_predict(s: &str) -> Result<i64, String> {
     let n: i64 = s.trim().parse().map_err(|_| format!("'{s}' is not a whole number"))?;
     if n < -1 { Err("must be -1 (unlimited) or a count ≥ 0".into()) } else { Ok(n) }
+}
+
+// Speculative decoding. (Plain comment: see `SamplingArgs`.)
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct DraftArgs {
+    /// Guess the next tokens and check them in the pass that decodes the current one: `ngram` proposes what
+    /// followed the last few tokens where they occurred earlier in the prompt or the reply (prompt lookup). The
+    /// text is the same as without it, at any temperature; it comes faster when the reply repeats its input
+    /// (quoting, summaries, code edits), and guesses are fed only while they pay. `none` = off.
+    #[arg(
+        long = "spec-type",
+        value_enum,
+        value_name = "TYPE",
+        default_value = "ngram",
+        help_heading = "Speculative decoding"
+    )]
+    pub spec_type: SpecType,
+    /// Most guessed tokens per pass, 1 to 32.
+    #[arg(long = "draft-max", value_name = "N", default_value_t = 16, value_parser = parse_draft_len,
+          help_heading = "Speculative decoding")]
+    pub draft_max: usize,
+    /// Fewest guessed tokens worth a pass, 1 to 32: a shorter guess is not tried.
+    #[arg(long = "draft-min", value_name = "N", default_value_t = 1, value_parser = parse_draft_len,
+          help_heading = "Speculative decoding")]
+    pub draft_min: usize,
+    /// Longest run of recent tokens looked up in the text, 2 to 16 (shorter runs down to 2 are tried next).
+    #[arg(long = "spec-ngram-size", value_name = "N", default_value_t = 3, value_parser = parse_ngram_size,
+          help_heading = "Speculative decoding")]
+    pub ngram: usize,
+    /// Feed every guess, even where guessing has been slower than plain decoding (by default the guesses fed are
+    /// the number expected to pay, from measured times and acceptance rates): to measure what guessing costs.
+    #[arg(long = "draft-always", help_heading = "Speculative decoding")]
+    pub always: bool,
+}
+
+/// `--spec-type`'s choices.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecType {
+    None,
+    Ngram,
+}
+
+impl DraftArgs {
+    pub fn params(&self) -> DraftParams {
+        match self.spec_type {
+            SpecType::None => DraftParams::OFF,
+            SpecType::Ngram => DraftParams {
+                max: self.draft_max,
+                min: self.draft_min.min(self.draft_max),
+                ngram: self.ngram,
+                always: self.always,
+            },
+        }
+    }
+}
+
+fn parse_bounded(s: &str, lo: usize, hi: usize) -> Result<usize, String> {
+    let n: usize = s.trim().parse().map_err(|_| format!("'{s}' is not a whole number"))?;
+    if (lo..=hi).contains(&n) { Ok(n) } else { Err(format!("must be {lo} to {hi}")) }
+}
+
+fn parse_draft_len(s: &str) -> Result<usize, String> {
+    parse_bounded(s, 1, MAX_DRAFT)
+}
+
+fn parse_ngram_size(s: &str) -> Result<usize, String> {
+    parse_bounded(s, crate::speculative::MIN_NGRAM, 16)
 }
 
 // How many CPU threads the engine uses. (Plain comment: see `SamplingArgs`.)

@@ -19,7 +19,7 @@ use clap::{Args, ValueEnum};
 
 use crate::chat::{Chat, ChatError, ChatSettings, OnFull, Reply};
 use crate::cli::EngineArgs;
-use crate::cli::args::{FormatArgs, LengthArgs, SamplingArgs, StopArgs, ThreadArgs};
+use crate::cli::args::{DraftArgs, FormatArgs, LengthArgs, SamplingArgs, StopArgs, ThreadArgs};
 use crate::cli::output::{eprintln_lossy, print_flush, print_line};
 use crate::cli::run::{generation_json, timing_line};
 use crate::session::{FinishReason, GenerateError, Session};
@@ -59,6 +59,8 @@ pub struct ChatArgs {
     #[command(flatten)]
     pub stop: StopArgs,
     #[command(flatten)]
+    pub draft: DraftArgs,
+    #[command(flatten)]
     pub threads: ThreadArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
@@ -96,6 +98,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let mut chat = Chat::new(session, tokenizer, template, args.system.clone(), settings);
     chat.stop = args.stop.stop.clone();
     chat.logit_bias = args.sampling.logit_bias();
+    chat.draft = args.draft.params();
     chat.on_full = match args.on_full {
         OnFullArg::Drop => OnFull::DropOldest,
         OnFullArg::Error => OnFull::Error,

@@ -11,7 +11,7 @@ use clap::Args;
 use serde_json::{Value, json};
 
 use crate::cli::EngineArgs;
-use crate::cli::args::{FormatArgs, LengthArgs, SamplingArgs, StopArgs, ThreadArgs};
+use crate::cli::args::{DraftArgs, FormatArgs, LengthArgs, SamplingArgs, StopArgs, ThreadArgs};
 use crate::cli::input::{MAX_INPUT_BYTES, read_text, read_text_file};
 use crate::cli::output::{eprintln_lossy, print_flush};
 use crate::session::{FinishReason, GenerateRequest, Generation, Session, Timings};
@@ -53,6 +53,8 @@ pub struct RunArgs {
     pub format: FormatArgs,
     #[command(flatten)]
     pub stop: StopArgs,
+    #[command(flatten)]
+    pub draft: DraftArgs,
     #[command(flatten)]
     pub threads: ThreadArgs,
     #[command(flatten)]
@@ -114,6 +116,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         ignore_eos: args.ignore_eos,
         format: args.format.output_format(),
         logit_bias: args.sampling.logit_bias(),
+        draft: args.draft.params(),
     };
 
     let cancel = super::cancel_on_ctrl_c();
@@ -208,6 +211,8 @@ pub fn generation_json(result: &Generation, seed: u64, prompt_tokens: usize, loa
             "generation_ms": ms(t.generate_time),
             "generation_tokens_per_second": t.generate_tps(),
             "first_token_ms": t.first_token.map(ms),
+            "draft_tokens": t.draft.drafted,
+            "draft_accepted": t.draft.accepted,
         },
     })
 }
@@ -215,8 +220,14 @@ pub fn generation_json(result: &Generation, seed: u64, prompt_tokens: usize, loa
 /// The timing line for a person: `[ load … | prompt … | generation … | threads, ISA | seed … ]`.
 pub fn timing_line(load_time: Option<Duration>, t: &Timings, threads: usize, seed: u64) -> String {
     let load = load_time.map(|d| format!("load {:.0} ms | ", d.as_secs_f64() * 1e3)).unwrap_or_default();
+    let d = &t.draft;
+    let draft = if d.passes == 0 {
+        String::new()
+    } else {
+        format!(" | draft {}/{} accepted ({:.0}%)", d.accepted, d.drafted, 100.0 * d.acceptance())
+    };
     format!(
-        "[ {load}prompt {} tokens, {:.1} t/s | generation {} tokens, {:.1} t/s | {threads} threads, {} | seed {seed} ]",
+        "[ {load}prompt {} tokens, {:.1} t/s | generation {} tokens, {:.1} t/s{draft} | {threads} threads, {} | seed {seed} ]",
         t.prompt_tokens,
         t.prompt_tps(),
         t.generated_tokens,
