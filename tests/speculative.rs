@@ -174,9 +174,10 @@ fn smollm2_copies_faster_with_the_same_text() {
 fn bad_flags_are_refused_by_name() {
     for (flag, value, needle) in [
         ("--draft-max", "0", "--draft-max"),
-        ("--draft-max", "33", "1 to 32"),
+        ("--draft-max", "33", "from 1 to 32"),
+        ("--draft-max", "-2", "from 1 to 32"),
         ("--draft-min", "x", "--draft-min"),
-        ("--spec-ngram-size", "1", "2 to 16"),
+        ("--spec-ngram-size", "1", "from 2 to 16"),
     ] {
         let out = infer(&["run", "no-such-model.gguf", "-p", "hi", flag, value]);
         assert_clean_failure(&out, needle);

@@ -164,15 +164,15 @@ pub struct DraftArgs {
     )]
     pub spec_type: SpecType,
     /// Most guessed tokens per pass, 1 to 32.
-    #[arg(long = "draft-max", value_name = "N", default_value_t = 16, value_parser = parse_draft_len,
+    #[arg(long = "draft-max", value_name = "N", default_value_t = 16, value_parser = parse_draft_len, allow_negative_numbers = true,
           help_heading = "Speculative decoding")]
     pub draft_max: usize,
     /// Fewest guessed tokens worth a pass, 1 to 32: a shorter guess is not tried.
-    #[arg(long = "draft-min", value_name = "N", default_value_t = 1, value_parser = parse_draft_len,
+    #[arg(long = "draft-min", value_name = "N", default_value_t = 1, value_parser = parse_draft_len, allow_negative_numbers = true,
           help_heading = "Speculative decoding")]
     pub draft_min: usize,
     /// Longest run of recent tokens looked up in the text, 2 to 16 (shorter runs down to 2 are tried next).
-    #[arg(long = "spec-ngram-size", value_name = "N", default_value_t = 3, value_parser = parse_ngram_size,
+    #[arg(long = "spec-ngram-size", value_name = "N", default_value_t = 3, value_parser = parse_ngram_size, allow_negative_numbers = true,
           help_heading = "Speculative decoding")]
     pub ngram: usize,
     /// Feed every guess, even where guessing has been slower than plain decoding (by default the guesses fed are
@@ -202,9 +202,11 @@ impl DraftArgs {
     }
 }
 
-fn parse_bounded(s: &str, lo: usize, hi: usize) -> Result<usize, String> {
-    let n: usize = s.trim().parse().map_err(|_| format!("'{s}' is not a whole number"))?;
-    if (lo..=hi).contains(&n) { Ok(n) } else { Err(format!("must be {lo} to {hi}")) }
+/// A count in `lo..=hi`.
+fn parse_bounded(text: &str, lo: usize, hi: usize) -> Result<usize, String> {
+    let range = || format!("must be a whole number from {lo} to {hi}");
+    let n = parse_count(text).map_err(|_| range())?;
+    if (lo..=hi).contains(&n) { Ok(n) } else { Err(range()) }
 }
 
 fn parse_draft_len(s: &str) -> Result<usize, String> {
@@ -322,6 +324,14 @@ pub fn parse_seed(text: &str) -> Result<u64, String> {
 }
 
 /// `--threads`: a whole number ≥ 1.
+/// A count of at least 1.
+pub fn parse_positive(text: &str) -> Result<usize, String> {
+    match parse_count(text) {
+        Ok(0) => Err("must be at least 1".into()),
+        other => other,
+    }
+}
+
 pub fn parse_threads(text: &str) -> Result<NonZeroUsize, String> {
     let count =
         parse_count(text).map_err(|_| format!("'{text}' is not a thread count: expected a whole number >= 1"))?;

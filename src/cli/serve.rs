@@ -13,7 +13,7 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::cli::EngineArgs;
-use crate::cli::args::{ThreadArgs, parse_count};
+use crate::cli::args::{ThreadArgs, parse_count, parse_positive};
 use crate::engine::{Engine, EngineConfig, KvBudget};
 use crate::server::{AppState, LogFormat, ServerConfig, log};
 
@@ -70,13 +70,6 @@ pub struct ServeArgs {
     pub threads: ThreadArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
-}
-
-fn parse_positive(text: &str) -> Result<usize, String> {
-    match parse_count(text) {
-        Ok(0) => Err("must be at least 1".into()),
-        other => other,
-    }
 }
 
 /// `1073741824`, `512M`, `1G`, `1.5GiB`: a byte count with an optional binary suffix.

@@ -32,7 +32,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::cli::args::parse_count;
+use crate::cli::args::{parse_count, parse_positive};
 use crate::cli::output::{eprintln_lossy, print_line};
 
 use super::report::md_table;
@@ -94,13 +94,6 @@ pub struct LoadArgs {
     /// A name for the server in the report (e.g. infer, llama-server).
     #[arg(long, value_name = "NAME", requires = "url", help_heading = "Serving benchmark")]
     pub label: Option<String>,
-}
-
-fn parse_positive(text: &str) -> Result<usize, String> {
-    match parse_count(text) {
-        Ok(0) => Err("must be at least 1".into()),
-        other => other,
-    }
 }
 
 fn parse_rate(text: &str) -> Result<f64, String> {
