@@ -1,5 +1,5 @@
 //! A whole generation on a tiny fuzzer-built model: prefill, decode, sampling, the streaming detokenizer and stop
-//! strings, JSON output, with fuzzed weights (NaN and infinite scales included), prompt token ids (some out of range)
+//! strings, JSON output, speculative decoding (every proposal fed), with fuzzed weights (NaN and infinite scales included), prompt token ids (some out of range)
 //! and sampling parameters. Errors are fine; a panic is not.
 #![no_main]
 
@@ -11,6 +11,7 @@ use infer::gguf::GgufFile;
 use infer::model::{KvDtype, Model};
 use infer::sampling::{LogitBias, SamplingParams};
 use infer::session::{GenerateRequest, Session};
+use infer::speculative::DraftParams;
 use infer::structured::OutputFormat;
 use infer::tokenizer::Tokenizer;
 use infer_fuzz::FuzzModel;
@@ -36,6 +37,8 @@ struct Input {
     stop: Vec<String>,
     turns: u8,
     json: bool,
+    /// Most guesses per pass (`% 9`; 0 = off).
+    draft: u8,
 }
 
 fuzz_target!(|input: Input| {
@@ -70,6 +73,7 @@ fuzz_target!(|input: Input| {
             ignore_eos: input.seed % 2 == 0,
             format: if input.json { OutputFormat::JsonObject } else { OutputFormat::Text },
             logit_bias: logit_bias.clone(),
+            draft: DraftParams { always: true, ..DraftParams::lookup(input.draft as usize % 9) },
         };
         let mut streamed = String::new();
         match session.generate(&req, &cancel, &mut |t| {
