@@ -132,6 +132,9 @@ pub struct Session<'m> {
     scratch: ForwardScratch,
     /// The vocabulary in byte order, built on the first request for JSON output.
     json_vocab: std::sync::OnceLock<std::sync::Arc<SortedVocab>>,
+    /// How many guesses pay ([`crate::speculative`]): kept across calls, so a chat's later turns start from what
+    /// the earlier ones measured (the same model and threads) instead of timing a plain pass first.
+    draft_policy: DraftPolicy,
     /// Most positions the cache can be taken back from its end: unlimited without sliding-window layers, which
     /// otherwise free what falls out of their window. Bounds a speculative pass, whose rejected guesses are dropped.
     rewind: usize,
@@ -171,6 +174,7 @@ impl<'m> Session<'m> {
             cached: Vec::new(),
             scratch: ForwardScratch::new(model),
             json_vocab: std::sync::OnceLock::new(),
+            draft_policy: DraftPolicy::new(DraftParams::OFF),
             rewind: if model.config.sliding_window.is_some() { rewind } else { usize::MAX },
         }
     }
@@ -275,7 +279,12 @@ impl<'m> Session<'m> {
         let mut json_closed = false;
         let draft_max = req.draft.max.min(self.rewind);
         let mut fed: Vec<u32> = Vec::with_capacity(draft_max + 1);
-        let mut policy = DraftPolicy::new(req.draft);
+        if self.draft_policy.params() != &req.draft {
+            self.draft_policy = DraftPolicy::new(req.draft);
+        }
+        // Taken out for the loop (which also calls `&mut self` methods) and put back after it.
+        let mut policy = std::mem::replace(&mut self.draft_policy, DraftPolicy::new(DraftParams::OFF));
+        policy.restart();
         let mut pass_start: Option<Instant> = None;
         let (mut rows, mut row) = (1, 0);
         loop {
@@ -367,6 +376,7 @@ impl<'m> Session<'m> {
         }
         // Guesses after the last token drawn are not part of the text.
         self.drop_guesses(rows - row - 1);
+        self.draft_policy = policy;
         if finish != FinishReason::Stop || json_closed {
             // Flush what the decoder and the stop matcher still hold.
             let (tail, stopped) = stop.finish_with(&decoder.finish());

@@ -167,6 +167,16 @@ impl DraftPolicy {
         }
     }
 
+    pub fn params(&self) -> &DraftParams {
+        &self.params
+    }
+
+    /// Forgets the last proposal (a new generation's text), keeping what was measured.
+    pub fn restart(&mut self) {
+        self.proposal.clear();
+        self.checked = 0;
+    }
+
     /// The guesses to feed after the token just sampled (`text` ends with it): a prefix of the proposal for
     /// `text`, at most `limit` long, possibly empty.
     pub fn guesses(&mut self, text: &[u32], limit: usize) -> &[u32] {

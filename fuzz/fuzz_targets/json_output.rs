@@ -30,8 +30,8 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     if m.is_complete() {
-        let v: serde_json::Value = serde_json::from_slice(&kept)
-            .unwrap_or_else(|e| panic!("{e}: {:?}", String::from_utf8_lossy(&kept)));
+        let v: serde_json::Value =
+            serde_json::from_slice(&kept).unwrap_or_else(|e| panic!("{e}: {:?}", String::from_utf8_lossy(&kept)));
         assert!(v.is_object());
         assert!((0..=255u8).all(|b| !m.can_take(b)), "a byte after the closed object");
     }
