@@ -323,7 +323,6 @@ pub fn parse_seed(text: &str) -> Result<u64, String> {
     })
 }
 
-/// `--threads`: a whole number ≥ 1.
 /// A count of at least 1.
 pub fn parse_positive(text: &str) -> Result<usize, String> {
     match parse_count(text) {
@@ -332,6 +331,7 @@ pub fn parse_positive(text: &str) -> Result<usize, String> {
     }
 }
 
+/// `--threads`: a whole number ≥ 1.
 pub fn parse_threads(text: &str) -> Result<NonZeroUsize, String> {
     let count =
         parse_count(text).map_err(|_| format!("'{text}' is not a thread count: expected a whole number >= 1"))?;
