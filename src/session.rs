@@ -282,9 +282,7 @@ impl<'m> Session<'m> {
         if self.draft_policy.params() != &req.draft {
             self.draft_policy = DraftPolicy::new(req.draft);
         }
-        // Taken out for the loop (which also calls `&mut self` methods) and put back after it.
-        let mut policy = std::mem::replace(&mut self.draft_policy, DraftPolicy::new(DraftParams::OFF));
-        policy.restart();
+        self.draft_policy.restart();
         let mut pass_start: Option<Instant> = None;
         let (mut rows, mut row) = (1, 0);
         loop {
@@ -316,7 +314,7 @@ impl<'m> Session<'m> {
             }
             tokens.push(next);
             history.push(next);
-            policy.sampled(next);
+            self.draft_policy.sampled(next);
             piece.clear();
             decoder.push_into(next, &mut piece);
             match stop.push(&piece) {
@@ -354,7 +352,7 @@ impl<'m> Session<'m> {
             // The policy learns what a pass costs from the time between pass starts (its rows' sampling included).
             let now = Instant::now();
             if let Some(t) = pass_start {
-                policy.timed(rows - 1, now.duration_since(t).as_secs_f64());
+                self.draft_policy.timed(rows - 1, now.duration_since(t).as_secs_f64());
             }
             pass_start = Some(now);
             // Guesses beyond the context, or beyond the tokens still wanted (the last row of a pass yields one
@@ -362,7 +360,7 @@ impl<'m> Session<'m> {
             let limit = (self.n_ctx - self.cached.len() - 1).min(req.max_tokens - tokens.len() - 1).min(draft_max);
             fed.clear();
             fed.push(next);
-            fed.extend_from_slice(policy.guesses(&history, limit));
+            fed.extend_from_slice(self.draft_policy.guesses(&history, limit));
             let logits = if fed.len() > 1 { Logits::All } else { Logits::Last };
             let mut items = [SeqStep { tokens: &fed, kv: &mut self.kv, logits }];
             self.model.forward(&mut items, &mut self.pool, &mut self.scratch)?;
@@ -376,7 +374,6 @@ impl<'m> Session<'m> {
         }
         // Guesses after the last token drawn are not part of the text.
         self.drop_guesses(rows - row - 1);
-        self.draft_policy = policy;
         if finish != FinishReason::Stop || json_closed {
             // Flush what the decoder and the stop matcher still hold.
             let (tail, stopped) = stop.finish_with(&decoder.finish());

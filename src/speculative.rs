@@ -26,10 +26,8 @@
 //! relative, `model::real_model_prefill_equals_decode`). Only a near-tie between two tokens could turn on that;
 //! every comparison made so far gave the same tokens (`tests/speculative.rs`, `scripts/spec-speed.py`).
 
-use serde::{Deserialize, Serialize};
-
 /// How the session guesses ahead. `max == 0` turns speculation off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DraftParams {
     /// Most tokens proposed per pass.
     pub max: usize,
@@ -54,12 +52,6 @@ impl DraftParams {
 
     pub fn is_off(&self) -> bool {
         self.max == 0
-    }
-}
-
-impl Default for DraftParams {
-    fn default() -> Self {
-        DraftParams::OFF
     }
 }
 
