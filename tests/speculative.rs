@@ -13,6 +13,7 @@ use infer::structured::OutputFormat;
 
 use crate::common::{assert_clean_failure, infer, real_model};
 use crate::engine::load;
+use crate::structured::hot_sampling;
 use crate::synthetic::{Rng, Spec};
 
 /// Every proposal fed in full, so that the test sees guesses stand and fail whatever the timings.
@@ -101,15 +102,7 @@ fn stops_limits_and_json_inside_a_pass() {
                         max_tokens,
                         stop: stop.clone(),
                         format: format.clone(),
-                        sampling: SamplingParams {
-                            temperature: 1.5,
-                            top_k: 0,
-                            top_p: 1.0,
-                            min_p: 0.0,
-                            seed: 2,
-                            ..SamplingParams::GREEDY
-                        },
-                        ..request(prompt.clone(), SamplingParams::GREEDY, draft)
+                        ..request(prompt.clone(), hot_sampling(2), draft)
                     };
                     let mut s = Session::new(&model, &tok, 256, KvDtype::F16);
                     let g = generate(&mut s, &req);

@@ -119,20 +119,18 @@ fn masked_sampling_is_plain_sampling_over_the_allowed_tokens() {
     assert_eq!(s.sample_masked(&[1.0, 2.0], &[], &[0]), Err(SamplingError::NothingAllowed));
 }
 
+/// Temperature 1.5 with no top-k, top-p or min-p: on a random model, every allowed token has a fair chance.
+pub(crate) fn hot_sampling(seed: u64) -> SamplingParams {
+    SamplingParams { temperature: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0, seed, ..SamplingParams::DEFAULT }
+}
+
 /// A short prompt for the random model, sampled hot and unfiltered (temperature 1.5, no top-k, top-p or min-p), so
 /// that the constraint, not the model, decides what can come next.
 pub(crate) fn hot_request(format: OutputFormat, seed: u64, max_tokens: usize) -> GenerateRequest {
     GenerateRequest {
         prompt: vec![1, 40, 41, 42],
         max_tokens,
-        sampling: SamplingParams {
-            temperature: 1.5,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            seed,
-            ..SamplingParams::DEFAULT
-        },
+        sampling: hot_sampling(seed),
         stop: Vec::new(),
         ignore_eos: false,
         format,
