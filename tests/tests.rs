@@ -8,6 +8,7 @@ mod bench;
 mod catalogue;
 mod chat;
 mod common;
+mod doctor;
 mod engine;
 mod families;
 mod faults;

@@ -105,16 +105,6 @@ pub fn file_type_name(ft: u64) -> Option<&'static str> {
     })
 }
 
-/// "134.5M", "1.2B": parameter counts as people write them.
-pub fn human_count(n: u64) -> String {
-    match n {
-        n if n >= 1_000_000_000 => format!("{:.2}B", n as f64 / 1e9),
-        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
-        n if n >= 1_000 => format!("{:.1}K", n as f64 / 1e3),
-        n => n.to_string(),
-    }
-}
-
 /// "97.9 MiB": byte sizes (the library's own spelling, which its memory errors use too).
 pub fn human_bytes(n: u64) -> String {
     crate::memory::bytes(n)
@@ -129,7 +119,7 @@ fn print_report(file: &GgufFile, s: &ModelSummary, full: bool) -> anyhow::Result
     if !s.name.is_empty() {
         writeln!(out, "name:          {}", s.name)?;
     }
-    writeln!(out, "parameters:    {} ({})", human_count(s.parameters), s.parameters)?;
+    writeln!(out, "parameters:    {} ({})", crate::memory::count(s.parameters), s.parameters)?;
     writeln!(out, "file type:     {}", s.file_type)?;
     writeln!(out, "size:          {} ({} bytes)", human_bytes(file.file_len()), file.file_len())?;
     match s.context_length {

@@ -11,6 +11,7 @@ pub mod args;
 pub mod bench;
 pub mod chat;
 pub mod compare;
+pub mod doctor;
 pub mod info;
 pub mod input;
 pub mod list;
@@ -59,6 +60,8 @@ pub enum Command {
     Compare(compare::CompareArgs),
     /// Perplexity of a model on a text, by llama-perplexity's method.
     Perplexity(perplexity::PerplexityArgs),
+    /// Check a model file before trusting it: tokenizer, special tokens, chat template, a short run.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Runs one parsed command line.
@@ -76,6 +79,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Quantize(args) => quantize::run(args),
         Command::Compare(args) => compare::run(args),
         Command::Perplexity(args) => perplexity::run(args),
+        Command::Doctor(args) => doctor::run(args),
     }
 }
 
@@ -225,16 +229,22 @@ pub fn chat_template(
     model: &crate::model::Model,
     arg: Option<&str>,
 ) -> anyhow::Result<crate::tokenizer::chat::ChatTemplate> {
-    use crate::tokenizer::chat::ChatTemplate;
     use anyhow::Context;
-    // A file's contents become the template source.
-    let source = match arg {
+    let source = chat_template_source(arg)?;
+    crate::tokenizer::chat::ChatTemplate::from_gguf(model.file(), source.as_deref())
+        .context("loading the chat template")
+}
+
+/// The template source a `--chat-template` argument stands for: a file's contents, else the argument itself (a
+/// built-in's name or template text).
+pub fn chat_template_source(arg: Option<&str>) -> anyhow::Result<Option<String>> {
+    use crate::tokenizer::chat::ChatTemplate;
+    Ok(match arg {
         Some(t) if std::path::Path::new(t).is_file() => Some(ChatTemplate::read_file(std::path::Path::new(t))?),
         Some(t) if t.contains('/') || t.ends_with(".jinja") => anyhow::bail!("no such chat template file: {t}"),
         Some(t) => Some(t.to_string()),
         None => None,
-    };
-    ChatTemplate::from_gguf(model.file(), source.as_deref()).context("loading the chat template")
+    })
 }
 
 /// A note for stderr when `template` is a built-in stand-in for a file that has no chat template of its own (no

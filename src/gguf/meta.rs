@@ -366,6 +366,15 @@ impl Metadata {
         true
     }
 
+    /// Removes a key (the others keep their order); returns its value if it was there.
+    pub fn remove(&mut self, key: &str) -> Option<MetaValue> {
+        let i = self.index.remove(key).filter(|&i| i < self.entries.len())?;
+        let (_, value) = self.entries.remove(i);
+        // Positions after `i` moved down by one: the index is rebuilt (removal is rare, files have few keys).
+        self.index = self.entries.iter().enumerate().map(|(j, (k, _))| (k.clone(), j)).collect();
+        Some(value)
+    }
+
     /// Sets a key, replacing any earlier value in place.
     pub fn set(&mut self, key: &str, value: MetaValue) {
         match self.index.get(key) {

@@ -40,6 +40,12 @@ impl GgufWriter {
         self
     }
 
+    /// Removes a metadata key, if present.
+    pub fn remove(&mut self, key: &str) -> &mut Self {
+        self.metadata.remove(key);
+        self
+    }
+
     pub fn set_str(&mut self, key: &str, value: &str) -> &mut Self {
         self.set(key, MetaValue::String(value.to_string()))
     }
@@ -420,6 +426,19 @@ mod tests {
     use super::*;
 
     /// Tensors written in parts and out of order come out as the in-memory writer lays them out, padding included.
+    #[test]
+    fn removing_a_key_keeps_the_others_in_order_and_findable() {
+        let mut w = GgufWriter::new();
+        w.set_u32("a", 1).set_u32("b", 2).set_u32("c", 3).remove("b").remove("b");
+        let md = w.metadata();
+        let keys: Vec<&str> = md.iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, ["a", "c"]);
+        assert_eq!(md.get_u32("c").ok(), Some(3));
+        w.set_u32("c", 4);
+        assert_eq!(w.metadata().get_u32("c").ok(), Some(4));
+        assert_eq!(w.metadata().len(), 2);
+    }
+
     #[test]
     fn parts_out_of_order_give_the_in_memory_writers_bytes() {
         let shapes: [(&str, u64); 3] = [("a", 5), ("b", 12), ("c", 3)];

@@ -1,0 +1,167 @@
+//! Chat-template checks: it renders a sample conversation, keeps every message, opens the reply when asked to, and
+//! ends a finished reply with a token that ends generation.
+
+use super::{Check, Status};
+use crate::gguf::Metadata;
+use crate::tokenizer::{ChatMessage, ChatTemplate, TokenType, Tokenizer};
+
+/// The checks and the rendered sample conversation.
+pub struct TemplateChecks {
+    pub checks: Vec<Check>,
+    pub sample: Option<String>,
+}
+
+const SYSTEM: &str = "You are a concise assistant.";
+const USER_1: &str = "What is the capital of France?";
+const REPLY: &str = "Paris is the capital of France.";
+const USER_2: &str = "And of Italy?";
+
+fn sample(with_system: bool) -> Vec<ChatMessage> {
+    let mut m = Vec::new();
+    if with_system {
+        m.push(ChatMessage::new("system", SYSTEM));
+    }
+    m.push(ChatMessage::new("user", USER_1));
+    m.push(ChatMessage::new("assistant", REPLY));
+    m.push(ChatMessage::new("user", USER_2));
+    m
+}
+
+/// The chat-template checks; `override_source` is template source (or a built-in's name) to check in place of the
+/// file's own.
+pub fn check_all(md: &Metadata, tok: &Tokenizer, override_source: Option<&str>) -> TemplateChecks {
+    let template = match ChatTemplate::from_metadata(md, override_source) {
+        Ok(t) => t,
+        Err(e) => {
+            return TemplateChecks {
+                checks: vec![
+                    Check::fail("chat template", format!("does not load: {e}")),
+                    Check::skip("end of turn", "needs the chat template"),
+                ],
+                sample: None,
+            };
+        }
+    };
+    let own = template.name() == crate::tokenizer::keys::CHAT_TEMPLATE;
+    let origin = if own {
+        "the file's own".to_string()
+    } else if override_source.is_some() {
+        format!("'{}' (given)", template.name())
+    } else {
+        format!("built-in '{}' (the file has none)", template.name())
+    };
+
+    let mut details = Vec::new();
+    let mut status = Status::Ok;
+    if !own && override_source.is_none() {
+        status = Status::Warn;
+        details.push(
+            "a file without a chat template is usually a base model, which may not follow a chat format; \
+             `chat` and `serve` use the stand-in, --chat-template picks another"
+                .into(),
+        );
+    }
+    // With a system message first; templates that refuse one (some raise an error) are tried without.
+    let (messages, rendered) = match template.render(&sample(true), true) {
+        Ok(r) => (sample(true), r),
+        Err(with_system) => match template.render(&sample(false), true) {
+            Ok(r) => {
+                status = status.max(Status::Warn);
+                details.push(format!(
+                    "refuses a system message ({with_system}): `chat --system` and API requests with one will fail"
+                ));
+                (sample(false), r)
+            }
+            Err(e) => {
+                return TemplateChecks {
+                    checks: vec![
+                        Check::fail("chat template", format!("{origin}: does not render a conversation: {e}")),
+                        Check::skip("end of turn", "needs a template that renders"),
+                    ],
+                    sample: None,
+                };
+            }
+        },
+    };
+    for m in &messages {
+        if !rendered.contains(m.content.as_str()) {
+            status = status.max(Status::Warn);
+            details.push(format!("drops the {} message {:?} from the prompt", m.role, m.content));
+        }
+    }
+    match template.render(&messages, false) {
+        Ok(closed) if closed == rendered => {
+            status = status.max(Status::Warn);
+            details.push(
+                "ignores add_generation_prompt: the prompt does not open the assistant's turn, so the model may \
+                 go on writing the user's"
+                    .into(),
+            );
+        }
+        Ok(_) => {}
+        Err(e) => {
+            status = status.max(Status::Warn);
+            details.push(format!("fails without a generation prompt: {e}"));
+        }
+    }
+    let n_tokens = tok.encode_prompt(&rendered).len();
+    let summary = format!("{origin}: renders a {}-message conversation ({n_tokens} tokens)", messages.len());
+    TemplateChecks {
+        checks: vec![Check::new("chat template", status, summary).with_details(details), end_of_turn(&template, tok)],
+        sample: Some(rendered),
+    }
+}
+
+/// What the template writes after a finished reply, and whether its first special token ends generation. When it
+/// does not, a model that ends its turn the way the template taught it keeps writing (mistral.rs #1012, #1147).
+fn end_of_turn(template: &ChatTemplate, tok: &Tokenizer) -> Check {
+    let name = "end of turn";
+    let messages = [ChatMessage::new("user", USER_1), ChatMessage::new("assistant", REPLY)];
+    let rendered = match template.render(&messages, false) {
+        Ok(r) => r,
+        Err(e) => {
+            return Check::warn(name, format!("cannot tell: a conversation ending in a reply does not render: {e}"));
+        }
+    };
+    let Some(at) = rendered.rfind(REPLY) else {
+        return Check::warn(name, "cannot tell: the rendered reply is not in the prompt");
+    };
+    let tail = &rendered[at + REPLY.len()..];
+    let ids = tok.encode(tail, false, true);
+    let special = ids
+        .iter()
+        .copied()
+        .find(|&id| matches!(tok.token_type(id), Some(TokenType::Control | TokenType::UserDefined)) || tok.is_eog(id));
+    let what = super::vocab::describe;
+    match special {
+        Some(id) if tok.is_eog(id) => {
+            Check::ok(name, format!("a reply ends with {}, which ends generation", what(tok, id)))
+        }
+        Some(id) => {
+            let text = tok.token_text(id).unwrap_or("?");
+            Check::fail(name, format!("a reply ends with {}, which does not end generation", what(tok, id)))
+                .with_details(vec![format!(
+                    "the model ends its turns with this token, and generation goes on past it into text of its own \
+                 making; until the file is fixed, pass --stop {text:?}"
+                )])
+        }
+        None if tail.trim().is_empty() => match tok.eos() {
+            Some(eos) => Check::ok(
+                name,
+                format!("the template writes nothing after a reply; the model ends it with EOS {}", what(tok, eos)),
+            ),
+            None => {
+                Check::fail(name, "the template writes nothing after a reply and there is no EOS: nothing ends one")
+            }
+        },
+        None => {
+            Check::warn(name, format!("a reply ends with plain text {tail:?}, not a special token")).with_details(vec![
+                format!(
+                    "generation ends only at an end-of-generation token; if the model writes this text instead, \
+                 pass --stop {:?}",
+                    tail.trim()
+                ),
+            ])
+        }
+    }
+}
