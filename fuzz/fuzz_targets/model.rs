@@ -26,9 +26,14 @@ fuzz_target!(|m: FuzzModel| {
         assert!(ids.iter().all(|&i| (i as usize) < tok.n_vocab()));
         let _ = model.config.n_vocab;
     }
+    let limits = infer::tokenizer::chat::RenderLimits { memory: 16 << 20, time: std::time::Duration::from_millis(500) };
     if let Ok(t) = ChatTemplate::from_gguf(&file, None) {
-        let limits =
-            infer::tokenizer::chat::RenderLimits { memory: 16 << 20, time: std::time::Duration::from_millis(500) };
         let _ = t.with_limits(limits).render(&[ChatMessage::new("user", "hi")], true);
     }
+    // `infer doctor` on the same file, metadata checks only (the `forward` target runs models): a report, never a
+    // panic. Its template renders get a quarter of the limits each (it renders up to five times).
+    let quarter = infer::tokenizer::chat::RenderLimits { memory: limits.memory, time: limits.time / 4 };
+    let opts = infer::doctor::Options { render_limits: Some(quarter), ..Default::default() };
+    let report = infer::doctor::examine(&file, &opts, &std::sync::atomic::AtomicBool::new(false));
+    assert!(!report.checks.is_empty());
 });

@@ -60,6 +60,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
             &path,
             "tokenizer_config.json",
         )?,
+        render_limits: None,
     };
     let file = std::sync::Arc::new(GgufFile::open(&path).with_context(|| format!("reading {}", path.display()))?);
     let cancel = crate::cli::cancel_on_ctrl_c();

@@ -28,6 +28,7 @@ use serde::Serialize;
 use crate::gguf::GgufFile;
 use crate::model::{KvDtype, Model};
 use crate::tokenizer::Tokenizer;
+use crate::tokenizer::chat::RenderLimits;
 
 /// The verdict of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -103,6 +104,8 @@ pub struct Options {
     pub tokenizer_json: Option<PathBuf>,
     /// Hugging Face `tokenizer_config.json` to compare with.
     pub tokenizer_config: Option<PathBuf>,
+    /// Limits for each chat-template render ([`RenderLimits::DEFAULT`] when `None`); the fuzzer sets small ones.
+    pub render_limits: Option<RenderLimits>,
 }
 
 /// Everything the doctor found.
@@ -145,7 +148,8 @@ pub fn examine(file: &Arc<GgufFile>, opts: &Options, cancel: &AtomicBool) -> Rep
     match &tokenizer {
         Some(tok) => {
             checks.extend(vocab::check_all(file.metadata(), tok));
-            let t = template::check_all(file.metadata(), tok, opts.template_override.as_deref());
+            let limits = opts.render_limits.unwrap_or(RenderLimits::DEFAULT);
+            let t = template::check_all(file.metadata(), tok, opts.template_override.as_deref(), limits);
             sample = t.sample;
             checks.extend(t.checks);
             checks.extend(hf_files::check_all(opts, file.metadata(), tok));

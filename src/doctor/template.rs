@@ -3,6 +3,7 @@
 
 use super::{Check, Status};
 use crate::gguf::Metadata;
+use crate::tokenizer::chat::RenderLimits;
 use crate::tokenizer::{ChatMessage, ChatTemplate, TokenType, Tokenizer};
 
 /// The checks and the rendered sample conversation.
@@ -29,9 +30,14 @@ fn sample(with_system: bool) -> Vec<ChatMessage> {
 
 /// The chat-template checks; `override_source` is template source (or a built-in's name) to check in place of the
 /// file's own.
-pub fn check_all(md: &Metadata, tok: &Tokenizer, override_source: Option<&str>) -> TemplateChecks {
+pub fn check_all(
+    md: &Metadata,
+    tok: &Tokenizer,
+    override_source: Option<&str>,
+    limits: RenderLimits,
+) -> TemplateChecks {
     let template = match ChatTemplate::from_metadata(md, override_source) {
-        Ok(t) => t,
+        Ok(t) => t.with_limits(limits),
         Err(e) => {
             return TemplateChecks {
                 checks: vec![
