@@ -274,9 +274,8 @@ impl<'m> Session<'m> {
         let mut decoder = self.tokenizer.stream_decoder(true);
         let mut finish = FinishReason::Length;
         let mut context_full = false;
-        // The JSON object closed: a stop that still releases held text (none of it began a stop string).
+        // The JSON object closed: generation stops (held text is still released below).
         let mut completed = false;
-        let mut json_closed = false;
         let draft_max = req.draft.max.min(self.rewind);
         let mut fed: Vec<u32> = Vec::with_capacity(draft_max + 1);
         if self.draft_policy.params() != &req.draft {
@@ -308,7 +307,7 @@ impl<'m> Session<'m> {
                 crate::timeline::mark!("first token sampled");
                 timings.first_token = Some(began.elapsed());
             }
-            if !req.ignore_eos && self.tokenizer.is_eog(next) {
+            if (!req.ignore_eos && self.tokenizer.is_eog(next)) || stop.names_control_token(self.tokenizer, next) {
                 finish = FinishReason::Stop;
                 break;
             }
@@ -331,7 +330,6 @@ impl<'m> Session<'m> {
             }
             if completed {
                 finish = FinishReason::Stop;
-                json_closed = true;
                 break;
             }
             if tokens.len() >= req.max_tokens {
@@ -374,8 +372,9 @@ impl<'m> Session<'m> {
         }
         // Guesses after the last token drawn are not part of the text.
         self.drop_guesses(rows - row - 1);
-        if finish != FinishReason::Stop || json_closed {
-            // Flush what the decoder and the stop matcher still hold.
+        if stop.stopped().is_none() {
+            // Flush what the decoder and the stop matcher still hold: unless a stop string ended the text, that is
+            // text (held back in case it began a stop string, which an end-of-generation token then ruled out).
             let (tail, stopped) = stop.finish_with(&decoder.finish());
             if stopped {
                 finish = FinishReason::Stop;

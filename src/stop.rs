@@ -115,6 +115,15 @@ impl StopMatcher {
         &self.stops
     }
 
+    /// Whether token `id` is a control token that one of the stop strings spells. Control tokens decode to nothing,
+    /// so a stop string naming one (`--stop "<|im_start|>"`, for a template whose turns end in a token that does
+    /// not end generation) could never match the text: it is matched against the token instead.
+    pub fn names_control_token(&self, tokenizer: &crate::tokenizer::Tokenizer, id: u32) -> bool {
+        !self.stops.is_empty()
+            && tokenizer.token_type(id) == Some(crate::tokenizer::TokenType::Control)
+            && tokenizer.token_text(id).is_some_and(|t| self.stops.iter().any(|s| s == t))
+    }
+
     /// The index of the stop string that ended generation, if one has.
     pub fn stopped(&self) -> Option<usize> {
         self.stopped

@@ -418,3 +418,56 @@ fn smollm2_greedy_tokens_are_the_same_alone_batched_shared_and_preempted() {
     assert!(preemptions > 0, "a {blocks}-block pool should preempt");
     assert_same(&format!("SmolLM2, {blocks}-block pool"), &want, &got);
 }
+
+/// Text held back because it might begin a stop string is released when an end-of-generation token ends the reply
+/// (it was dropped: SmolLM2's final "." vanished with `--stop ".QQQ"`), and a stop string that spells a control
+/// token stops at that token (control tokens decode to nothing, so the text could never match it). The session and
+/// the engine agree on both.
+#[test]
+fn smollm2_held_text_survives_the_reply_s_end_and_a_stop_string_can_name_a_control_token() {
+    let Some(path) = crate::common::real_model("smollm2") else { return };
+    let model = Model::from_file(Arc::new(GgufFile::open(&path).unwrap())).unwrap();
+    let tok = Tokenizer::from_gguf(model.file()).unwrap();
+    let prompt = tok.encode_prompt("<|im_start|>user\nSay hello in five words.<|im_end|>\n<|im_start|>assistant\n");
+    let cancel = std::sync::atomic::AtomicBool::new(false);
+    let both = |req: Request| {
+        let mut session = Session::new(&model, &tok, 512, KvDtype::F16);
+        let s = session
+            .generate(
+                &GenerateRequest {
+                    prompt: req.prompt.clone(),
+                    max_tokens: req.max_tokens,
+                    sampling: req.sampling,
+                    stop: req.stop.clone(),
+                    ignore_eos: req.ignore_eos,
+                    format: OutputFormat::Text,
+                    logit_bias: req.logit_bias.clone(),
+                    draft: infer::speculative::DraftParams::OFF,
+                },
+                &cancel,
+                &mut |_| Ok(()),
+            )
+            .unwrap();
+        let (e, _) = run_all(&model, &tok, config(), &[req]);
+        let done = e[0].done.as_ref().unwrap();
+        assert_eq!((e[0].text.as_str(), done.finish), (s.text.as_str(), s.finish), "engine and session");
+        (s.text, s.finish, s.tokens.len())
+    };
+    let reply = Request { ignore_eos: false, ..greedy(prompt.clone(), 64) };
+    let (plain, finish, _) = both(reply.clone());
+    assert_eq!(finish, FinishReason::Stop, "the reply should end at <|im_end|>: {plain:?}");
+    let last = plain.chars().last().unwrap();
+    let (held, finish, _) = both(Request { stop: vec![format!("{last}QQQ"), "\n\nQQQ".into()], ..reply.clone() });
+    assert_eq!((held.as_str(), finish), (plain.as_str(), FinishReason::Stop));
+
+    // <|im_start|> (id 1) is a control token that does not end generation; a bias makes it the first token drawn.
+    let im_start = tok.token_id("<|im_start|>").unwrap();
+    assert!(!tok.is_eog(im_start));
+    let forced = Request {
+        logit_bias: infer::sampling::LogitBias::new([(im_start, 100.0)]).unwrap(),
+        ..greedy(prompt.clone(), 4)
+    };
+    assert_eq!(both(forced.clone()), (String::new(), FinishReason::Length, 4), "no stop: it runs to the limit");
+    let stopped = Request { stop: vec!["<|im_start|>".into()], ..forced };
+    assert_eq!(both(stopped), (String::new(), FinishReason::Stop, 0), "the stop string names the token");
+}

@@ -141,7 +141,7 @@ impl<'t> Sequence<'t> {
         }
         self.first_token.get_or_insert(now);
         self.last_token = Some(now);
-        if !self.ignore_eos && tokenizer.is_eog(next) {
+        if (!self.ignore_eos && tokenizer.is_eog(next)) || self.stop.names_control_token(tokenizer, next) {
             return Some(Ending::Finished { finish: FinishReason::Stop, context_full: false });
         }
         self.tokens.push(next);
@@ -187,7 +187,9 @@ impl<'t> Sequence<'t> {
         match ending {
             Ending::Finished { mut finish, context_full } => {
                 let mut text = String::new();
-                if finish != FinishReason::Stop {
+                // Unless a stop string ended the text, what the decoder and the stop matcher hold is text (an
+                // end-of-generation token ruled out the stop string it may have begun).
+                if self.stop.stopped().is_none() {
                     let stopped;
                     (text, stopped) = self.release_held();
                     if stopped {
