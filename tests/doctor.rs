@@ -128,6 +128,22 @@ fn an_end_of_turn_token_that_does_not_end_generation_fails() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(stderr.trim(), "error: 1 check failed");
     assert!(String::from_utf8_lossy(&out.stdout).contains("FAIL  end of turn"));
+
+    // `run --chat` (and `chat`, `serve`) warn at the start, unless a --stop already names the token; the --stop
+    // the warning suggests ends generation at that control token.
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", path.to_str().unwrap(), "--chat", "-p", "hi", "-n", "3", "--temp", "0", "--json"];
+        args.extend_from_slice(extra);
+        let out = infer(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let warning = "ends each turn with \"<|im_start|>\" (token 1), which does not end generation";
+    assert!(run(&[]).contains(warning), "{}", run(&[]));
+    let stderr = run(&["--stop", "<|im_start|>"]);
+    assert!(!stderr.contains(warning), "{stderr}");
+    let out = infer(&["chat", path.to_str().unwrap(), "-n", "2"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains(warning));
 }
 
 #[test]

@@ -91,7 +91,8 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let (model, tokenizer) = (&loaded.model, &loaded.tokenizer);
     let load_time = load_start.elapsed();
     let template = super::chat_template(model, args.chat_template.as_deref())?;
-    let template_note = super::template_note(model, args.chat_template.as_deref(), &template);
+    let template_notes =
+        super::template_notes(model, tokenizer, args.chat_template.as_deref(), &template, &args.stop.stop);
     let n_ctx = args.length.n_ctx(model.config.n_ctx_train);
     super::check_context(model, n_ctx, args.engine.kv_dtype())?;
     let session = Session::new(model, tokenizer, n_ctx, args.engine.kv_dtype());
@@ -116,7 +117,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         load_time,
         threads: args.threads.count(),
     };
-    if let Some(note) = &template_note {
+    for note in &template_notes {
         eprintln_lossy!("{note}");
     }
     if interactive {

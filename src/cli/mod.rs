@@ -247,23 +247,40 @@ pub fn chat_template_source(arg: Option<&str>) -> anyhow::Result<Option<String>>
     })
 }
 
-/// A note for stderr when `template` is a built-in stand-in for a file that has no chat template of its own (no
-/// `--chat-template` given). Such a file is usually a base model (the registry's Gemma 3 270M is one), whose replies
-/// may not read as answers: the note says why, and what to change. Callers print it once the command has started
-/// for good, so a command that then fails still prints one line.
-pub fn template_note(
+/// Notes for stderr about the chat template in use:
+/// - when it is a built-in stand-in for a file that has no chat template of its own (no `--chat-template` given).
+///   Such a file is usually a base model (the registry's Gemma 3 270M is one), whose replies may not read as
+///   answers: the note says why, and what to change;
+/// - when it ends a turn with a special token that does not end generation (`infer doctor`'s "end of turn"
+///   check), so replies would run on past the turn, and no `--stop` names that token yet.
+///
+/// Callers print them once the command has started for good, so a command that then fails still prints one line.
+pub fn template_notes(
     model: &crate::model::Model,
+    tokenizer: &crate::tokenizer::Tokenizer,
     arg: Option<&str>,
     template: &crate::tokenizer::chat::ChatTemplate,
-) -> Option<String> {
+    stops: &[String],
+) -> Vec<String> {
+    let mut notes = Vec::new();
     let own = model.file().metadata().get(crate::tokenizer::keys::CHAT_TEMPLATE).is_some();
-    (arg.is_none() && !own).then(|| {
-        format!(
+    if arg.is_none() && !own {
+        notes.push(format!(
             "note: the model has no chat template of its own (a base model?); using the built-in '{}' template, \
              which it may not follow (--chat-template picks another)",
             template.name()
-        )
-    })
+        ));
+    }
+    if let Some(id) = crate::doctor::template::turn_token_that_runs_on(template, tokenizer) {
+        let text = tokenizer.token_text(id).unwrap_or("?");
+        if !stops.iter().any(|s| s == text) {
+            notes.push(format!(
+                "warning: the chat template ends each turn with {text:?} (token {id}), which does not end \
+                 generation: replies may run on past their turn; --stop {text:?} ends them there"
+            ));
+        }
+    }
+    notes
 }
 
 /// A flag that Ctrl-C sets; generation checks it between tokens and stops. A second Ctrl-C while the flag is still

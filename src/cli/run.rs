@@ -86,10 +86,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let (model, tokenizer) = (&loaded.model, &loaded.tokenizer);
     let load_time = load_start.elapsed();
 
-    let mut template_note = None;
+    let mut template_notes = Vec::new();
     let prompt_text = if args.chat {
         let template = super::chat_template(model, args.chat_template.as_deref())?;
-        template_note = super::template_note(model, args.chat_template.as_deref(), &template);
+        template_notes =
+            super::template_notes(model, tokenizer, args.chat_template.as_deref(), &template, &args.stop.stop);
         let mut messages = Vec::new();
         if let Some(sys) = &args.system {
             messages.push(ChatMessage { role: "system".into(), content: sys.clone() });
@@ -126,7 +127,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     crate::timeline::mark!("session made (KV cache reserved)");
     let json_mode = args.json;
     let mut wrote_any = false;
-    if let Some(note) = &template_note {
+    for note in &template_notes {
         eprintln_lossy!("{note}");
     }
     let result = pool.install(|| {

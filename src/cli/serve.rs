@@ -116,8 +116,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             None
         }
     };
-    let template_note =
-        template.as_ref().and_then(|t| super::template_note(&loaded.model, args.chat_template.as_deref(), t));
+    // Requests name their own stop strings, so the server warns whatever they may say.
+    let template_notes = template.as_ref().map_or_else(Vec::new, |t| {
+        super::template_notes(&loaded.model, &loaded.tokenizer, args.chat_template.as_deref(), t, &[])
+    });
     let n_ctx_train = loaded.model.config.n_ctx_train;
     let n_ctx = if args.ctx_size == 0 { n_ctx_train } else { args.ctx_size };
     let config = EngineConfig {
@@ -165,7 +167,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if plan.tokens() < n_ctx {
         log(&format!("note: the KV cache holds {} tokens, less than one request's context ({n_ctx})", plan.tokens()));
     }
-    if let Some(note) = &template_note {
+    for note in &template_notes {
         log(note);
     }
 

@@ -118,40 +118,67 @@ pub fn check_all(
     }
 }
 
-/// What the template writes after a finished reply, and whether its first special token ends generation. When it
-/// does not, a model that ends its turn the way the template taught it keeps writing (mistral.rs #1012, #1147).
-fn end_of_turn(template: &ChatTemplate, tok: &Tokenizer) -> Check {
-    let name = "end of turn";
+/// What a template writes right after a finished reply.
+enum TurnEnd {
+    /// A special token that ends generation.
+    Ends(u32),
+    /// A special token that does not.
+    RunsOn(u32),
+    /// Nothing at all: the model must end the reply with EOS itself.
+    Nothing,
+    /// Plain text, no special token.
+    Text(String),
+    /// The template could not show it (the message says why).
+    Unknown(String),
+}
+
+/// What the template writes after a finished reply, up to its first special token.
+fn turn_end(template: &ChatTemplate, tok: &Tokenizer) -> TurnEnd {
     let messages = [ChatMessage::new("user", USER_1), ChatMessage::new("assistant", REPLY)];
     let rendered = match template.render(&messages, false) {
         Ok(r) => r,
-        Err(e) => {
-            return Check::warn(name, format!("cannot tell: a conversation ending in a reply does not render: {e}"));
-        }
+        Err(e) => return TurnEnd::Unknown(format!("a conversation ending in a reply does not render: {e}")),
     };
     let Some(at) = rendered.rfind(REPLY) else {
-        return Check::warn(name, "cannot tell: the rendered reply is not in the prompt");
+        return TurnEnd::Unknown("the rendered reply is not in the prompt".into());
     };
     let tail = &rendered[at + REPLY.len()..];
-    let ids = tok.encode(tail, false, true);
-    let special = ids
-        .iter()
-        .copied()
+    let special = tok
+        .encode(tail, false, true)
+        .into_iter()
         .find(|&id| matches!(tok.token_type(id), Some(TokenType::Control | TokenType::UserDefined)) || tok.is_eog(id));
-    let what = super::vocab::describe;
     match special {
-        Some(id) if tok.is_eog(id) => {
-            Check::ok(name, format!("a reply ends with {}, which ends generation", what(tok, id)))
-        }
-        Some(id) => {
-            let text = tok.token_text(id).unwrap_or("?");
+        Some(id) if tok.is_eog(id) => TurnEnd::Ends(id),
+        Some(id) => TurnEnd::RunsOn(id),
+        None if tail.trim().is_empty() => TurnEnd::Nothing,
+        None => TurnEnd::Text(tail.to_string()),
+    }
+}
+
+/// The token a template ends turns with when it does not end generation, for a warning where a chat starts.
+pub fn turn_token_that_runs_on(template: &ChatTemplate, tok: &Tokenizer) -> Option<u32> {
+    match turn_end(template, tok) {
+        TurnEnd::RunsOn(id) => Some(id),
+        _ => None,
+    }
+}
+
+/// Whether a finished reply ends with a token that ends generation. When it does not, a model that ends its turn
+/// the way the template taught it keeps writing (mistral.rs #1012, #1147).
+fn end_of_turn(template: &ChatTemplate, tok: &Tokenizer) -> Check {
+    let name = "end of turn";
+    let what = super::vocab::describe;
+    match turn_end(template, tok) {
+        TurnEnd::Ends(id) => Check::ok(name, format!("a reply ends with {}, which ends generation", what(tok, id))),
+        TurnEnd::RunsOn(id) => {
             Check::fail(name, format!("a reply ends with {}, which does not end generation", what(tok, id)))
                 .with_details(vec![format!(
-                    "the model ends its turns with this token, and generation goes on past it into text of its own \
-                 making; until the file is fixed, pass --stop {text:?}"
+                    "the model ends its turns with this token, and generation goes on past it into text of its \
+                     own making; until the file is fixed, pass --stop {:?}",
+                    tok.token_text(id).unwrap_or("?")
                 )])
         }
-        None if tail.trim().is_empty() => match tok.eos() {
+        TurnEnd::Nothing => match tok.eos() {
             Some(eos) => Check::ok(
                 name,
                 format!("the template writes nothing after a reply; the model ends it with EOS {}", what(tok, eos)),
@@ -160,14 +187,12 @@ fn end_of_turn(template: &ChatTemplate, tok: &Tokenizer) -> Check {
                 Check::fail(name, "the template writes nothing after a reply and there is no EOS: nothing ends one")
             }
         },
-        None => {
-            Check::warn(name, format!("a reply ends with plain text {tail:?}, not a special token")).with_details(vec![
-                format!(
-                    "generation ends only at an end-of-generation token; if the model writes this text instead, \
+        TurnEnd::Text(tail) => Check::warn(name, format!("a reply ends with plain text {tail:?}, not a special token"))
+            .with_details(vec![format!(
+                "generation ends only at an end-of-generation token; if the model writes this text instead, \
                  pass --stop {:?}",
-                    tail.trim()
-                ),
-            ])
-        }
+                tail.trim()
+            )]),
+        TurnEnd::Unknown(why) => Check::warn(name, format!("cannot tell: {why}")),
     }
 }
