@@ -155,7 +155,7 @@ pub fn examine(file: &Arc<GgufFile>, opts: &Options, cancel: &AtomicBool) -> Rep
             checks.extend(hf_files::check_all(opts, file.metadata(), tok));
         }
         None => {
-            for name in ["special tokens", "chat template", "round trip"] {
+            for name in ["special tokens", "round trip", "chat template", "end of turn"] {
                 checks.push(Check::skip(name, "needs the tokenizer"));
             }
         }
@@ -234,6 +234,9 @@ fn check_context(model: &Model) -> Check {
 /// A short greedy run: every logit finite, not all equal, and the text it gives (for the eye).
 fn check_forward(model: &Model, tokenizer: &Tokenizer, cancel: &AtomicBool) -> Check {
     let prompt = tokenizer.encode(FORWARD_PROMPT, true, false);
+    if prompt.is_empty() {
+        return Check::fail("forward", format!("{FORWARD_PROMPT:?} tokenizes to nothing"));
+    }
     let mut runner = crate::eval::Runner::new(model, prompt.len() + 1, KvDtype::F16);
     let logits = match runner.feed(&prompt, true) {
         Ok(l) => l,
@@ -250,8 +253,9 @@ fn check_forward(model: &Model, tokenizer: &Tokenizer, cancel: &AtomicBool) -> C
             ),
         );
     }
-    let n_vocab = model.config.n_vocab;
-    let last = &logits[logits.len() - n_vocab..];
+    let Some(last) = logits.len().checked_sub(model.config.n_vocab).and_then(|at| logits.get(at..)) else {
+        return Check::fail("forward", "the forward pass gave fewer logits than the vocabulary has");
+    };
     let (lo, hi) = last.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)));
     if hi - lo <= f32::EPSILON * hi.abs().max(1.0) {
         return Check::fail("forward", format!("every logit of the last position is {hi}: the model predicts nothing"));

@@ -12,6 +12,19 @@ pub struct TemplateChecks {
     pub sample: Option<String>,
 }
 
+impl TemplateChecks {
+    /// A template that does not load or render: that check fails, and the end of a turn cannot be seen.
+    fn broken(why: String) -> TemplateChecks {
+        TemplateChecks {
+            checks: vec![
+                Check::fail("chat template", why),
+                Check::skip("end of turn", "needs a template that renders"),
+            ],
+            sample: None,
+        }
+    }
+}
+
 const SYSTEM: &str = "You are a concise assistant.";
 const USER_1: &str = "What is the capital of France?";
 const REPLY: &str = "Paris is the capital of France.";
@@ -38,15 +51,7 @@ pub fn check_all(
 ) -> TemplateChecks {
     let template = match ChatTemplate::from_metadata(md, override_source) {
         Ok(t) => t.with_limits(limits),
-        Err(e) => {
-            return TemplateChecks {
-                checks: vec![
-                    Check::fail("chat template", format!("does not load: {e}")),
-                    Check::skip("end of turn", "needs the chat template"),
-                ],
-                sample: None,
-            };
-        }
+        Err(e) => return TemplateChecks::broken(format!("does not load: {e}")),
     };
     let own = template.name() == crate::tokenizer::keys::CHAT_TEMPLATE;
     let origin = if own {
@@ -78,15 +83,7 @@ pub fn check_all(
                 ));
                 (sample(false), r)
             }
-            Err(e) => {
-                return TemplateChecks {
-                    checks: vec![
-                        Check::fail("chat template", format!("{origin}: does not render a conversation: {e}")),
-                        Check::skip("end of turn", "needs a template that renders"),
-                    ],
-                    sample: None,
-                };
-            }
+            Err(e) => return TemplateChecks::broken(format!("{origin}: does not render a conversation: {e}")),
         },
     };
     for m in &messages {
