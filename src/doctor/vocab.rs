@@ -43,7 +43,14 @@ fn check_tokenizer(md: &Metadata, tok: &Tokenizer) -> Check {
         VocabKind::Spm => {
             // SentencePiece vocabularies spell bytes as `<0xXX>`; without all 256 a character outside the
             // vocabulary becomes the unknown token (or is dropped) instead of its UTF-8 bytes.
-            let bytes = (0..n as u32).filter(|&id| is_byte_token(tok.token_text(id).unwrap_or(""))).count();
+            // Distinct bytes: a vocabulary that spells one byte twice still lacks another.
+            let mut seen = [false; 256];
+            for id in 0..n as u32 {
+                if let Some(b) = tok.token_text(id).and_then(crate::tokenizer::parse_byte_token) {
+                    seen[usize::from(b)] = true;
+                }
+            }
+            let bytes = seen.iter().filter(|&&s| s).count();
             let summary = format!("SentencePiece (`llama`), {n} tokens, {bytes} of 256 byte tokens");
             if bytes >= 256 {
                 Check::ok("tokenizer", summary)
@@ -95,10 +102,6 @@ fn check_tokenizer(md: &Metadata, tok: &Tokenizer) -> Check {
             }
         }
     }
-}
-
-fn is_byte_token(text: &str) -> bool {
-    text.len() == 6 && text.starts_with("<0x") && text.ends_with('>') && u8::from_str_radix(&text[3..5], 16).is_ok()
 }
 
 /// `'<|im_end|>' (2)`: a token for a report.

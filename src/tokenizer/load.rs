@@ -48,7 +48,7 @@ fn check_id(key: &'static str, id: Option<u32>, n: usize) -> Result<Option<u32>,
 }
 
 /// The byte a `<0xXX>` token text stands for: exactly two hex digits (`from_str_radix` alone would take `<0x+1>`).
-pub(super) fn parse_byte_token(text: &str) -> Option<u8> {
+pub(crate) fn parse_byte_token(text: &str) -> Option<u8> {
     let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
     if hex.len() != 2 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;

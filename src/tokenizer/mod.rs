@@ -35,6 +35,7 @@ use thiserror::Error;
 
 pub use chat::{ChatMessage, ChatTemplate, TemplateError};
 pub use load::TokenTypes;
+pub(crate) use load::parse_byte_token;
 pub use pretokenize::PreTokenizer;
 pub use stream::StreamDecoder;
 
