@@ -29,6 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ignore_eos: false,
         format: infer::structured::OutputFormat::Text,
         logit_bias: Default::default(),
+        dry_breakers: None,
         draft: infer::speculative::DraftParams::OFF,
     };
     let cancel = AtomicBool::new(false);

@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicBool;
 
 use serde::{Deserialize, Serialize};
 
-use crate::sampling::{LogitBias, SamplingError, SamplingParams, random_seed};
+use crate::sampling::{DryParams, LogitBias, SamplingError, SamplingParams, XtcParams, random_seed};
 use crate::session::{GenerateError, GenerateRequest, Generation, Session, Timings};
 use crate::speculative::DraftParams;
 use crate::structured::OutputFormat;
@@ -64,6 +64,10 @@ pub struct ChatSettings {
     pub repeat_last_n: usize,
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
+    /// DRY's repeat penalty (off unless its multiplier is above 0).
+    pub dry: DryParams,
+    /// XTC (off unless its probability is above 0).
+    pub xtc: XtcParams,
     /// A fixed seed makes replies reproducible; `None` picks a fresh one per reply.
     pub seed: Option<u64>,
     /// Most tokens per reply; `None` = until the model ends its turn or the context is full.
@@ -89,6 +93,8 @@ impl ChatSettings {
             repeat_last_n: p.repeat_last_n,
             presence_penalty: p.presence_penalty,
             frequency_penalty: p.frequency_penalty,
+            dry: p.dry,
+            xtc: p.xtc,
             seed,
             max_tokens,
             format: OutputFormat::Text,
@@ -106,6 +112,8 @@ impl ChatSettings {
             repeat_last_n: self.repeat_last_n,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
+            dry: self.dry,
+            xtc: self.xtc,
             seed,
         }
     }
@@ -290,6 +298,8 @@ pub struct Chat<'m> {
     pub stop: Vec<String>,
     /// Biases on chosen tokens' logits, for every reply.
     pub logit_bias: LogitBias,
+    /// DRY's sequence breakers for every reply (`None`: its defaults).
+    pub dry_breakers: Option<Vec<String>>,
     /// Speculative decoding for every reply (the text is the same with or without it).
     pub draft: DraftParams,
     pub on_full: OnFull,
@@ -314,6 +324,7 @@ impl<'m> Chat<'m> {
             settings,
             stop: Vec::new(),
             logit_bias: LogitBias::default(),
+            dry_breakers: None,
             draft: DraftParams::OFF,
             on_full: OnFull::DropOldest,
             last: None,
@@ -478,6 +489,7 @@ impl<'m> Chat<'m> {
             ignore_eos: false,
             format: self.settings.format.clone(),
             logit_bias: self.logit_bias.clone(),
+            dry_breakers: self.dry_breakers.clone(),
             draft: self.draft,
             prompt,
         };

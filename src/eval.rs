@@ -470,6 +470,7 @@ pub fn greedy(
         format: crate::structured::OutputFormat::Text,
         draft: crate::speculative::DraftParams::OFF,
         logit_bias: Default::default(),
+        dry_breakers: None,
     };
     let g = session.generate(&req, cancel, &mut |_| Ok(()))?;
     Ok(Greedy {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::model::{ForwardError, ForwardScratch, KvDtype, KvPool, Logits, Model, SeqKv, SeqStep};
-use crate::sampling::{LogitBias, Sampler, SamplingError, SamplingParams};
+use crate::sampling::{LogitBias, Sampler, SamplingError, SamplingParams, dry};
 use crate::speculative::{DraftParams, DraftPolicy, DraftStats};
 use crate::stop::{StopError, StopMatcher, StopStep};
 use crate::structured::{JsonConstraint, OutputFormat, SortedVocab};
@@ -33,6 +33,9 @@ pub struct GenerateRequest {
     pub format: OutputFormat,
     /// Biases on chosen tokens' logits (empty: none).
     pub logit_bias: LogitBias,
+    /// Strings that end a DRY match ([`crate::sampling::dry`]); `None`: DRY's defaults. Read only when
+    /// `sampling.dry` is on.
+    pub dry_breakers: Option<Vec<String>>,
     /// Guessing ahead by prompt lookup ([`crate::speculative`]); [`DraftParams::OFF`] decodes a token per pass.
     /// The tokens are the same either way.
     pub draft: DraftParams,
@@ -132,6 +135,8 @@ pub struct Session<'m> {
     scratch: ForwardScratch,
     /// The vocabulary in byte order, built on the first request for JSON output.
     json_vocab: std::sync::OnceLock<std::sync::Arc<SortedVocab>>,
+    /// DRY's default sequence breakers as token ids, found by the first request that uses DRY.
+    dry_breakers: std::sync::OnceLock<std::sync::Arc<[u32]>>,
     /// How many guesses pay ([`crate::speculative`]): kept across calls, so a chat's later turns start from what
     /// the earlier ones measured (the same model and threads) instead of timing a plain pass first.
     draft_policy: DraftPolicy,
@@ -174,6 +179,7 @@ impl<'m> Session<'m> {
             cached: Vec::new(),
             scratch: ForwardScratch::new(model),
             json_vocab: std::sync::OnceLock::new(),
+            dry_breakers: std::sync::OnceLock::new(),
             draft_policy: DraftPolicy::new(DraftParams::OFF),
             rewind: if model.config.sliding_window.is_some() { rewind } else { usize::MAX },
         }
@@ -219,6 +225,13 @@ impl<'m> Session<'m> {
         let mut sampler = Sampler::new(req.sampling)?;
         req.logit_bias.check_vocab(self.model.config.n_vocab)?;
         sampler.set_logit_bias(req.logit_bias.clone());
+        if req.sampling.dry.is_on() {
+            sampler.set_dry_breakers(dry::resolve_breakers(
+                self.tokenizer,
+                req.dry_breakers.as_deref(),
+                &self.dry_breakers,
+            ));
+        }
         let mut stop = StopMatcher::new(req.stop.iter().cloned())?;
         let mut constraint = req.format.schema().map(|schema| {
             let vocab = self.json_vocab.get_or_init(|| std::sync::Arc::new(SortedVocab::new(self.tokenizer)));

@@ -19,8 +19,8 @@ pub fn parse_stop(text: &str) -> Result<String, String> {
     if stop.is_empty() { Err("a stop string cannot be empty".into()) } else { Ok(stop) }
 }
 
-/// Resolves the backslash escapes listed at [`parse_stop`].
-fn unescape(text: &str) -> Result<String, String> {
+/// Resolves the backslash escapes listed at [`parse_stop`] (also used for DRY's sequence breakers).
+pub fn unescape(text: &str) -> Result<String, String> {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars();
     while let Some(c) = chars.next() {

@@ -252,6 +252,7 @@ fn fresh_reply(
         ignore_eos: false,
         format: infer::structured::OutputFormat::Text,
         logit_bias: Default::default(),
+        dry_breakers: None,
         draft: infer::speculative::DraftParams::OFF,
     };
     session.generate(&req, &AtomicBool::new(false), &mut |_| Ok(())).unwrap().tokens

@@ -52,6 +52,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
         top_logprobs: 0,
         format: OutputFormat::Text,
         logit_bias: Default::default(),
+        dry_breakers: None,
     }
 }
 
@@ -147,6 +148,7 @@ fn text_and_stop_strings_match_a_session() {
             ignore_eos: true,
             format: OutputFormat::Text,
             logit_bias: Default::default(),
+            dry_breakers: None,
             draft: infer::speculative::DraftParams::OFF,
         };
         session.reset();
@@ -442,6 +444,7 @@ fn smollm2_held_text_survives_the_reply_s_end_and_a_stop_string_can_name_a_contr
                     ignore_eos: req.ignore_eos,
                     format: OutputFormat::Text,
                     logit_bias: req.logit_bias.clone(),
+                    dry_breakers: req.dry_breakers.clone(),
                     draft: infer::speculative::DraftParams::OFF,
                 },
                 &cancel,

@@ -542,6 +542,7 @@ proptest::proptest! {
             presence_penalty,
             frequency_penalty,
             seed: salt,
+            ..SamplingParams::DEFAULT
         };
         let (want, want_p) = reference(&l, &history, &params);
         let mut sampler = Sampler::new(params).unwrap();
@@ -798,7 +799,8 @@ mod args {
                 repeat_last_n: 128,
                 presence_penalty: -0.5,
                 frequency_penalty: 1.25,
-                seed: u64::MAX
+                seed: u64::MAX,
+                ..SamplingParams::DEFAULT
             }
         );
         assert_eq!(cmd.threads.count(), 3);

@@ -28,6 +28,7 @@ fn request(prompt: Vec<u32>, sampling: SamplingParams, draft: DraftParams) -> Ge
         ignore_eos: true,
         format: OutputFormat::Text,
         logit_bias: Default::default(),
+        dry_breakers: None,
         draft,
     }
 }

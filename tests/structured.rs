@@ -140,6 +140,7 @@ pub(crate) fn hot_request(format: OutputFormat, seed: u64, max_tokens: usize) ->
         ignore_eos: false,
         format,
         logit_bias: Default::default(),
+        dry_breakers: None,
         draft: infer::speculative::DraftParams::OFF,
     }
 }
@@ -207,6 +208,7 @@ fn engine_requests_with_and_without_json_share_a_batch() {
             top_logprobs: 0,
             format: if i % 2 == 0 { OutputFormat::JsonObject } else { OutputFormat::Text },
             logit_bias: Default::default(),
+            dry_breakers: None,
         })
         .collect();
     let streams: Vec<_> = reqs.iter().map(|r| sched.submit(r.clone()).unwrap()).collect();

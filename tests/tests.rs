@@ -9,6 +9,7 @@ mod catalogue;
 mod chat;
 mod common;
 mod doctor;
+mod dry_xtc;
 mod engine;
 mod families;
 mod faults;

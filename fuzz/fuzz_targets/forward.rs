@@ -1,5 +1,5 @@
 //! A whole generation on a tiny fuzzer-built model: prefill, decode, sampling, the streaming detokenizer and stop
-//! strings, JSON output, speculative decoding (every proposal fed), with fuzzed weights (NaN and infinite scales included), prompt token ids (some out of range)
+//! strings, JSON output, DRY and XTC, speculative decoding (every proposal fed), with fuzzed weights (NaN and infinite scales included), prompt token ids (some out of range)
 //! and sampling parameters. Errors are fine; a panic is not.
 #![no_main]
 
@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 use arbitrary::Arbitrary;
 use infer::gguf::GgufFile;
 use infer::model::{KvDtype, Model};
-use infer::sampling::{LogitBias, SamplingParams};
+use infer::sampling::{DryParams, LogitBias, SamplingParams, XtcParams};
 use infer::session::{GenerateRequest, Session};
 use infer::speculative::DraftParams;
 use infer::structured::OutputFormat;
@@ -32,6 +32,8 @@ struct Input {
     repeat_last_n: u8,
     presence_penalty: f32,
     frequency_penalty: f32,
+    dry_multiplier: f32,
+    xtc_probability: f32,
     logit_bias: Vec<(u16, f32)>,
     seed: u64,
     stop: Vec<String>,
@@ -55,7 +57,15 @@ fuzz_target!(|input: Input| {
         repeat_last_n: input.repeat_last_n as usize,
         presence_penalty: input.presence_penalty,
         frequency_penalty: input.frequency_penalty,
+        dry: DryParams { multiplier: input.dry_multiplier, ..DryParams::OFF },
+        xtc: XtcParams { probability: input.xtc_probability, ..XtcParams::OFF },
         seed: input.seed,
+    };
+    // DRY's breakers from the stop strings' input: none, the defaults, or those strings.
+    let dry_breakers = match input.seed % 3 {
+        0 => None,
+        1 => Some(Vec::new()),
+        _ => Some(input.stop.iter().take(3).cloned().collect()),
     };
     let logit_bias = LogitBias::new(input.logit_bias.iter().map(|&(t, b)| (u32::from(t), b))).unwrap_or_default();
     let n_ctx = 1 + input.n_ctx as usize % 64;
@@ -73,6 +83,7 @@ fuzz_target!(|input: Input| {
             ignore_eos: input.seed % 2 == 0,
             format: if input.json { OutputFormat::JsonObject } else { OutputFormat::Text },
             logit_bias: logit_bias.clone(),
+            dry_breakers: dry_breakers.clone(),
             draft: DraftParams { always: true, ..DraftParams::lookup(input.draft as usize % 9) },
         };
         let mut streamed = String::new();

@@ -1,9 +1,12 @@
 //! The sampler on arbitrary logits (NaN, ±inf, all equal, empty) with arbitrary parameters, logit biases and
-//! history: it returns a token of the vocabulary or an error, and never panics; a banned token is never returned.
+//! history (DRY's breakers and XTC included): it returns a token of the vocabulary or an error, and never panics; a
+//! banned token is never returned.
 #![no_main]
 
 use arbitrary::Arbitrary;
-use infer::sampling::{LogitBias, Sampler, SamplingParams};
+use std::sync::Arc;
+
+use infer::sampling::{DryParams, LogitBias, Sampler, SamplingParams, XtcParams};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -16,6 +19,13 @@ struct Input {
     repeat_last_n: u16,
     presence_penalty: f32,
     frequency_penalty: f32,
+    dry_multiplier: f32,
+    dry_base: f32,
+    dry_allowed_length: u8,
+    dry_penalty_last_n: i16,
+    dry_breakers: Vec<u32>,
+    xtc_probability: f32,
+    xtc_threshold: f32,
     bias: Vec<(u32, f32)>,
     seed: u64,
     logits: Vec<f32>,
@@ -34,9 +44,20 @@ fuzz_target!(|input: Input| {
         repeat_last_n: input.repeat_last_n as usize,
         presence_penalty: input.presence_penalty,
         frequency_penalty: input.frequency_penalty,
+        dry: DryParams {
+            multiplier: input.dry_multiplier,
+            base: input.dry_base,
+            allowed_length: usize::from(input.dry_allowed_length),
+            penalty_last_n: i64::from(input.dry_penalty_last_n),
+        },
+        xtc: XtcParams { probability: input.xtc_probability, threshold: input.xtc_threshold },
         seed: input.seed,
     };
     let Ok(mut sampler) = Sampler::new(params) else { return };
+    let mut breakers = input.dry_breakers.clone();
+    breakers.sort_unstable();
+    breakers.dedup();
+    sampler.set_dry_breakers(Arc::from(breakers));
     let Ok(bias) = LogitBias::new(input.bias.iter().copied()) else { return };
     sampler.set_logit_bias(bias.clone());
     // Logits repeated up to a vocabulary's size, so the large-vocabulary paths run too.

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 
-use crate::sampling::{BIAS_LIMIT, LogitBias, SamplingParams, random_seed};
+use crate::sampling::dry::MAX_BREAKER_LEN;
+use crate::sampling::{BIAS_LIMIT, DryParams, LogitBias, SamplingParams, XtcParams, random_seed};
 use crate::speculative::{DraftParams, MAX_DRAFT};
 use crate::stop::{StopError, StopMatcher, parse_stop};
 use crate::structured::{JsonSchema, OutputFormat};
@@ -56,6 +57,37 @@ pub struct SamplingArgs {
     /// syntax; `infer tokenize` shows a text's ids).
     #[arg(long, short = 'l', value_name = "ID(+|-)BIAS", value_parser = parse_logit_bias, help_heading = "Sampling")]
     pub logit_bias: Vec<(u32, f32)>,
+    /// DRY: penalize a token that would carry on a repeat of --dry-allowed-length or more tokens, by
+    /// X × --dry-base^(repeat − allowed length); 0 = off, 0.8 is the usual setting. Stops loops, spares single words.
+    #[arg(long, value_name = "X", default_value_t = D.dry.multiplier, value_parser = parse_dry_multiplier,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub dry_multiplier: f32,
+    /// DRY: how fast the penalty grows with each token a repeat is longer, >= 1.
+    #[arg(long, value_name = "X", default_value_t = D.dry.base, value_parser = parse_dry_base,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub dry_base: f32,
+    /// DRY: the longest repeat (in tokens) that is not penalized.
+    #[arg(long, value_name = "N", default_value_t = D.dry.allowed_length, value_parser = parse_count,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub dry_allowed_length: usize,
+    /// DRY: how many recent tokens are searched for repeats; -1 = the whole context, 0 = off.
+    #[arg(long, value_name = "N", default_value_t = D.dry.penalty_last_n, value_parser = parse_last_n,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub dry_penalty_last_n: i64,
+    /// DRY: a string that ends a repeat (a token containing it is never part of one); repeatable, replacing the
+    /// defaults "\n", ":", "\"" and "*"; `none` for no breakers. Understands the --stop escapes.
+    #[arg(long = "dry-sequence-breaker", value_name = "STR", value_parser = parse_breaker,
+          allow_hyphen_values = true, help_heading = "Sampling")]
+    pub dry_sequence_breakers: Vec<String>,
+    /// XTC: the chance, per token, of excluding every token at least --xtc-threshold likely but the least likely of
+    /// them, in [0, 1]; 0 = off. For creative text; 0.5 is a common setting.
+    #[arg(long, value_name = "P", default_value_t = D.xtc.probability, value_parser = parse_unit,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub xtc_probability: f32,
+    /// XTC: how likely a token must be to count as a top choice, in [0, 1]; above 0.5 XTC does nothing.
+    #[arg(long, value_name = "P", default_value_t = D.xtc.threshold, value_parser = parse_unit,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub xtc_threshold: f32,
     /// Seed of the random number generator, for reproducible output [default: random, from the clock].
     #[arg(long, value_name = "N", value_parser = parse_seed, allow_negative_numbers = true, help_heading = "Sampling")]
     pub seed: Option<u64>,
@@ -74,7 +106,35 @@ impl SamplingArgs {
             repeat_last_n: self.repeat_last_n,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
+            dry: self.dry(),
+            xtc: XtcParams { probability: self.xtc_probability, threshold: self.xtc_threshold },
             seed: self.seed.unwrap_or_else(random_seed),
+        }
+    }
+
+    pub fn dry(&self) -> DryParams {
+        DryParams {
+            multiplier: self.dry_multiplier,
+            base: self.dry_base,
+            allowed_length: self.dry_allowed_length,
+            penalty_last_n: self.dry_penalty_last_n,
+        }
+    }
+
+    /// The `--dry-sequence-breaker` strings: `None` for DRY's defaults, `Some(empty)` after `none`.
+    pub fn dry_breakers(&self) -> Result<Option<Vec<String>>, String> {
+        match self.dry_sequence_breakers.as_slice() {
+            [] => Ok(None),
+            all if all.iter().any(|b| b == NO_BREAKERS) => {
+                if all.len() > 1 {
+                    return Err(format!("--dry-sequence-breaker {NO_BREAKERS} cannot be combined with other breakers"));
+                }
+                Ok(Some(Vec::new()))
+            }
+            all => {
+                crate::sampling::dry::check_breakers(all).map_err(|e| format!("--dry-sequence-breaker: {e}"))?;
+                Ok(Some(all.to_vec()))
+            }
         }
     }
 
@@ -96,6 +156,13 @@ impl Default for SamplingArgs {
             presence_penalty: D.presence_penalty,
             frequency_penalty: D.frequency_penalty,
             logit_bias: Vec::new(),
+            dry_multiplier: D.dry.multiplier,
+            dry_base: D.dry.base,
+            dry_allowed_length: D.dry.allowed_length,
+            dry_penalty_last_n: D.dry.penalty_last_n,
+            dry_sequence_breakers: Vec::new(),
+            xtc_probability: D.xtc.probability,
+            xtc_threshold: D.xtc.threshold,
             seed: None,
         }
     }
@@ -268,6 +335,47 @@ pub fn parse_top_p(text: &str) -> Result<f32, String> {
 pub fn parse_min_p(text: &str) -> Result<f32, String> {
     let value = parse_float(text)?;
     if (0.0..=1.0).contains(&value) { Ok(value) } else { Err("min-p must be in [0, 1] (0 = off)".into()) }
+}
+
+/// `--xtc-probability`, `--xtc-threshold`: a number in [0, 1].
+pub fn parse_unit(text: &str) -> Result<f32, String> {
+    let value = parse_float(text)?;
+    if (0.0..=1.0).contains(&value) { Ok(value) } else { Err("must be in [0, 1] (0 = off)".into()) }
+}
+
+/// `--dry-multiplier`: a finite number >= 0.
+pub fn parse_dry_multiplier(text: &str) -> Result<f32, String> {
+    let value = parse_float(text)?;
+    if value >= 0.0 { Ok(value) } else { Err("must be >= 0 (0 = off)".into()) }
+}
+
+/// `--dry-base`: a finite number >= 1.
+pub fn parse_dry_base(text: &str) -> Result<f32, String> {
+    let value = parse_float(text)?;
+    if value >= 1.0 { Ok(value) } else { Err("must be >= 1 (1 = the same penalty at every length)".into()) }
+}
+
+/// `--dry-penalty-last-n`: a count, or -1 for everything.
+pub fn parse_last_n(text: &str) -> Result<i64, String> {
+    match text.trim().parse::<i64>() {
+        Ok(n) if n >= -1 => Ok(n),
+        _ => Err(format!("'{text}' is not a count >= 0 or -1 (the whole context)")),
+    }
+}
+
+/// The `--dry-sequence-breaker` value that means "no breakers" (llama.cpp's spelling).
+pub const NO_BREAKERS: &str = "none";
+
+/// `--dry-sequence-breaker`: a non-empty string of at most 64 bytes, with the `--stop` escapes.
+pub fn parse_breaker(text: &str) -> Result<String, String> {
+    let b = crate::stop::unescape(text).map_err(|e| format!("sequence breaker '{text}': {e}"))?;
+    if b.is_empty() {
+        return Err("a sequence breaker cannot be empty".into());
+    }
+    if b.len() > MAX_BREAKER_LEN {
+        return Err(format!("a sequence breaker is at most {MAX_BREAKER_LEN} bytes"));
+    }
+    Ok(b)
 }
 
 /// `--repeat-penalty`: a finite number > 0.

@@ -80,6 +80,7 @@ const MAX_LINE: usize = 16 << 20;
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let params = args.sampling.to_params();
     params.validate()?;
+    let dry_breakers = args.sampling.dry_breakers().map_err(anyhow::Error::msg)?;
     let settings = ChatSettings {
         format: args.format.output_format(),
         ..ChatSettings::from_params(&params, args.sampling.seed, args.length.max_tokens())
@@ -99,6 +100,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let mut chat = Chat::new(session, tokenizer, template, args.system.clone(), settings);
     chat.stop = args.stop.stop.clone();
     chat.logit_bias = args.sampling.logit_bias();
+    chat.dry_breakers = dry_breakers;
     chat.draft = args.draft.params();
     chat.on_full = match args.on_full {
         OnFullArg::Drop => OnFull::DropOldest,

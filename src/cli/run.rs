@@ -78,6 +78,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let prompt_text = read_prompt(&args)?;
     let params = args.sampling.to_params();
     params.validate()?;
+    let dry_breakers = args.sampling.dry_breakers().map_err(anyhow::Error::msg)?;
     // Timings are for a person watching the text: quiet when stdout goes to a pipe or file, unless -v asks.
     let show_stats = args.verbose || std::io::stdout().is_terminal();
 
@@ -117,6 +118,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         ignore_eos: args.ignore_eos,
         format: args.format.output_format(),
         logit_bias: args.sampling.logit_bias(),
+        dry_breakers,
         draft: args.draft.params(),
     };
 

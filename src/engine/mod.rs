@@ -122,6 +122,9 @@ pub struct Request {
     pub format: OutputFormat,
     /// Biases on chosen tokens' logits (empty: none).
     pub logit_bias: LogitBias,
+    /// Strings that end a DRY match ([`crate::sampling::dry`]); `None`: DRY's defaults. Read only when
+    /// `sampling.dry` is on.
+    pub dry_breakers: Option<Vec<String>>,
 }
 
 /// Why a request was refused.

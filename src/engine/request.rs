@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use crate::model::SeqKv;
 use crate::sampling::Sampler;
+use crate::sampling::dry::resolve_breakers;
 use crate::stop::{StopMatcher, StopStep};
 use crate::structured::{JsonConstraint, SortedVocab};
 use crate::tokenizer::Tokenizer;
@@ -55,17 +56,22 @@ pub(crate) enum Ending {
 
 impl<'t> Sequence<'t> {
     /// The engine's state for a submission, or (should its settings be refused after all) the submission back.
-    /// `json_vocab` is the vocabulary in byte order, built by the first request for JSON output.
+    /// `json_vocab` is the vocabulary in byte order, built by the first request for JSON output; `dry_breakers` DRY's
+    /// default sequence breakers, found by the first request that uses DRY.
     pub fn new(
         sub: Submission,
         tokenizer: &'t Tokenizer,
         json_vocab: &OnceLock<Arc<SortedVocab>>,
+        dry_breakers: &OnceLock<Arc<[u32]>>,
     ) -> Result<Sequence<'t>, Box<(Submission, String)>> {
         let mut sampler = match Sampler::new(sub.req.sampling) {
             Ok(s) => s,
             Err(e) => return Err(Box::new((sub, e.to_string()))),
         };
         sampler.set_logit_bias(sub.req.logit_bias.clone());
+        if sub.req.sampling.dry.is_on() {
+            sampler.set_dry_breakers(resolve_breakers(tokenizer, sub.req.dry_breakers.as_deref(), dry_breakers));
+        }
         let stop = match StopMatcher::new(sub.req.stop.iter().cloned()) {
             Ok(s) => s,
             Err(e) => return Err(Box::new((sub, e.to_string()))),

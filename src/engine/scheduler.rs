@@ -67,6 +67,7 @@ pub struct Scheduler<'m> {
     waiting: VecDeque<Sequence<'m>>,
     /// The vocabulary in byte order for JSON output, built on the first such request.
     json_vocab: OnceLock<Arc<SortedVocab>>,
+    dry_breakers: OnceLock<Arc<[u32]>>,
     /// In admission order: preemption takes from the back.
     running: Vec<Sequence<'m>>,
 }
@@ -92,6 +93,7 @@ impl<'m> Scheduler<'m> {
             scratch: ForwardScratch::new(model),
             waiting: VecDeque::new(),
             json_vocab: OnceLock::new(),
+            dry_breakers: OnceLock::new(),
             running: Vec::new(),
         }
     }
@@ -109,7 +111,7 @@ impl<'m> Scheduler<'m> {
     }
 
     pub(crate) fn push(&mut self, sub: Submission) {
-        match Sequence::new(sub, self.tokenizer, &self.json_vocab) {
+        match Sequence::new(sub, self.tokenizer, &self.json_vocab, &self.dry_breakers) {
             Ok(seq) => self.waiting.push_back(seq),
             Err(refused) => {
                 let (sub, why) = *refused;

@@ -13,14 +13,18 @@
 //!    positive logit by `repeat_penalty` and multiplies a zero or negative one by it (llama.cpp's convention); then
 //!    a token seen `c` times loses `c × frequency_penalty + presence_penalty` (OpenAI's definition, llama.cpp's
 //!    order);
+//! 2. **DRY** ([`dry`]): a token that would carry on a repeat of `allowed_length` or more tokens of the history
+//!    loses `multiplier × base^(length − allowed_length)` (off unless `dry.multiplier > 0`);
 //!    then, with [`Sampler::sample_masked`] (structured output, [`crate::structured`]), only the tokens the mask
 //!    allows go on to the next steps;
-//! 2. **top-k**: keep the `top_k` highest logits (0 = off);
-//! 3. **top-p** (nucleus): keep the smallest set of highest-probability tokens whose probability mass, measured on
+//! 3. **top-k**: keep the `top_k` highest logits (0 = off);
+//! 4. **top-p** (nucleus): keep the smallest set of highest-probability tokens whose probability mass, measured on
 //!    the distribution left by top-k at temperature 1, reaches `top_p` (1 = off);
-//! 4. **min-p**: drop tokens whose probability is below `min_p` times the most likely token's (0 = off);
-//! 5. **temperature**: divide the surviving logits by `temperature`;
-//! 6. **draw** one token from the softmax of what is left, with the sampler's own ChaCha8 RNG.
+//! 5. **min-p**: drop tokens whose probability is below `min_p` times the most likely token's (0 = off);
+//! 6. **XTC** ([`xtc`]): with probability `xtc.probability`, drop every token at least `xtc.threshold` likely
+//!    except the least likely of them (off unless `xtc.probability > 0`);
+//! 7. **temperature**: divide the surviving logits by `temperature`;
+//! 8. **draw** one token from the softmax of what is left, with the sampler's own ChaCha8 RNG.
 //!
 //! Temperature 0 means greedy: the answer is the argmax of the penalized logits (ties go to the lowest id) and the
 //! RNG is not touched. The filters keep the most likely token, so they never change a greedy answer.
@@ -44,9 +48,17 @@ use std::cmp::Ordering;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use std::sync::Arc;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+
+pub mod dry;
+pub mod xtc;
+
+pub use dry::DryParams;
+pub use xtc::XtcParams;
 
 /// Why sampling parameters were refused or a token could not be sampled.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -97,6 +109,10 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// Subtracted from a token's logit once per time it occurs among the last `repeat_last_n`, in [-2, 2]; 0 = off.
     pub frequency_penalty: f32,
+    /// Penalties on continuing a repeat of several tokens ([`dry`]).
+    pub dry: DryParams,
+    /// Now and then, excluding the most likely tokens ([`xtc`]).
+    pub xtc: XtcParams,
     /// Seed of the sampler's RNG.
     pub seed: u64,
 }
@@ -112,6 +128,8 @@ impl SamplingParams {
         repeat_last_n: 64,
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
+        dry: DryParams::OFF,
+        xtc: XtcParams::OFF,
         seed: 0,
     };
 
@@ -125,6 +143,8 @@ impl SamplingParams {
         repeat_last_n: 0,
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
+        dry: DryParams::OFF,
+        xtc: XtcParams::OFF,
         seed: 0,
     };
 
@@ -140,7 +160,8 @@ impl SamplingParams {
         let in_range = |x: f32| (-PENALTY_LIMIT..=PENALTY_LIMIT).contains(&x);
         check("presence_penalty", self.presence_penalty, in_range(self.presence_penalty), "a number in [-2, 2]")?;
         check("frequency_penalty", self.frequency_penalty, in_range(self.frequency_penalty), "a number in [-2, 2]")?;
-        Ok(())
+        self.dry.validate()?;
+        self.xtc.validate()
     }
 
     /// Whether any penalty would change the logits (given a history).
@@ -286,6 +307,11 @@ fn max_of(values: &[f32]) -> f32 {
     lanes.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
 }
 
+/// The largest logit of `cands` (−∞ for none).
+fn max_of_cands(cands: &[Cand]) -> f32 {
+    cands.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.logit))
+}
+
 /// The index of the first NaN or infinity.
 fn first_non_finite(values: &[f32]) -> Option<usize> {
     const BLOCK: usize = 256;
@@ -379,6 +405,9 @@ pub struct Sampler {
     weights: Vec<f32>,
     dist: Vec<TokenProb>,
     top_p: TopPScratch,
+    /// DRY's sequence breakers (sorted token ids) and scratch space.
+    dry_breakers: Arc<[u32]>,
+    dry: dry::DryScratch,
 }
 
 impl Sampler {
@@ -398,6 +427,8 @@ impl Sampler {
             weights: Vec::new(),
             dist: Vec::new(),
             top_p: TopPScratch::default(),
+            dry_breakers: Arc::from([]),
+            dry: dry::DryScratch::default(),
         })
     }
 
@@ -408,6 +439,13 @@ impl Sampler {
     /// Biases every later draw with `bias` (replacing any earlier one).
     pub fn set_logit_bias(&mut self, bias: LogitBias) {
         self.bias = bias;
+    }
+
+    /// The tokens that end a DRY match (sorted ids; [`dry::resolve_breakers`] finds them for a tokenizer). None by
+    /// default.
+    pub fn set_dry_breakers(&mut self, breakers: Arc<[u32]>) {
+        debug_assert!(breakers.is_sorted());
+        self.dry_breakers = breakers;
     }
 
     /// Restarts the RNG from `seed` (as if the sampler had been built with it).
@@ -432,13 +470,21 @@ impl Sampler {
     fn sample_inner(&mut self, logits: &[f32], history: &[u32], mask: Option<&[u64]>) -> Result<u32, SamplingError> {
         match self.prepare(logits, history, mask)? {
             Prepared::Greedy(id) => Ok(id),
-            Prepared::Candidates { max } => Ok(self.draw(max)),
+            Prepared::Candidates { mut max } => {
+                let xtc = self.params.xtc;
+                // The coin is tossed only when XTC is on, so a request without it draws what it drew before XTC.
+                if xtc.is_on() && self.rng.random::<f32>() < xtc.probability {
+                    max = xtc::exclude_top_choices(&mut self.cands, max, xtc.threshold);
+                }
+                Ok(self.draw(max))
+            }
         }
     }
 
     /// The distribution [`sample`](Self::sample) would draw from, without drawing (the RNG is not touched): the
     /// surviving tokens with their probabilities after every step including temperature, in draw order (most likely
-    /// first after top-k or a small top-p; otherwise id order). Greedy gives one token with probability 1.
+    /// first after top-k or a small top-p; otherwise id order). Greedy gives one token with probability 1. XTC,
+    /// which acts by chance, is left out: this is the distribution when its coin says no.
     pub fn distribution(&mut self, logits: &[f32], history: &[u32]) -> Result<&[TokenProb], SamplingError> {
         self.dist.clear();
         match self.prepare(logits, history, None)? {
@@ -497,10 +543,13 @@ impl Sampler {
             return Err(SamplingError::NonFiniteLogits { index });
         }
 
-        let Sampler { params, ln_min_p, bias, penalized, recent, cands, top_p: top_p_scratch, .. } = self;
+        let Sampler {
+            params, ln_min_p, bias, penalized, recent, cands, top_p: top_p_scratch, dry_breakers, dry, ..
+        } = self;
         let window = &history[history.len().saturating_sub(params.repeat_last_n)..];
         let penalize = params.penalizes() && !window.is_empty();
-        let scores: &[f32] = if penalize || !bias.is_empty() {
+        let dry_on = params.dry.is_on() && history.len() > 1;
+        let scores: &[f32] = if penalize || dry_on || !bias.is_empty() {
             penalized.clear();
             penalized.extend_from_slice(logits);
             for &(token, b) in bias.entries() {
@@ -511,6 +560,9 @@ impl Sampler {
             }
             if penalize {
                 apply_penalties(window, params, penalized, recent)?;
+            }
+            if dry_on {
+                dry::apply(history, &params.dry, dry_breakers, penalized, dry)?;
             }
             penalized
         } else {

@@ -348,6 +348,7 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
         top_logprobs: req.logprobs.unwrap_or(0),
         format: req.format,
         logit_bias: req.logit_bias.clone(),
+        dry_breakers: req.dry_breakers.clone(),
     };
     let stream = match state.engine.submit(engine_req) {
         Ok(s) => s,

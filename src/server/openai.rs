@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 
 use crate::engine::{FinishReason, Usage};
-use crate::sampling::{BIAS_LIMIT, LogitBias, SamplingParams, random_seed};
+use crate::sampling::{BIAS_LIMIT, DryParams, LogitBias, SamplingError, SamplingParams, XtcParams, random_seed};
 use crate::structured::schema::json_kind as kind;
 use crate::structured::{JsonSchema, OutputFormat};
 use crate::tokenizer::chat::ChatMessage;
@@ -74,6 +74,8 @@ pub struct GenerationRequest {
     pub logprobs: Option<usize>,
     /// `logit_bias`: added to the named tokens' logits.
     pub logit_bias: LogitBias,
+    /// `dry_sequence_breakers` (llama-server's field); `None`: DRY's defaults.
+    pub dry_breakers: Option<Vec<String>>,
 }
 
 /// Most stop strings a request may give.
@@ -109,6 +111,25 @@ impl Fields<'_> {
                 _ => Err(ApiError::bad(name, format!("`{name}` must be an integer"))),
             },
             Some(v) => Err(ApiError::bad(name, format!("`{name}` must be an integer, not {}", kind(v)))),
+        }
+    }
+
+    /// A string or an array of strings (`stop`, `dry_sequence_breakers`).
+    fn strings(&self, name: &str) -> Result<Option<Vec<String>>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(vec![s.clone()])),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|item| match item {
+                    Value::String(s) => Ok(s.clone()),
+                    v => Err(ApiError::bad(name, format!("`{name}` entries must be strings, not {}", kind(v)))),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(v) => {
+                Err(ApiError::bad(name, format!("`{name}` must be a string or an array of strings, not {}", kind(v))))
+            }
         }
     }
 
@@ -207,6 +228,21 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
         }
     }
     let [presence_penalty, frequency_penalty] = penalties;
+    let dry = DryParams {
+        multiplier: f.f32("dry_multiplier")?.unwrap_or(d.dry.multiplier),
+        base: f.f32("dry_base")?.unwrap_or(d.dry.base),
+        allowed_length: match f.int("dry_allowed_length")? {
+            None => d.dry.allowed_length,
+            Some(n) => usize::try_from(n).map_err(|_| {
+                ApiError::bad("dry_allowed_length", format!("`dry_allowed_length` must be >= 0, got {n}"))
+            })?,
+        },
+        penalty_last_n: f.int("dry_penalty_last_n")?.unwrap_or(d.dry.penalty_last_n),
+    };
+    let xtc = XtcParams {
+        probability: f.f32("xtc_probability")?.unwrap_or(d.xtc.probability),
+        threshold: f.f32("xtc_threshold")?.unwrap_or(d.xtc.threshold),
+    };
     let sampling = SamplingParams {
         temperature,
         top_k,
@@ -216,29 +252,21 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
         repeat_last_n,
         presence_penalty,
         frequency_penalty,
+        dry,
+        xtc,
         seed,
     };
+    // The fields checked above have their own messages; this catches the DRY and XTC ranges, naming the field.
+    sampling.validate().map_err(|e| match e {
+        SamplingError::InvalidParam { name, .. } => ApiError::bad(name, e.to_string()),
+        e => ApiError::new(400, e.to_string()),
+    })?;
+    let dry_breakers = f.strings("dry_sequence_breakers")?;
+    if let Some(b) = &dry_breakers {
+        crate::sampling::dry::check_breakers(b).map_err(|e| ApiError::bad("dry_sequence_breakers", e))?;
+    }
 
-    let stop = match f.get("stop") {
-        None => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(items)) => {
-            let mut out = Vec::new();
-            for item in items {
-                match item {
-                    Value::String(s) => out.push(s.clone()),
-                    v => return Err(ApiError::bad("stop", format!("`stop` entries must be strings, not {}", kind(v)))),
-                }
-            }
-            out
-        }
-        Some(v) => {
-            return Err(ApiError::bad(
-                "stop",
-                format!("`stop` must be a string or an array of strings, not {}", kind(v)),
-            ));
-        }
-    };
+    let stop = f.strings("stop")?.unwrap_or_default();
     if stop.len() > MAX_STOPS {
         return Err(ApiError::bad("stop", format!("at most {MAX_STOPS} stop strings, got {}", stop.len())));
     }
@@ -284,6 +312,7 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
         format,
         logprobs,
         logit_bias,
+        dry_breakers,
     })
 }
 

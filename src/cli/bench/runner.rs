@@ -335,6 +335,7 @@ fn curve_once(
             top_logprobs: 0,
             format: OutputFormat::Text,
             logit_bias: Default::default(),
+            dry_breakers: None,
         };
         streams.push(sched.submit(req)?);
     }

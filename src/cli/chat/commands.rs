@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use crate::chat::ChatSettings;
 use crate::cli::args::{
-    parse_count, parse_min_p, parse_n_predict, parse_penalty, parse_repeat_penalty, parse_seed, parse_temperature,
-    parse_top_p,
+    parse_count, parse_dry_base, parse_dry_multiplier, parse_last_n, parse_min_p, parse_n_predict, parse_penalty,
+    parse_repeat_penalty, parse_seed, parse_temperature, parse_top_p, parse_unit,
 };
 use crate::structured::OutputFormat;
 
@@ -47,8 +47,8 @@ pub const HELP: &str = "\
 Ctrl-C stops a reply; what was said so far is kept.";
 
 /// Settings `/set` knows, as typed.
-pub const SETTINGS: &str =
-    "temp, top-k, top-p, min-p, repeat-penalty, repeat-last-n, presence-penalty, frequency-penalty, seed, n, format";
+pub const SETTINGS: &str = "temp, top-k, top-p, min-p, repeat-penalty, repeat-last-n, presence-penalty, frequency-penalty, dry-multiplier, \
+     dry-base, dry-allowed-length, dry-penalty-last-n, xtc-probability, xtc-threshold, seed, n, format";
 
 /// Parses a command line (without the leading `/`).
 pub fn parse(line: &str) -> Result<Command, String> {
@@ -91,6 +91,12 @@ pub fn set(settings: &mut ChatSettings, key: &str, value: &str) -> Result<(), St
         "repeat-last-n" => settings.repeat_last_n = parse_count(value).map_err(bad)?,
         "presence-penalty" => settings.presence_penalty = parse_penalty(value).map_err(bad)?,
         "frequency-penalty" => settings.frequency_penalty = parse_penalty(value).map_err(bad)?,
+        "dry-multiplier" => settings.dry.multiplier = parse_dry_multiplier(value).map_err(bad)?,
+        "dry-base" => settings.dry.base = parse_dry_base(value).map_err(bad)?,
+        "dry-allowed-length" => settings.dry.allowed_length = parse_count(value).map_err(bad)?,
+        "dry-penalty-last-n" => settings.dry.penalty_last_n = parse_last_n(value).map_err(bad)?,
+        "xtc-probability" => settings.xtc.probability = parse_unit(value).map_err(bad)?,
+        "xtc-threshold" => settings.xtc.threshold = parse_unit(value).map_err(bad)?,
         "seed" if value == "random" => settings.seed = None,
         "seed" => settings.seed = Some(parse_seed(value).map_err(bad)?),
         "n" => settings.max_tokens = usize::try_from(parse_n_predict(value).map_err(bad)?).ok(),
@@ -109,7 +115,8 @@ pub fn show(settings: &ChatSettings) -> String {
     let n = settings.max_tokens.map_or("-1 (no limit)".to_string(), |n| n.to_string());
     format!(
         "temp {}\ntop-k {}\ntop-p {}\nmin-p {}\nrepeat-penalty {}\nrepeat-last-n {}\npresence-penalty {}\n\
-         frequency-penalty {}\nseed {seed}\nn {n}\nformat {}",
+         frequency-penalty {}\ndry-multiplier {}\ndry-base {}\ndry-allowed-length {}\ndry-penalty-last-n {}\n\
+         xtc-probability {}\nxtc-threshold {}\nseed {seed}\nn {n}\nformat {}",
         settings.temperature,
         settings.top_k,
         settings.top_p,
@@ -118,6 +125,12 @@ pub fn show(settings: &ChatSettings) -> String {
         settings.repeat_last_n,
         settings.presence_penalty,
         settings.frequency_penalty,
+        settings.dry.multiplier,
+        settings.dry.base,
+        settings.dry.allowed_length,
+        settings.dry.penalty_last_n,
+        settings.xtc.probability,
+        settings.xtc.threshold,
         settings.format.name(),
     )
 }
@@ -125,6 +138,20 @@ pub fn show(settings: &ChatSettings) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dry_and_xtc_settings_are_set_checked_and_shown() {
+        let mut settings = ChatSettings::default();
+        set(&mut settings, "dry-multiplier", "0.8").unwrap();
+        set(&mut settings, "dry-penalty-last-n", "-1").unwrap();
+        set(&mut settings, "xtc-threshold", "0.2").unwrap();
+        assert_eq!((settings.dry.multiplier, settings.dry.penalty_last_n, settings.xtc.threshold), (0.8, -1, 0.2));
+        assert!(set(&mut settings, "dry-base", "0.9").unwrap_err().contains("dry-base"));
+        assert!(set(&mut settings, "xtc-probability", "2").unwrap_err().contains("xtc-probability"));
+        let shown = show(&settings);
+        assert!(shown.contains("dry-multiplier 0.8\n") && shown.contains("xtc-threshold 0.2\n"), "{shown}");
+        settings.validate().unwrap();
+    }
 
     #[test]
     fn commands_parse_and_mistakes_are_one_line() {
