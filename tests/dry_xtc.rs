@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::common::{assert_clean_failure, infer, real_model, tempdir};
 use crate::engine::load;
-use crate::serve::{Server, post, tiny_model};
+use crate::serve::{Server, completer, text_of, tiny_model};
 use crate::synthetic::Spec;
 
 const DRY: DryParams = DryParams { multiplier: 0.8, base: 1.75, allowed_length: 2, penalty_last_n: -1 };
@@ -227,17 +227,8 @@ fn flags_and_api_fields_are_checked() {
 
     // The API: llama-server's field names; a bad value is a 400 naming the field.
     let server = Server::start(&model, &["--ctx-size", "64"]);
-    let url = format!("{}/v1/completions", server.base);
-    let complete = |extra: Value| {
-        let mut body = json!({"prompt": "hello", "max_tokens": 8, "temperature": 0, "logit_bias": {"40": 20}});
-        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        let (status, _, text) = post(&url, body.to_string().as_bytes());
-        (status, text)
-    };
-    let text_of = |(status, text): (u16, String)| {
-        assert_eq!(status, 200, "{text}");
-        serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["text"].as_str().unwrap().to_string()
-    };
+    let complete =
+        completer(&server, json!({"prompt": "hello", "max_tokens": 8, "temperature": 0, "logit_bias": {"40": 20}}));
     // The bias makes one token the argmax at every step; a steep DRY stops the run of it.
     let plain = text_of(complete(json!({})));
     assert_eq!(plain, plain[..1].repeat(8), "{plain:?}");

@@ -155,6 +155,23 @@ pub fn tiny_model(dir: &Path) -> PathBuf {
     path
 }
 
+/// Posts `base` with `extra`'s fields added to /v1/completions: (status, body).
+pub fn completer(server: &Server, base: Value) -> impl Fn(Value) -> (u16, String) {
+    let url = format!("{}/v1/completions", server.base);
+    move |extra: Value| {
+        let mut body = base.clone();
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, _, text) = post(&url, body.to_string().as_bytes());
+        (status, text)
+    }
+}
+
+/// The text of a 200 completion.
+pub fn text_of((status, text): (u16, String)) -> String {
+    assert_eq!(status, 200, "{text}");
+    serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
 fn error_of(body: &str) -> Value {
     let v: Value = serde_json::from_str(body).unwrap_or_else(|_| panic!("not JSON: {body}"));
     assert_eq!(v["error"]["type"].as_str().map(|t| t.ends_with("error")), Some(true), "{v}");
@@ -230,17 +247,7 @@ fn bad_requests_get_4xx_with_openai_error_bodies_and_the_server_stays_up() {
 fn logit_bias_reaches_the_sampler_in_both_forms() {
     let dir = tempdir();
     let server = Server::start(&tiny_model(dir.path()), &["--ctx-size", "64"]);
-    let url = format!("{}/v1/completions", server.base);
-    let complete = |extra: Value| {
-        let mut body = json!({"prompt": "hello", "max_tokens": 4, "temperature": 0});
-        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        let (status, _, text) = post(&url, body.to_string().as_bytes());
-        (status, text)
-    };
-    let text_of = |(status, text): (u16, String)| {
-        assert_eq!(status, 200, "{text}");
-        serde_json::from_str::<Value>(&text).unwrap()["choices"][0]["text"].as_str().unwrap().to_string()
-    };
+    let complete = completer(&server, json!({"prompt": "hello", "max_tokens": 4, "temperature": 0}));
     // +100 makes a token the argmax at every step: the reply is that token's text four times, in either form.
     let a = text_of(complete(json!({"logit_bias": {"40": 100}})));
     let b = text_of(complete(json!({"logit_bias": [[41, 100]]})));
