@@ -21,12 +21,14 @@ use crate::synthetic::{Rng, Spec};
 /// Whether serde_json sees `text` as the start of some JSON text: it parses, or fails only by running out of input.
 /// The judge reads into `IgnoredAny` (syntax alone): `serde_json::Value` takes an object keyed
 /// `$serde_json::private::RawValue` for an embedded raw value (the `raw_value` feature, which axum turns on), and so
-/// refuses some valid JSON.
+/// refuses some valid JSON. `IgnoredAny` calls a number cut short (`1.`, `-`, `1e`) invalid rather than unfinished,
+/// so a second try appends a digit (which cannot turn a non-prefix into one).
 fn is_json_prefix(text: &str) -> bool {
-    match serde_json::from_str::<IgnoredAny>(text) {
+    let ok_or_eof = |t: &str| match serde_json::from_str::<IgnoredAny>(t) {
         Ok(_) => true,
         Err(e) => e.is_eof(),
-    }
+    };
+    ok_or_eof(text) || ok_or_eof(&format!("{text}0"))
 }
 
 fn parses_as_object(text: &str) -> bool {
@@ -245,6 +247,11 @@ fn a_key_that_is_serde_jsons_private_marker_is_plain_json() {
         assert!(is_json_prefix(&text[..=i]), "{}", &text[..=i]);
     }
     assert!(m.is_complete());
+    // The judge's other blind spot: numbers cut short are prefixes too.
+    for cut in [r#"{"a": [1."#, r#"{"a": -"#, r#"{"a": 1e"#, r#"{"a": 2E+"#] {
+        assert!(is_json_prefix(cut), "{cut}");
+    }
+    assert!(!is_json_prefix(r#"{"a": 1.."#));
     assert!(parses_as_object(text));
 }
 

@@ -8,15 +8,19 @@ use infer::structured::JsonMachine;
 use libfuzzer_sys::fuzz_target;
 use serde::de::IgnoredAny;
 
-/// The judge reads into `IgnoredAny`, which checks syntax alone. `serde_json::Value` is not neutral: with the
-/// `raw_value` feature (axum turns it on) an object whose first key is `$serde_json::private::RawValue` is taken for
-/// an embedded raw value, so the valid `{"$serde_json::private::RawValue":"A:"}` fails to parse as a `Value`. The
-/// CI smoke run of 1dc7e9d found that input and flagged the machine for it.
+/// Whether `bytes` can be carried on to a JSON text. The judge reads into `IgnoredAny`, which checks syntax alone:
+/// `serde_json::Value` is not neutral, since with the `raw_value` feature (axum turns it on) an object whose first
+/// key is `$serde_json::private::RawValue` is taken for an embedded raw value, so the valid
+/// `{"$serde_json::private::RawValue":"A:"}` fails to parse as a `Value` (the CI smoke run of 1dc7e9d found that
+/// and blamed the machine). `IgnoredAny` has its own blind spot: a number cut short (`-`, `1.`, `1e`, `1e+`) is an
+/// invalid number to it, not the end of the input, so a second try appends a digit. That cannot make a non-prefix
+/// pass: whatever extends a prefix of JSON text was one already.
 fn is_prefix(bytes: &[u8]) -> bool {
-    match serde_json::from_slice::<IgnoredAny>(bytes) {
+    let ok_or_eof = |b: &[u8]| match serde_json::from_slice::<IgnoredAny>(b) {
         Ok(_) => true,
         Err(e) => e.is_eof(),
-    }
+    };
+    ok_or_eof(bytes) || ok_or_eof(&[bytes, b"0"].concat())
 }
 
 fuzz_target!(|data: &[u8]| {
