@@ -1,6 +1,6 @@
 //! The DRY and XTC samplers: what they do to a distribution (synthetic logits), that the engine and a session draw
 //! the same tokens with them, that DRY ends SmolLM2's greedy loop, and that the flags and the API fields are
-//! checked.
+//! checked (top-nσ's too; its filter is tested with the others in `sampling.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -214,6 +214,7 @@ fn flags_and_api_fields_are_checked() {
         ("--dry-sequence-breaker", "", "--dry-sequence-breaker"),
         ("--xtc-probability", "1.5", "--xtc-probability"),
         ("--xtc-threshold", "nan", "--xtc-threshold"),
+        ("--top-n-sigma", "inf", "--top-n-sigma"),
     ] {
         assert_clean_failure(&infer(&["run", m, "-p", "hi", "-n", "2", flag, value]), needle);
     }
@@ -239,6 +240,7 @@ fn flags_and_api_fields_are_checked() {
                                          "dry_sequence_breakers": [&plain[..1]]})));
     assert_eq!(broken, plain);
     assert_eq!(text_of(complete(json!({"xtc_probability": 1, "xtc_threshold": 0.1}))), plain, "greedy ignores XTC");
+    assert_eq!(text_of(complete(json!({"top_n_sigma": 1.0}))), plain, "the argmax passes top-nσ");
     for (field, value) in [
         ("dry_multiplier", json!(-1)),
         ("dry_base", json!(0.5)),
@@ -249,6 +251,7 @@ fn flags_and_api_fields_are_checked() {
         ("dry_sequence_breakers", json!(vec!["x"; 40])),
         ("xtc_probability", json!(2)),
         ("xtc_threshold", json!("high")),
+        ("top_n_sigma", json!("wide")),
     ] {
         let (status, text) = complete(json!({ field: value }));
         assert_eq!(status, 400, "{field}: {text}");

@@ -245,6 +245,32 @@ fn min_p_filters_unlikely_tokens() {
     }
 }
 
+/// Top-nσ keeps the tokens within n standard deviations of the top logit, whatever the temperature: a clear head of
+/// four tokens over 2,000 of noise.
+#[test]
+fn top_n_sigma_keeps_the_head_at_any_temperature() {
+    let mut l: Vec<f32> = logits(2000, 5).iter().map(|v| v * 0.2).collect();
+    for (i, v) in [9.0f32, 8.5, 8.0, 7.0].into_iter().enumerate() {
+        l[i] = v;
+    }
+    for temperature in [0.3f32, 1.0, 3.0] {
+        let params = SamplingParams { top_n_sigma: 1.0, temperature, seed: 1, ..SamplingParams::GREEDY };
+        let mut s = Sampler::new(params).unwrap();
+        let mut ids: Vec<u32> = s.distribution(&l, &[]).unwrap().iter().map(|t| t.id).collect();
+        ids.sort_unstable();
+        // The noise is uniform on ±1.2, so σ is about 0.78 and the floor near 8.2: the two best stay.
+        assert_eq!(ids, [0, 1], "t = {temperature}");
+        // Without it the noise takes most of the mass at a high temperature.
+        let off = SamplingParams { top_n_sigma: -1.0, ..params };
+        assert!(Sampler::new(off).unwrap().distribution(&l, &[]).unwrap().len() > 1000);
+    }
+    // A banned token does not count towards σ.
+    let mut s = Sampler::new(SamplingParams { top_n_sigma: 1.0, temperature: 1.0, ..SamplingParams::GREEDY }).unwrap();
+    s.set_logit_bias(LogitBias::new([(5, f32::NEG_INFINITY)]).unwrap());
+    assert_eq!(s.distribution(&l, &[]).unwrap().len(), 2, "a banned token's f32::MIN would make σ huge");
+    assert!(Sampler::new(SamplingParams { top_n_sigma: f32::NAN, ..SamplingParams::DEFAULT }).is_err());
+}
+
 #[test]
 fn min_p_after_top_p() {
     // Top-p's mass is measured before min-p drops anything: probabilities 0.4, 0.3, 0.2, 0.1 with top-p 0.8
@@ -490,6 +516,16 @@ fn reference(l: &[f32], history: &[u32], p: &SamplingParams) -> (Vec<u32>, Vec<f
     if p.temperature == 0.0 || p.top_k == 1 {
         return (vec![order[0]], vec![1.0]);
     }
+    if p.top_n_sigma > 0.0 {
+        // Top-nσ: σ is the population standard deviation of every logit (measured from the max, as the sampler
+        // does, so both round alike).
+        let top = l[order[0] as usize];
+        let d: Vec<f64> = l.iter().map(|&v| f64::from(v - top)).collect();
+        let mean = d.iter().sum::<f64>() / d.len() as f64;
+        let var = (d.iter().map(|x| x * x).sum::<f64>() / d.len() as f64 - mean * mean).max(0.0);
+        let floor = (f64::from(top) - f64::from(p.top_n_sigma) * var.sqrt()) as f32;
+        order.retain(|&i| l[i as usize] >= floor);
+    }
     if p.top_k > 0 && p.top_k < order.len() {
         order.truncate(p.top_k);
     }
@@ -525,6 +561,7 @@ proptest::proptest! {
         top_k in proptest::sample::select(vec![0usize, 1, 2, 40, 100, 5000]),
         top_p in proptest::sample::select(vec![1.0f32, 0.95, 0.5, 0.05, 1e-6]),
         min_p in proptest::sample::select(vec![0.0f32, 0.05, 0.3, 1.0]),
+        top_n_sigma in proptest::sample::select(vec![-1.0f32, 0.5, 1.0, 3.0]),
         repeat_penalty in proptest::sample::select(vec![1.0f32, 1.3, 0.7]),
         presence_penalty in proptest::sample::select(vec![0.0f32, 0.6, -1.5]),
         frequency_penalty in proptest::sample::select(vec![0.0f32, 0.3, -0.2, 2.0]),
@@ -537,6 +574,7 @@ proptest::proptest! {
             top_k,
             top_p,
             min_p,
+            top_n_sigma,
             repeat_penalty,
             repeat_last_n: 64,
             presence_penalty,

@@ -53,6 +53,7 @@ fuzz_target!(|input: Input| {
         top_k: input.top_k as usize,
         top_p: input.top_p,
         min_p: input.min_p,
+        top_n_sigma: input.xtc_probability * 4.0 - 1.0,
         repeat_penalty: input.repeat_penalty,
         repeat_last_n: input.repeat_last_n as usize,
         presence_penalty: input.presence_penalty,

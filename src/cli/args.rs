@@ -37,6 +37,11 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "P", default_value_t = D.min_p, value_parser = parse_min_p,
           allow_negative_numbers = true, help_heading = "Sampling")]
     pub min_p: f32,
+    /// Top-nσ: keep only tokens whose logit is within N standard deviations (of all the logits) of the largest, a
+    /// cut that does not move with the temperature; <= 0 = off (-1, llama.cpp's default). 1 is a common setting.
+    #[arg(long, value_name = "N", default_value_t = D.top_n_sigma, value_parser = parse_float,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub top_n_sigma: f32,
     /// Penalize tokens seen among the last --repeat-last-n: > 0, 1 = off, above 1 discourages repeats.
     #[arg(long, value_name = "X", default_value_t = D.repeat_penalty, value_parser = parse_repeat_penalty,
           allow_negative_numbers = true, help_heading = "Sampling")]
@@ -102,6 +107,7 @@ impl SamplingArgs {
             top_k: self.top_k,
             top_p: self.top_p,
             min_p: self.min_p,
+            top_n_sigma: self.top_n_sigma,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
             presence_penalty: self.presence_penalty,
@@ -151,6 +157,7 @@ impl Default for SamplingArgs {
             top_k: D.top_k,
             top_p: D.top_p,
             min_p: D.min_p,
+            top_n_sigma: D.top_n_sigma,
             repeat_penalty: D.repeat_penalty,
             repeat_last_n: D.repeat_last_n,
             presence_penalty: D.presence_penalty,
@@ -314,7 +321,8 @@ impl ThreadArgs {
     }
 }
 
-fn parse_float(text: &str) -> Result<f32, String> {
+/// A finite number (`--top-n-sigma`; the others' checks start here).
+pub fn parse_float(text: &str) -> Result<f32, String> {
     let value: f32 = text.trim().parse().map_err(|_| format!("'{text}' is not a number"))?;
     if value.is_finite() { Ok(value) } else { Err(format!("'{text}' is not a finite number")) }
 }

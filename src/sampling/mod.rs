@@ -17,14 +17,16 @@
 //!    loses `multiplier × base^(length − allowed_length)` (off unless `dry.multiplier > 0`);
 //!    then, with [`Sampler::sample_masked`] (structured output, [`crate::structured`]), only the tokens the mask
 //!    allows go on to the next steps;
-//! 3. **top-k**: keep the `top_k` highest logits (0 = off);
-//! 4. **top-p** (nucleus): keep the smallest set of highest-probability tokens whose probability mass, measured on
-//!    the distribution left by top-k at temperature 1, reaches `top_p` (1 = off);
-//! 5. **min-p**: drop tokens whose probability is below `min_p` times the most likely token's (0 = off);
-//! 6. **XTC** ([`xtc`]): with probability `xtc.probability`, drop every token at least `xtc.threshold` likely
+//! 3. **top-nσ**: keep the tokens whose logit is at least `max − top_n_sigma × σ`, σ the standard deviation of the
+//!    logits (off unless `top_n_sigma > 0`);
+//! 4. **top-k**: keep the `top_k` highest logits (0 = off);
+//! 5. **top-p** (nucleus): keep the smallest set of highest-probability tokens whose probability mass, measured on
+//!    the distribution left by top-nσ and top-k at temperature 1, reaches `top_p` (1 = off);
+//! 6. **min-p**: drop tokens whose probability is below `min_p` times the most likely token's (0 = off);
+//! 7. **XTC** ([`xtc`]): with probability `xtc.probability`, drop every token at least `xtc.threshold` likely
 //!    except the least likely of them (off unless `xtc.probability > 0`);
-//! 7. **temperature**: divide the surviving logits by `temperature`;
-//! 8. **draw** one token from the softmax of what is left, with the sampler's own ChaCha8 RNG.
+//! 8. **temperature**: divide the surviving logits by `temperature`;
+//! 9. **draw** one token from the softmax of what is left, with the sampler's own ChaCha8 RNG.
 //!
 //! Temperature 0 means greedy: the answer is the argmax of the penalized logits (ties go to the lowest id) and the
 //! RNG is not touched. The filters keep the most likely token, so they never change a greedy answer.
@@ -101,6 +103,9 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// Drop tokens less likely than `min_p` × the most likely one's probability, in [0, 1]; 0 = off.
     pub min_p: f32,
+    /// Top-nσ: keep only tokens whose logit is within `top_n_sigma` standard deviations (of all the logits) of the
+    /// largest; ≤ 0 = off (llama.cpp's −1).
+    pub top_n_sigma: f32,
     /// Repeat penalty, > 0; 1 = off, above 1 discourages repeats.
     pub repeat_penalty: f32,
     /// How many of the most recent history tokens the penalties look at; 0 = off.
@@ -124,6 +129,7 @@ impl SamplingParams {
         top_k: 40,
         top_p: 0.95,
         min_p: 0.05,
+        top_n_sigma: -1.0,
         repeat_penalty: 1.0,
         repeat_last_n: 64,
         presence_penalty: 0.0,
@@ -139,6 +145,7 @@ impl SamplingParams {
         top_k: 0,
         top_p: 1.0,
         min_p: 0.0,
+        top_n_sigma: -1.0,
         repeat_penalty: 1.0,
         repeat_last_n: 0,
         presence_penalty: 0.0,
@@ -156,6 +163,7 @@ impl SamplingParams {
         check("temperature", self.temperature, self.temperature >= 0.0, "a number >= 0 (0 = greedy)")?;
         check("top_p", self.top_p, self.top_p > 0.0 && self.top_p <= 1.0, "a number in (0, 1] (1 = off)")?;
         check("min_p", self.min_p, (0.0..=1.0).contains(&self.min_p), "a number in [0, 1] (0 = off)")?;
+        check("top_n_sigma", self.top_n_sigma, true, "a number (<= 0 = off)")?;
         check("repeat_penalty", self.repeat_penalty, self.repeat_penalty > 0.0, "a number > 0 (1 = off)")?;
         let in_range = |x: f32| (-PENALTY_LIMIT..=PENALTY_LIMIT).contains(&x);
         check("presence_penalty", self.presence_penalty, in_range(self.presence_penalty), "a number in [-2, 2]")?;
@@ -305,6 +313,29 @@ fn max_of(values: &[f32]) -> f32 {
         lanes[0] = if v > lanes[0] { v } else { lanes[0] };
     }
     lanes.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+}
+
+/// Top-nσ's floor, `max − n·σ` with σ the standard deviation of the scores (Tang et al., "Top-nσ: Not All Logits
+/// Are You Need", 2024): the informative tokens stand out of a roughly normal mass of noise, and a floor measured in
+/// its spread does not move with the temperature. Banned tokens (at `f32::MIN`) are left out of σ: they are not
+/// the model's.
+fn sigma_floor(scores: &[f32], max: f32, n: f32) -> f32 {
+    let (mut count, mut sum, mut squares) = ([0u32; LANES], [0.0f64; LANES], [0.0f64; LANES]);
+    for chunk in scores.chunks(LANES) {
+        for (lane, &v) in chunk.iter().enumerate() {
+            if v > f32::MIN {
+                // Relative to the max: the sums stay small and the variance exact enough in f64.
+                let x = f64::from(v - max);
+                count[lane] += 1;
+                sum[lane] += x;
+                squares[lane] += x * x;
+            }
+        }
+    }
+    let n_all = f64::from(count.iter().sum::<u32>().max(1));
+    let mean = sum.iter().sum::<f64>() / n_all;
+    let var = (squares.iter().sum::<f64>() / n_all - mean * mean).max(0.0);
+    (f64::from(max) - f64::from(n) * var.sqrt()) as f32
 }
 
 /// The largest logit of `cands` (−∞ for none).
@@ -602,20 +633,29 @@ impl Sampler {
 
         let vocab = scores.len();
         let top_p_on = params.top_p < 1.0;
+        // Top-nσ's floor (−∞ when off): it comes first, so top-p measures the mass of what it leaves.
+        let floor = if params.top_n_sigma > 0.0 { sigma_floor(scores, max, params.top_n_sigma) } else { f32::MIN };
         cands.clear();
-        // Total probability mass (unnormalized, relative to the max) of what top-k leaves, for top-p.
+        // Total probability mass (unnormalized, relative to the max) of what top-nσ and top-k leave, for top-p.
         let mut mass = 0.0f64;
         let mut sorted = false;
         if params.top_k > 0 && params.top_k < vocab {
             top_k_scan(scores, params.top_k, cands);
             cands.sort_unstable_by(by_logit_desc);
+            if floor > f32::MIN {
+                cands.retain(|c| c.logit >= floor);
+            }
             sorted = true;
             if top_p_on {
                 mass = cands.iter().map(|c| f64::from(exp_nonpos(c.logit - max))).sum();
             }
         } else {
             if top_p_on {
-                mass = exp_sum(scores, max);
+                mass = if floor > f32::MIN {
+                    scores.iter().filter(|&&s| s >= floor).map(|&s| f64::from(exp_nonpos(s - max))).sum()
+                } else {
+                    exp_sum(scores, max)
+                };
             }
             // Min-p comes after top-p, but both keep a most-likely-first prefix of the candidates, so their result
             // is the shorter prefix: dropping min-p's rejects first changes nothing and spares top-p the work.
@@ -624,7 +664,7 @@ impl Sampler {
                 scores
                     .iter()
                     .enumerate()
-                    .filter(|&(_, &s)| s - max >= cut)
+                    .filter(|&(_, &s)| s - max >= cut && s >= floor)
                     .map(|(i, &s)| Cand { id: i as u32, logit: s }),
             );
         }

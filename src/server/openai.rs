@@ -248,6 +248,7 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
         top_k,
         top_p,
         min_p,
+        top_n_sigma: f.f32("top_n_sigma")?.unwrap_or(d.top_n_sigma),
         repeat_penalty,
         repeat_last_n,
         presence_penalty,

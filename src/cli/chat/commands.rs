@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use crate::chat::ChatSettings;
 use crate::cli::args::{
-    parse_count, parse_dry_base, parse_dry_multiplier, parse_last_n, parse_min_p, parse_n_predict, parse_penalty,
-    parse_repeat_penalty, parse_seed, parse_temperature, parse_top_p, parse_unit,
+    parse_count, parse_dry_base, parse_dry_multiplier, parse_float, parse_last_n, parse_min_p, parse_n_predict,
+    parse_penalty, parse_repeat_penalty, parse_seed, parse_temperature, parse_top_p, parse_unit,
 };
 use crate::structured::OutputFormat;
 
@@ -47,8 +47,9 @@ pub const HELP: &str = "\
 Ctrl-C stops a reply; what was said so far is kept.";
 
 /// Settings `/set` knows, as typed.
-pub const SETTINGS: &str = "temp, top-k, top-p, min-p, repeat-penalty, repeat-last-n, presence-penalty, frequency-penalty, dry-multiplier, \
-     dry-base, dry-allowed-length, dry-penalty-last-n, xtc-probability, xtc-threshold, seed, n, format";
+pub const SETTINGS: &str = "temp, top-k, top-p, min-p, top-n-sigma, repeat-penalty, repeat-last-n, presence-penalty, \
+     frequency-penalty, dry-multiplier, dry-base, dry-allowed-length, dry-penalty-last-n, xtc-probability, \
+     xtc-threshold, seed, n, format";
 
 /// Parses a command line (without the leading `/`).
 pub fn parse(line: &str) -> Result<Command, String> {
@@ -87,6 +88,7 @@ pub fn set(settings: &mut ChatSettings, key: &str, value: &str) -> Result<(), St
         "top-k" => settings.top_k = parse_count(value).map_err(bad)?,
         "top-p" => settings.top_p = parse_top_p(value).map_err(bad)?,
         "min-p" => settings.min_p = parse_min_p(value).map_err(bad)?,
+        "top-n-sigma" => settings.top_n_sigma = parse_float(value).map_err(bad)?,
         "repeat-penalty" => settings.repeat_penalty = parse_repeat_penalty(value).map_err(bad)?,
         "repeat-last-n" => settings.repeat_last_n = parse_count(value).map_err(bad)?,
         "presence-penalty" => settings.presence_penalty = parse_penalty(value).map_err(bad)?,
@@ -114,13 +116,14 @@ pub fn show(settings: &ChatSettings) -> String {
     let seed = settings.seed.map_or("random".to_string(), |s| s.to_string());
     let n = settings.max_tokens.map_or("-1 (no limit)".to_string(), |n| n.to_string());
     format!(
-        "temp {}\ntop-k {}\ntop-p {}\nmin-p {}\nrepeat-penalty {}\nrepeat-last-n {}\npresence-penalty {}\n\
+        "temp {}\ntop-k {}\ntop-p {}\nmin-p {}\ntop-n-sigma {}\nrepeat-penalty {}\nrepeat-last-n {}\npresence-penalty {}\n\
          frequency-penalty {}\ndry-multiplier {}\ndry-base {}\ndry-allowed-length {}\ndry-penalty-last-n {}\n\
          xtc-probability {}\nxtc-threshold {}\nseed {seed}\nn {n}\nformat {}",
         settings.temperature,
         settings.top_k,
         settings.top_p,
         settings.min_p,
+        settings.top_n_sigma,
         settings.repeat_penalty,
         settings.repeat_last_n,
         settings.presence_penalty,
