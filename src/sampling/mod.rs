@@ -633,7 +633,8 @@ impl Sampler {
 
         let vocab = scores.len();
         let top_p_on = params.top_p < 1.0;
-        // Top-nσ's floor (−∞ when off): it comes first, so top-p measures the mass of what it leaves.
+        // Top-nσ's floor (f32::MIN, keeping all, when off): it comes first, so top-p measures the mass of what it
+        // leaves.
         let floor = if params.top_n_sigma > 0.0 { sigma_floor(scores, max, params.top_n_sigma) } else { f32::MIN };
         cands.clear();
         // Total probability mass (unnormalized, relative to the max) of what top-nσ and top-k leave, for top-p.
