@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 
-use crate::sampling::dry::MAX_BREAKER_LEN;
 use crate::sampling::{BIAS_LIMIT, DryParams, LogitBias, SamplingParams, XtcParams, random_seed};
 use crate::speculative::{DraftParams, MAX_DRAFT};
 use crate::stop::{StopError, StopMatcher, parse_stop};
@@ -374,16 +373,10 @@ pub fn parse_last_n(text: &str) -> Result<i64, String> {
 /// The `--dry-sequence-breaker` value that means "no breakers" (llama.cpp's spelling).
 pub const NO_BREAKERS: &str = "none";
 
-/// `--dry-sequence-breaker`: a non-empty string of at most 64 bytes, with the `--stop` escapes.
+/// `--dry-sequence-breaker`: a string with the `--stop` escapes. Its emptiness, length and count are checked with
+/// the others' by [`SamplingArgs::dry_breakers`] (`dry::check_breakers`, the API's check too), before any model loads.
 pub fn parse_breaker(text: &str) -> Result<String, String> {
-    let b = crate::stop::unescape(text).map_err(|e| format!("sequence breaker '{text}': {e}"))?;
-    if b.is_empty() {
-        return Err("a sequence breaker cannot be empty".into());
-    }
-    if b.len() > MAX_BREAKER_LEN {
-        return Err(format!("a sequence breaker is at most {MAX_BREAKER_LEN} bytes"));
-    }
-    Ok(b)
+    crate::stop::unescape(text).map_err(|e| format!("sequence breaker '{text}': {e}"))
 }
 
 /// `--repeat-penalty`: a finite number > 0.
