@@ -14,7 +14,9 @@ use std::sync::atomic::AtomicBool;
 
 use serde::{Deserialize, Serialize};
 
-use crate::sampling::{DryParams, LogitBias, SamplingError, SamplingParams, XtcParams, random_seed};
+use crate::sampling::{
+    DryParams, DynatempParams, LogitBias, MirostatParams, SamplingError, SamplingParams, XtcParams, random_seed,
+};
 use crate::session::{GenerateError, GenerateRequest, Generation, Session, Timings};
 use crate::speculative::DraftParams;
 use crate::structured::OutputFormat;
@@ -70,6 +72,12 @@ pub struct ChatSettings {
     pub dry: DryParams,
     /// XTC (off unless its probability is above 0).
     pub xtc: XtcParams,
+    /// Locally typical sampling's mass (1 = off).
+    pub typical_p: f32,
+    /// Dynamic temperature (off unless its range is above 0).
+    pub dynatemp: DynatempParams,
+    /// Mirostat (off unless its version is 1 or 2).
+    pub mirostat: MirostatParams,
     /// A fixed seed makes replies reproducible; `None` picks a fresh one per reply.
     pub seed: Option<u64>,
     /// Most tokens per reply; `None` = until the model ends its turn or the context is full.
@@ -98,6 +106,9 @@ impl ChatSettings {
             frequency_penalty: p.frequency_penalty,
             dry: p.dry,
             xtc: p.xtc,
+            typical_p: p.typical_p,
+            dynatemp: p.dynatemp,
+            mirostat: p.mirostat,
             seed,
             max_tokens,
             format: OutputFormat::Text,
@@ -118,6 +129,9 @@ impl ChatSettings {
             frequency_penalty: self.frequency_penalty,
             dry: self.dry,
             xtc: self.xtc,
+            typical_p: self.typical_p,
+            dynatemp: self.dynatemp,
+            mirostat: self.mirostat,
             seed,
         }
     }

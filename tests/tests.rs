@@ -29,3 +29,4 @@ mod speculative;
 mod structured;
 mod synthetic;
 mod tokenizer;
+mod typical_mirostat;

@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 use arbitrary::Arbitrary;
 use infer::gguf::GgufFile;
 use infer::model::{KvDtype, Model};
-use infer::sampling::{DryParams, LogitBias, SamplingParams, XtcParams};
+use infer::sampling::{DryParams, DynatempParams, LogitBias, MirostatParams, SamplingParams, XtcParams};
 use infer::session::{GenerateRequest, Session};
 use infer::speculative::DraftParams;
 use infer::structured::OutputFormat;
@@ -60,6 +60,9 @@ fuzz_target!(|input: Input| {
         frequency_penalty: input.frequency_penalty,
         dry: DryParams { multiplier: input.dry_multiplier, ..DryParams::OFF },
         xtc: XtcParams { probability: input.xtc_probability, ..XtcParams::OFF },
+        typical_p: 1.0 - input.xtc_probability.clamp(0.0, 0.9),
+        dynatemp: DynatempParams { range: input.dry_multiplier, ..DynatempParams::OFF },
+        mirostat: MirostatParams { version: (input.seed % 3) as u8, ..MirostatParams::OFF },
         seed: input.seed,
     };
     // DRY's breakers from the stop strings' input: none, the defaults, or those strings.

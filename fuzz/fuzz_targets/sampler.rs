@@ -1,12 +1,12 @@
 //! The sampler on arbitrary logits (NaN, ±inf, all equal, empty) with arbitrary parameters, logit biases and
-//! history (DRY's breakers and XTC included): it returns a token of the vocabulary or an error, and never panics; a
+//! history (DRY's breakers, XTC, typical, dynamic temperature and Mirostat included): it returns a token of the vocabulary or an error, and never panics; a
 //! banned token is never returned.
 #![no_main]
 
 use arbitrary::Arbitrary;
 use std::sync::Arc;
 
-use infer::sampling::{DryParams, LogitBias, Sampler, SamplingParams, XtcParams};
+use infer::sampling::{DryParams, DynatempParams, LogitBias, MirostatParams, Sampler, SamplingParams, XtcParams};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -27,6 +27,12 @@ struct Input {
     dry_breakers: Vec<u32>,
     xtc_probability: f32,
     xtc_threshold: f32,
+    typical_p: f32,
+    dynatemp_range: f32,
+    dynatemp_exponent: f32,
+    mirostat: u8,
+    mirostat_tau: f32,
+    mirostat_eta: f32,
     bias: Vec<(u32, f32)>,
     seed: u64,
     logits: Vec<f32>,
@@ -53,6 +59,10 @@ fuzz_target!(|input: Input| {
             penalty_last_n: i64::from(input.dry_penalty_last_n),
         },
         xtc: XtcParams { probability: input.xtc_probability, threshold: input.xtc_threshold },
+        typical_p: input.typical_p,
+        dynatemp: DynatempParams { range: input.dynatemp_range, exponent: input.dynatemp_exponent },
+        // Mostly 0, 1 or 2, sometimes out of range (refused).
+        mirostat: MirostatParams { version: input.mirostat % 4, tau: input.mirostat_tau, eta: input.mirostat_eta },
         seed: input.seed,
     };
     let Ok(mut sampler) = Sampler::new(params) else { return };

@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 
-use crate::sampling::{BIAS_LIMIT, DryParams, LogitBias, SamplingParams, XtcParams, random_seed};
+use crate::sampling::{
+    BIAS_LIMIT, DryParams, DynatempParams, LogitBias, MirostatParams, SamplingParams, XtcParams, random_seed,
+};
 use crate::speculative::{DraftParams, MAX_DRAFT};
 use crate::stop::{StopError, StopMatcher, parse_stop};
 use crate::structured::{JsonSchema, OutputFormat};
@@ -63,7 +65,7 @@ pub struct SamplingArgs {
     pub logit_bias: Vec<(u32, f32)>,
     /// DRY: penalize a token that would carry on a repeat of --dry-allowed-length or more tokens, by
     /// X × --dry-base^(repeat − allowed length); 0 = off, 0.8 is the usual setting. Stops loops, spares single words.
-    #[arg(long, value_name = "X", default_value_t = D.dry.multiplier, value_parser = parse_dry_multiplier,
+    #[arg(long, value_name = "X", default_value_t = D.dry.multiplier, value_parser = parse_non_negative,
           allow_negative_numbers = true, help_heading = "Sampling")]
     pub dry_multiplier: f32,
     /// DRY: how fast the penalty grows with each token a repeat is longer, >= 1.
@@ -92,6 +94,33 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "P", default_value_t = D.xtc.threshold, value_parser = parse_unit,
           allow_negative_numbers = true, help_heading = "Sampling")]
     pub xtc_threshold: f32,
+    /// Locally typical sampling: keep the tokens whose surprise is closest to the distribution's entropy, as many
+    /// as make up probability P, in (0, 1]; 1 = off. 0.9–0.95 are common settings.
+    #[arg(long = "typical", value_name = "P", default_value_t = D.typical_p, value_parser = parse_mass,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub typical_p: f32,
+    /// Dynamic temperature: the temperature moves up to X either way from --temp, up where the model is unsure
+    /// and down where it is sure (by the entropy of the candidates); 0 = off.
+    #[arg(long, value_name = "X", default_value_t = D.dynatemp.range, value_parser = parse_non_negative,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub dynatemp_range: f32,
+    /// Dynamic temperature: how the temperature follows the entropy, > 0 (1 = in proportion).
+    #[arg(long = "dynatemp-exp", value_name = "X", default_value_t = D.dynatemp.exponent,
+          value_parser = parse_positive_float, allow_negative_numbers = true, help_heading = "Sampling")]
+    pub dynatemp_exponent: f32,
+    /// Mirostat 1 or 2: steer the surprise per token to --mirostat-ent instead of cutting with top-k, top-p and
+    /// the others (which are then skipped); 0 = off.
+    #[arg(long, value_name = "N", default_value_t = D.mirostat.version, value_parser = parse_mirostat,
+          allow_negative_numbers = true, help_heading = "Sampling")]
+    pub mirostat: u8,
+    /// Mirostat's target surprise per token, in bits, >= 0 (tau).
+    #[arg(long = "mirostat-ent", value_name = "BITS", default_value_t = D.mirostat.tau,
+          value_parser = parse_non_negative, allow_negative_numbers = true, help_heading = "Sampling")]
+    pub mirostat_tau: f32,
+    /// Mirostat's learning rate, >= 0 (eta).
+    #[arg(long = "mirostat-lr", value_name = "X", default_value_t = D.mirostat.eta,
+          value_parser = parse_non_negative, allow_negative_numbers = true, help_heading = "Sampling")]
+    pub mirostat_eta: f32,
     /// Seed of the random number generator, for reproducible output [default: random, from the clock].
     #[arg(long, value_name = "N", value_parser = parse_seed, allow_negative_numbers = true, help_heading = "Sampling")]
     pub seed: Option<u64>,
@@ -113,6 +142,9 @@ impl SamplingArgs {
             frequency_penalty: self.frequency_penalty,
             dry: self.dry(),
             xtc: XtcParams { probability: self.xtc_probability, threshold: self.xtc_threshold },
+            typical_p: self.typical_p,
+            dynatemp: DynatempParams { range: self.dynatemp_range, exponent: self.dynatemp_exponent },
+            mirostat: MirostatParams { version: self.mirostat, tau: self.mirostat_tau, eta: self.mirostat_eta },
             seed: self.seed.unwrap_or_else(random_seed),
         }
     }
@@ -169,6 +201,12 @@ impl Default for SamplingArgs {
             dry_sequence_breakers: Vec::new(),
             xtc_probability: D.xtc.probability,
             xtc_threshold: D.xtc.threshold,
+            typical_p: D.typical_p,
+            dynatemp_range: D.dynatemp.range,
+            dynatemp_exponent: D.dynatemp.exponent,
+            mirostat: D.mirostat.version,
+            mirostat_tau: D.mirostat.tau,
+            mirostat_eta: D.mirostat.eta,
             seed: None,
         }
     }
@@ -338,6 +376,28 @@ pub fn parse_top_p(text: &str) -> Result<f32, String> {
     if value > 0.0 && value <= 1.0 { Ok(value) } else { Err("top-p must be in (0, 1] (1 = off)".into()) }
 }
 
+/// `--typical`: a number in (0, 1].
+pub fn parse_mass(text: &str) -> Result<f32, String> {
+    let value = parse_float(text)?;
+    if value > 0.0 && value <= 1.0 { Ok(value) } else { Err("must be in (0, 1] (1 = off)".into()) }
+}
+
+/// `--dynatemp-exp`: a finite number > 0.
+pub fn parse_positive_float(text: &str) -> Result<f32, String> {
+    let value = parse_float(text)?;
+    if value > 0.0 { Ok(value) } else { Err("must be > 0".into()) }
+}
+
+/// `--mirostat`: 0 (off), 1 or 2.
+pub fn parse_mirostat(text: &str) -> Result<u8, String> {
+    match text.trim() {
+        "0" => Ok(0),
+        "1" => Ok(1),
+        "2" => Ok(2),
+        _ => Err(format!("'{text}' is not a Mirostat version: 0 (off), 1 or 2")),
+    }
+}
+
 /// `--min-p`: a number in [0, 1].
 pub fn parse_min_p(text: &str) -> Result<f32, String> {
     let value = parse_float(text)?;
@@ -350,10 +410,10 @@ pub fn parse_unit(text: &str) -> Result<f32, String> {
     if (0.0..=1.0).contains(&value) { Ok(value) } else { Err("must be in [0, 1] (0 = off)".into()) }
 }
 
-/// `--dry-multiplier`: a finite number >= 0.
-pub fn parse_dry_multiplier(text: &str) -> Result<f32, String> {
+/// `--dry-multiplier`, `--dynatemp-range`, `--mirostat-ent`, `--mirostat-lr`: a finite number >= 0.
+pub fn parse_non_negative(text: &str) -> Result<f32, String> {
     let value = parse_float(text)?;
-    if value >= 0.0 { Ok(value) } else { Err("must be >= 0 (0 = off)".into()) }
+    if value >= 0.0 { Ok(value) } else { Err("must be >= 0".into()) }
 }
 
 /// `--dry-base`: a finite number >= 1.

@@ -20,13 +20,19 @@
 //! 3. **top-nσ**: keep the tokens whose logit is at least `max − top_n_sigma × σ`, σ the standard deviation of the
 //!    logits (off unless `top_n_sigma > 0`);
 //! 4. **top-k**: keep the `top_k` highest logits (0 = off);
-//! 5. **top-p** (nucleus): keep the smallest set of highest-probability tokens whose probability mass, measured on
-//!    the distribution left by top-nσ and top-k at temperature 1, reaches `top_p` (1 = off);
-//! 6. **min-p**: drop tokens whose probability is below `min_p` times the most likely token's (0 = off);
-//! 7. **XTC** ([`xtc`]): with probability `xtc.probability`, drop every token at least `xtc.threshold` likely
+//! 5. **typical** ([`typical`]): keep the smallest set of tokens whose surprise is closest to the entropy and whose
+//!    mass reaches `typical_p` (1 = off);
+//! 6. **top-p** (nucleus): keep the smallest set of highest-probability tokens whose probability mass, measured on
+//!    the distribution left by the steps before at temperature 1, reaches `top_p` (1 = off);
+//! 7. **min-p**: drop tokens whose probability is below `min_p` times the most likely token's (0 = off);
+//! 8. **XTC** ([`xtc`]): with probability `xtc.probability`, drop every token at least `xtc.threshold` likely
 //!    except the least likely of them (off unless `xtc.probability > 0`);
-//! 8. **temperature**: divide the surviving logits by `temperature`;
-//! 9. **draw** one token from the softmax of what is left, with the sampler's own ChaCha8 RNG.
+//! 9. **temperature**: divide the surviving logits by `temperature`, or by a temperature that follows their entropy
+//!    ([`dynatemp`], off unless `dynatemp.range > 0`);
+//! 10. **draw** one token from the softmax of what is left, with the sampler's own ChaCha8 RNG.
+//!
+//! [`mirostat`] (off unless `mirostat.version` is 1 or 2) replaces steps 3–9 with its own cut, which a feedback
+//! loop on the drawn tokens' surprise moves; the temperature still applies.
 //!
 //! Temperature 0 means greedy: the answer is the argmax of the penalized logits (ties go to the lowest id) and the
 //! RNG is not touched. The filters keep the most likely token, so they never change a greedy answer.
@@ -57,9 +63,14 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 pub mod dry;
+pub mod dynatemp;
+pub mod mirostat;
+pub mod typical;
 pub mod xtc;
 
 pub use dry::DryParams;
+pub use dynatemp::DynatempParams;
+pub use mirostat::MirostatParams;
 pub use xtc::XtcParams;
 
 /// Why sampling parameters were refused or a token could not be sampled.
@@ -106,6 +117,8 @@ pub struct SamplingParams {
     /// Top-nσ: keep only tokens whose logit is within `top_n_sigma` standard deviations (of all the logits) of the
     /// largest; ≤ 0 = off (llama.cpp's −1).
     pub top_n_sigma: f32,
+    /// Locally typical sampling's mass, in (0, 1]; 1 = off ([`typical`]).
+    pub typical_p: f32,
     /// Repeat penalty, > 0; 1 = off, above 1 discourages repeats.
     pub repeat_penalty: f32,
     /// How many of the most recent history tokens the penalties look at; 0 = off.
@@ -118,6 +131,10 @@ pub struct SamplingParams {
     pub dry: DryParams,
     /// Now and then, excluding the most likely tokens ([`xtc`]).
     pub xtc: XtcParams,
+    /// A temperature that follows the entropy ([`dynatemp`]).
+    pub dynatemp: DynatempParams,
+    /// Steering the surprise per token instead of filtering ([`mirostat`]).
+    pub mirostat: MirostatParams,
     /// Seed of the sampler's RNG.
     pub seed: u64,
 }
@@ -130,12 +147,15 @@ impl SamplingParams {
         top_p: 0.95,
         min_p: 0.05,
         top_n_sigma: -1.0,
+        typical_p: 1.0,
         repeat_penalty: 1.0,
         repeat_last_n: 64,
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
         dry: DryParams::OFF,
         xtc: XtcParams::OFF,
+        dynatemp: DynatempParams::OFF,
+        mirostat: MirostatParams::OFF,
         seed: 0,
     };
 
@@ -146,12 +166,15 @@ impl SamplingParams {
         top_p: 1.0,
         min_p: 0.0,
         top_n_sigma: -1.0,
+        typical_p: 1.0,
         repeat_penalty: 1.0,
         repeat_last_n: 0,
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
         dry: DryParams::OFF,
         xtc: XtcParams::OFF,
+        dynatemp: DynatempParams::OFF,
+        mirostat: MirostatParams::OFF,
         seed: 0,
     };
 
@@ -164,12 +187,20 @@ impl SamplingParams {
         check("top_p", self.top_p, self.top_p > 0.0 && self.top_p <= 1.0, "a number in (0, 1] (1 = off)")?;
         check("min_p", self.min_p, (0.0..=1.0).contains(&self.min_p), "a number in [0, 1] (0 = off)")?;
         check("top_n_sigma", self.top_n_sigma, true, "a number (<= 0 = off)")?;
+        check(
+            "typical_p",
+            self.typical_p,
+            self.typical_p > 0.0 && self.typical_p <= 1.0,
+            "a number in (0, 1] (1 = off)",
+        )?;
         check("repeat_penalty", self.repeat_penalty, self.repeat_penalty > 0.0, "a number > 0 (1 = off)")?;
         let in_range = |x: f32| (-PENALTY_LIMIT..=PENALTY_LIMIT).contains(&x);
         check("presence_penalty", self.presence_penalty, in_range(self.presence_penalty), "a number in [-2, 2]")?;
         check("frequency_penalty", self.frequency_penalty, in_range(self.frequency_penalty), "a number in [-2, 2]")?;
         self.dry.validate()?;
-        self.xtc.validate()
+        self.xtc.validate()?;
+        self.dynatemp.validate()?;
+        self.mirostat.validate()
     }
 
     /// Whether any penalty would change the logits (given a history).
@@ -180,7 +211,8 @@ impl SamplingParams {
 
     /// Whether this samples greedily (the RNG is never used).
     pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0 || self.top_k == 1
+        // Mirostat skips top-k, so top-k 1 does not make it greedy.
+        self.temperature == 0.0 || (self.top_k == 1 && !self.mirostat.is_on())
     }
 }
 
@@ -439,6 +471,11 @@ pub struct Sampler {
     /// DRY's sequence breakers (sorted token ids) and scratch space.
     dry_breakers: Arc<[u32]>,
     dry: dry::DryScratch,
+    /// Typical sampling's ranking and survivors.
+    typical_ranked: Vec<(f64, Cand)>,
+    typical_kept: Vec<Cand>,
+    /// Mirostat's bound on the surprise, in bits (moves after every draw).
+    mirostat_mu: f32,
 }
 
 impl Sampler {
@@ -460,6 +497,9 @@ impl Sampler {
             top_p: TopPScratch::default(),
             dry_breakers: Arc::from([]),
             dry: dry::DryScratch::default(),
+            typical_ranked: Vec::new(),
+            typical_kept: Vec::new(),
+            mirostat_mu: params.mirostat.initial_mu(),
         })
     }
 
@@ -479,10 +519,16 @@ impl Sampler {
         self.dry_breakers = breakers;
     }
 
-    /// Restarts the RNG from `seed` (as if the sampler had been built with it).
+    /// Restarts the RNG from `seed` and Mirostat's bound (as if the sampler had been built with it).
     pub fn reseed(&mut self, seed: u64) {
         self.params.seed = seed;
         self.rng = ChaCha8Rng::seed_from_u64(seed);
+        self.mirostat_mu = self.params.mirostat.initial_mu();
+    }
+
+    /// Mirostat's current bound on the surprise, in bits (`2·tau` until the first draw).
+    pub fn mirostat_mu(&self) -> f32 {
+        self.mirostat_mu
     }
 
     /// Picks the next token from `logits` (one per vocabulary entry). `history` is the sequence so far (prompt and
@@ -502,12 +548,16 @@ impl Sampler {
         match self.prepare(logits, history, mask)? {
             Prepared::Greedy(id) => Ok(id),
             Prepared::Candidates { mut max } => {
-                let xtc = self.params.xtc;
+                let (xtc, mirostat) = (self.params.xtc, self.params.mirostat);
                 // The coin is tossed only when XTC is on, so a request without it draws what it drew before XTC.
-                if xtc.is_on() && self.rng.random::<f32>() < xtc.probability {
+                if xtc.is_on() && !mirostat.is_on() && self.rng.random::<f32>() < xtc.probability {
                     max = xtc::exclude_top_choices(&mut self.cands, max, xtc.threshold);
                 }
-                Ok(self.draw(max))
+                let (id, prob) = self.draw(max);
+                if mirostat.is_on() {
+                    self.mirostat_mu = mirostat.update(self.mirostat_mu, prob);
+                }
+                Ok(id)
             }
         }
     }
@@ -575,7 +625,19 @@ impl Sampler {
         }
 
         let Sampler {
-            params, ln_min_p, bias, penalized, recent, cands, top_p: top_p_scratch, dry_breakers, dry, ..
+            params,
+            ln_min_p,
+            bias,
+            penalized,
+            recent,
+            cands,
+            top_p: top_p_scratch,
+            dry_breakers,
+            dry,
+            typical_ranked,
+            typical_kept,
+            mirostat_mu,
+            ..
         } = self;
         let window = &history[history.len().saturating_sub(params.repeat_last_n)..];
         let penalize = params.penalizes() && !window.is_empty();
@@ -630,9 +692,15 @@ impl Sampler {
         if params.is_greedy() {
             return Ok(Prepared::Greedy(best));
         }
+        if params.mirostat.is_on() {
+            // Even a single candidate is drawn, so that its surprise (0 bits) moves mu back up.
+            mirostat::candidates(&params.mirostat, scores, max, params.temperature, *mirostat_mu, cands);
+            return Ok(Prepared::Candidates { max });
+        }
 
         let vocab = scores.len();
         let top_p_on = params.top_p < 1.0;
+        let typical_on = params.typical_p < 1.0;
         // Top-nσ's floor (f32::MIN, keeping all, when off): it comes first, so top-p measures the mass of what it
         // leaves.
         let floor = if params.top_n_sigma > 0.0 { sigma_floor(scores, max, params.top_n_sigma) } else { f32::MIN };
@@ -651,7 +719,7 @@ impl Sampler {
                 mass = cands.iter().map(|c| f64::from(exp_nonpos(c.logit - max))).sum();
             }
         } else {
-            if top_p_on {
+            if top_p_on && !typical_on {
                 mass = if floor > f32::MIN {
                     scores.iter().filter(|&&s| s >= floor).map(|&s| f64::from(exp_nonpos(s - max))).sum()
                 } else {
@@ -660,7 +728,8 @@ impl Sampler {
             }
             // Min-p comes after top-p, but both keep a most-likely-first prefix of the candidates, so their result
             // is the shorter prefix: dropping min-p's rejects first changes nothing and spares top-p the work.
-            let cut = *ln_min_p;
+            // Typical sampling measures the entropy of everything, so it needs them all.
+            let cut = if typical_on { f32::NEG_INFINITY } else { *ln_min_p };
             cands.extend(
                 scores
                     .iter()
@@ -668,6 +737,17 @@ impl Sampler {
                     .filter(|&(_, &s)| s - max >= cut && s >= floor)
                     .map(|(i, &s)| Cand { id: i as u32, logit: s }),
             );
+        }
+
+        let mut max = max;
+        if typical_on {
+            typical::keep_typical(cands, max, params.typical_p, typical_ranked, typical_kept);
+            sorted = true;
+            // Typical sampling may drop the most likely token; top-p and min-p measure what it left.
+            max = cands.first().map_or(max, |c| c.logit);
+            if top_p_on {
+                mass = cands.iter().map(|c| f64::from(exp_nonpos(c.logit - max))).sum();
+            }
         }
 
         if top_p_on {
@@ -697,10 +777,22 @@ impl Sampler {
         }
     }
 
-    /// Fills `weights` with the candidates' unnormalized probabilities at the temperature; returns their sum.
+    /// Fills `weights` with the candidates' unnormalized probabilities at the temperature (a dynamic one if that is
+    /// on); returns their sum.
     fn weigh(&mut self, max: f32) -> f64 {
-        let t = self.params.temperature;
+        let p = &self.params;
+        let t = if p.dynatemp.is_on() && !p.mirostat.is_on() {
+            p.dynatemp.temperature(p.temperature, &self.cands, max)
+        } else {
+            p.temperature
+        };
         self.weights.clear();
+        if t <= 0.0 {
+            // A dynamic temperature can reach 0: greedy among the candidates (the first of equal maxima).
+            let best = self.cands.iter().position(|c| c.logit == max).unwrap_or(0);
+            self.weights.extend((0..self.cands.len()).map(|i| if i == best { 1.0 } else { 0.0 }));
+            return 1.0;
+        }
         self.weights.resize(self.cands.len(), 0.0);
         let mut lanes = [0.0f64; LANES];
         for (ws, cs) in self.weights.chunks_mut(LANES).zip(self.cands.chunks(LANES)) {
@@ -713,19 +805,20 @@ impl Sampler {
         lanes.iter().sum()
     }
 
-    /// Draws one of `cands` in proportion to its weight.
-    fn draw(&mut self, max: f32) -> u32 {
+    /// Draws one of `cands` in proportion to its weight; returns it with its probability.
+    fn draw(&mut self, max: f32) -> (u32, f64) {
         let sum = self.weigh(max);
         let target = self.rng.random::<f64>() * sum;
         let mut cum = 0.0f64;
         for (c, &w) in self.cands.iter().zip(&self.weights) {
             cum += f64::from(w);
             if cum > target {
-                return c.id;
+                return (c.id, f64::from(w) / sum);
             }
         }
         // Rounding left the target at the very top: the last token with any weight.
-        self.cands.iter().zip(&self.weights).rev().find(|&(_, &w)| w > 0.0).map_or(self.cands[0].id, |(c, _)| c.id)
+        let last = self.cands.iter().zip(&self.weights).rev().find(|&(_, &w)| w > 0.0);
+        last.map_or((self.cands[0].id, 1.0), |(c, &w)| (c.id, f64::from(w) / sum))
     }
 }
 

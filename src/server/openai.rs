@@ -11,7 +11,10 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 
 use crate::engine::{FinishReason, Usage};
-use crate::sampling::{BIAS_LIMIT, DryParams, LogitBias, SamplingError, SamplingParams, XtcParams, random_seed};
+use crate::sampling::{
+    BIAS_LIMIT, DryParams, DynatempParams, LogitBias, MirostatParams, SamplingError, SamplingParams, XtcParams,
+    random_seed,
+};
 use crate::structured::schema::json_kind as kind;
 use crate::structured::{JsonSchema, OutputFormat};
 use crate::tokenizer::chat::ChatMessage;
@@ -243,6 +246,19 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
         probability: f.f32("xtc_probability")?.unwrap_or(d.xtc.probability),
         threshold: f.f32("xtc_threshold")?.unwrap_or(d.xtc.threshold),
     };
+    let dynatemp = DynatempParams {
+        range: f.f32("dynatemp_range")?.unwrap_or(d.dynatemp.range),
+        exponent: f.f32("dynatemp_exponent")?.unwrap_or(d.dynatemp.exponent),
+    };
+    let mirostat = MirostatParams {
+        version: match f.int("mirostat")? {
+            None => d.mirostat.version,
+            Some(v @ 0..=2) => v as u8,
+            Some(v) => return Err(ApiError::bad("mirostat", format!("`mirostat` must be 0 (off), 1 or 2, got {v}"))),
+        },
+        tau: f.f32("mirostat_tau")?.unwrap_or(d.mirostat.tau),
+        eta: f.f32("mirostat_eta")?.unwrap_or(d.mirostat.eta),
+    };
     let sampling = SamplingParams {
         temperature,
         top_k,
@@ -255,9 +271,12 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
         frequency_penalty,
         dry,
         xtc,
+        typical_p: f.f32("typical_p")?.unwrap_or(d.typical_p),
+        dynatemp,
+        mirostat,
         seed,
     };
-    // The fields checked above have their own messages; this catches the DRY and XTC ranges, naming the field.
+    // The fields checked above have their own messages; this catches the others' ranges, naming the field.
     sampling.validate().map_err(|e| match e {
         SamplingError::InvalidParam { name, .. } => ApiError::bad(name, e.to_string()),
         e => ApiError::new(400, e.to_string()),

@@ -4,8 +4,9 @@ use std::path::PathBuf;
 
 use crate::chat::ChatSettings;
 use crate::cli::args::{
-    parse_count, parse_dry_base, parse_dry_multiplier, parse_float, parse_last_n, parse_min_p, parse_n_predict,
-    parse_penalty, parse_repeat_penalty, parse_seed, parse_temperature, parse_top_p, parse_unit,
+    parse_count, parse_dry_base, parse_float, parse_last_n, parse_mass, parse_min_p, parse_mirostat, parse_n_predict,
+    parse_non_negative, parse_penalty, parse_positive_float, parse_repeat_penalty, parse_seed, parse_temperature,
+    parse_top_p, parse_unit,
 };
 use crate::structured::OutputFormat;
 
@@ -49,7 +50,7 @@ Ctrl-C stops a reply; what was said so far is kept.";
 /// Settings `/set` knows, as typed.
 pub const SETTINGS: &str = "temp, top-k, top-p, min-p, top-n-sigma, repeat-penalty, repeat-last-n, presence-penalty, \
      frequency-penalty, dry-multiplier, dry-base, dry-allowed-length, dry-penalty-last-n, xtc-probability, \
-     xtc-threshold, seed, n, format";
+     xtc-threshold, typical, dynatemp-range, dynatemp-exp, mirostat, mirostat-ent, mirostat-lr, seed, n, format";
 
 /// Parses a command line (without the leading `/`).
 pub fn parse(line: &str) -> Result<Command, String> {
@@ -93,12 +94,18 @@ pub fn set(settings: &mut ChatSettings, key: &str, value: &str) -> Result<(), St
         "repeat-last-n" => settings.repeat_last_n = parse_count(value).map_err(bad)?,
         "presence-penalty" => settings.presence_penalty = parse_penalty(value).map_err(bad)?,
         "frequency-penalty" => settings.frequency_penalty = parse_penalty(value).map_err(bad)?,
-        "dry-multiplier" => settings.dry.multiplier = parse_dry_multiplier(value).map_err(bad)?,
+        "dry-multiplier" => settings.dry.multiplier = parse_non_negative(value).map_err(bad)?,
         "dry-base" => settings.dry.base = parse_dry_base(value).map_err(bad)?,
         "dry-allowed-length" => settings.dry.allowed_length = parse_count(value).map_err(bad)?,
         "dry-penalty-last-n" => settings.dry.penalty_last_n = parse_last_n(value).map_err(bad)?,
         "xtc-probability" => settings.xtc.probability = parse_unit(value).map_err(bad)?,
         "xtc-threshold" => settings.xtc.threshold = parse_unit(value).map_err(bad)?,
+        "typical" => settings.typical_p = parse_mass(value).map_err(bad)?,
+        "dynatemp-range" => settings.dynatemp.range = parse_non_negative(value).map_err(bad)?,
+        "dynatemp-exp" => settings.dynatemp.exponent = parse_positive_float(value).map_err(bad)?,
+        "mirostat" => settings.mirostat.version = parse_mirostat(value).map_err(bad)?,
+        "mirostat-ent" => settings.mirostat.tau = parse_non_negative(value).map_err(bad)?,
+        "mirostat-lr" => settings.mirostat.eta = parse_non_negative(value).map_err(bad)?,
         "seed" if value == "random" => settings.seed = None,
         "seed" => settings.seed = Some(parse_seed(value).map_err(bad)?),
         "n" => settings.max_tokens = usize::try_from(parse_n_predict(value).map_err(bad)?).ok(),
@@ -118,7 +125,8 @@ pub fn show(settings: &ChatSettings) -> String {
     format!(
         "temp {}\ntop-k {}\ntop-p {}\nmin-p {}\ntop-n-sigma {}\nrepeat-penalty {}\nrepeat-last-n {}\npresence-penalty {}\n\
          frequency-penalty {}\ndry-multiplier {}\ndry-base {}\ndry-allowed-length {}\ndry-penalty-last-n {}\n\
-         xtc-probability {}\nxtc-threshold {}\nseed {seed}\nn {n}\nformat {}",
+         xtc-probability {}\nxtc-threshold {}\ntypical {}\ndynatemp-range {}\ndynatemp-exp {}\nmirostat {}\n\
+         mirostat-ent {}\nmirostat-lr {}\nseed {seed}\nn {n}\nformat {}",
         settings.temperature,
         settings.top_k,
         settings.top_p,
@@ -134,6 +142,12 @@ pub fn show(settings: &ChatSettings) -> String {
         settings.dry.penalty_last_n,
         settings.xtc.probability,
         settings.xtc.threshold,
+        settings.typical_p,
+        settings.dynatemp.range,
+        settings.dynatemp.exponent,
+        settings.mirostat.version,
+        settings.mirostat.tau,
+        settings.mirostat.eta,
         settings.format.name(),
     )
 }
@@ -153,6 +167,22 @@ mod tests {
         assert!(set(&mut settings, "xtc-probability", "2").unwrap_err().contains("xtc-probability"));
         let shown = show(&settings);
         assert!(shown.contains("dry-multiplier 0.8\n") && shown.contains("xtc-threshold 0.2\n"), "{shown}");
+        settings.validate().unwrap();
+    }
+
+    #[test]
+    fn typical_dynatemp_and_mirostat_settings_are_set_checked_and_shown() {
+        let mut settings = ChatSettings::default();
+        for (key, value) in [("typical", "0.9"), ("dynatemp-range", "0.5"), ("mirostat", "2"), ("mirostat-ent", "3")] {
+            set(&mut settings, key, value).unwrap();
+        }
+        assert_eq!((settings.typical_p, settings.dynatemp.range), (0.9, 0.5));
+        assert_eq!((settings.mirostat.version, settings.mirostat.tau), (2, 3.0));
+        for (key, value) in [("typical", "0"), ("dynatemp-exp", "0"), ("mirostat", "3"), ("mirostat-lr", "-1")] {
+            assert!(set(&mut settings, key, value).unwrap_err().contains(key), "{key} {value}");
+        }
+        let shown = show(&settings);
+        assert!(shown.contains("typical 0.9\n") && shown.contains("mirostat 2\nmirostat-ent 3\n"), "{shown}");
         settings.validate().unwrap();
     }
 
