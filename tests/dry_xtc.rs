@@ -3,18 +3,17 @@
 //! checked (top-nσ's too; its filter is tested with the others in `sampling.rs`).
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
-use infer::engine::{EngineConfig, KvBudget, OutputFormat, Request, Scheduler};
+use infer::engine::Request;
 use infer::kernels::GgmlType;
 use infer::model::KvDtype;
 use infer::sampling::dry::breaker_tokens;
 use infer::sampling::{DryParams, Sampler, SamplingParams, XtcParams};
-use infer::session::{GenerateRequest, Session};
+use infer::session::Session;
 use serde_json::{Value, json};
 
 use crate::common::{assert_clean_failure, infer, real_model, tempdir};
-use crate::engine::load;
+use crate::engine::{config, greedy, load, run_all, session_tokens};
 use crate::serve::{Server, completer, text_of, tiny_model};
 use crate::synthetic::Spec;
 
@@ -111,61 +110,23 @@ fn the_engine_and_a_session_draw_the_same_tokens_with_dry_and_xtc() {
         .collect();
     let prompt: Vec<u32> = b"abcabcabcabc".iter().map(|&b| 3 + u32::from(b)).collect();
     let mut session = Session::new(&model, &tok, 256, KvDtype::F16);
-    let cancel = AtomicBool::new(false);
     let mut generate = |sampling: &SamplingParams, breakers: &Option<Vec<String>>| {
-        let req = GenerateRequest {
-            prompt: prompt.clone(),
-            max_tokens: 40,
-            sampling: *sampling,
-            stop: Vec::new(),
-            ignore_eos: true,
-            format: infer::structured::OutputFormat::Text,
-            logit_bias: Default::default(),
-            dry_breakers: breakers.clone(),
-            draft: infer::speculative::DraftParams::OFF,
-        };
-        session.reset();
-        session.generate(&req, &cancel, &mut |_| Ok(())).unwrap().tokens
+        session_tokens(&mut session, &prompt, 40, *sampling, breakers.clone())
     };
     let want: Vec<Vec<u32>> = cases.iter().map(|(sampling, breakers)| generate(sampling, breakers)).collect();
     // DRY acts: without it the first case (XTC off there) draws other tokens from the same seed.
     let (first, _) = &cases[0];
     assert_ne!(generate(&SamplingParams { dry: DryParams::OFF, ..*first }, &None), want[0]);
-    let config = EngineConfig {
-        n_ctx: 256,
-        max_seqs: 8,
-        max_batch_tokens: 64,
-        max_queue: 64,
-        kv: KvBudget::Blocks(128),
-        kv_dtype: KvDtype::F16,
-        prefix_cache: true,
-        threads: 2,
-    };
-    let mut sched = Scheduler::new(&model, &tok, config).unwrap();
-    let streams: Vec<_> = cases
+    let reqs: Vec<Request> = cases
         .iter()
-        .map(|(sampling, breakers)| {
-            sched
-                .submit(Request {
-                    prompt: prompt.clone(),
-                    max_tokens: 40,
-                    sampling: *sampling,
-                    stop: Vec::new(),
-                    ignore_eos: true,
-                    logprobs: false,
-                    top_logprobs: 0,
-                    format: OutputFormat::Text,
-                    logit_bias: Default::default(),
-                    dry_breakers: breakers.clone(),
-                })
-                .unwrap()
+        .map(|(sampling, breakers)| Request {
+            sampling: *sampling,
+            dry_breakers: breakers.clone(),
+            ..greedy(prompt.clone(), 40)
         })
         .collect();
-    while !sched.is_idle() {
-        sched.step();
-    }
-    for (i, (stream, want)) in streams.into_iter().zip(&want).enumerate() {
-        let got = stream.collect().unwrap();
+    let (got, _) = run_all(&model, &tok, config(), &reqs);
+    for (i, (got, want)) in got.iter().zip(&want).enumerate() {
         assert_eq!(&got.tokens, want, "case {i}");
     }
     // The settings reach the sampler on both paths: the six cases do not all draw alike.

@@ -28,7 +28,7 @@ fn tokens(rng: &mut Rng, n: usize) -> Vec<u32> {
     (0..n).map(|_| 3 + (rng.next_u64() % 256) as u32).collect()
 }
 
-fn config() -> EngineConfig {
+pub fn config() -> EngineConfig {
     EngineConfig {
         n_ctx: 512,
         max_seqs: 16,
@@ -41,7 +41,7 @@ fn config() -> EngineConfig {
     }
 }
 
-fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
+pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
     Request {
         prompt,
         max_tokens,
@@ -56,9 +56,33 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
     }
 }
 
+/// The tokens a session generates from `prompt` with `sampling` (and DRY's `breakers`), `max_tokens` of them, the
+/// end of text ignored: the reference the engine's draws are compared with.
+pub fn session_tokens(
+    session: &mut Session,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampling: SamplingParams,
+    dry_breakers: Option<Vec<String>>,
+) -> Vec<u32> {
+    let req = GenerateRequest {
+        prompt: prompt.to_vec(),
+        max_tokens,
+        sampling,
+        stop: Vec::new(),
+        ignore_eos: true,
+        format: OutputFormat::Text,
+        logit_bias: Default::default(),
+        dry_breakers,
+        draft: infer::speculative::DraftParams::OFF,
+    };
+    session.reset();
+    session.generate(&req, &std::sync::atomic::AtomicBool::new(false), &mut |_| Ok(())).unwrap().tokens
+}
+
 /// Runs `reqs` through one scheduler, submitted together, stepping until all are done; audits the pool after
 /// every step.
-fn run_all(model: &Model, tok: &Tokenizer, cfg: EngineConfig, reqs: &[Request]) -> (Vec<Completion>, u64) {
+pub fn run_all(model: &Model, tok: &Tokenizer, cfg: EngineConfig, reqs: &[Request]) -> (Vec<Completion>, u64) {
     let mut sched = Scheduler::new(model, tok, cfg).unwrap();
     let streams: Vec<RequestStream> = reqs.iter().map(|r| sched.submit(r.clone()).unwrap()).collect();
     while !sched.is_idle() {

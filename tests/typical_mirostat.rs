@@ -2,17 +2,15 @@
 //! the engine and a session drawing the same tokens with all three, and the flags and API fields being checked.
 //! (Typical sampling and dynamic temperature are also checked against the slow reference in `sampling.rs`.)
 
-use std::sync::atomic::AtomicBool;
-
-use infer::engine::{EngineConfig, KvBudget, OutputFormat, Request, Scheduler};
+use infer::engine::Request;
 use infer::kernels::GgmlType;
 use infer::model::KvDtype;
 use infer::sampling::{DryParams, DynatempParams, MirostatParams, Sampler, SamplingParams};
-use infer::session::{GenerateRequest, Session};
+use infer::session::Session;
 use serde_json::{Value, json};
 
 use crate::common::{assert_clean_failure, infer, tempdir};
-use crate::engine::load;
+use crate::engine::{config, greedy, load, run_all, session_tokens};
 use crate::serve::{Server, completer, text_of, tiny_model};
 use crate::synthetic::Spec;
 
@@ -113,68 +111,18 @@ fn the_engine_and_a_session_draw_the_same_tokens() {
         cases.iter().enumerate().map(|(i, p)| SamplingParams { seed: 40 + i as u64, ..*p }).collect();
     let prompt: Vec<u32> = b"abcabcabcabc".iter().map(|&b| 3 + u32::from(b)).collect();
     let mut session = Session::new(&model, &tok, 256, KvDtype::F16);
-    let cancel = AtomicBool::new(false);
-    let mut generate = |sampling: &SamplingParams| {
-        let req = GenerateRequest {
-            prompt: prompt.clone(),
-            max_tokens: 40,
-            sampling: *sampling,
-            stop: Vec::new(),
-            ignore_eos: true,
-            format: OutputFormat::Text,
-            logit_bias: Default::default(),
-            dry_breakers: None,
-            draft: infer::speculative::DraftParams::OFF,
-        };
-        session.reset();
-        session.generate(&req, &cancel, &mut |_| Ok(())).unwrap().tokens
-    };
-    let want: Vec<Vec<u32>> = cases.iter().map(&mut generate).collect();
+    let mut generate = |sampling: SamplingParams| session_tokens(&mut session, &prompt, 40, sampling, None);
+    let want: Vec<Vec<u32>> = cases.iter().map(|&p| generate(p)).collect();
     // Each setting acts: the same seed without it draws other tokens.
-    let plain = |p: &SamplingParams| SamplingParams {
-        mirostat: MirostatParams::OFF,
-        typical_p: 1.0,
-        dynatemp: DynatempParams::OFF,
-        ..*p
-    };
     for (case, tokens) in cases.iter().zip(&want).take(4) {
-        assert_ne!(&generate(&plain(case)), tokens, "{case:?}");
+        let plain =
+            SamplingParams { mirostat: MirostatParams::OFF, typical_p: 1.0, dynatemp: DynatempParams::OFF, ..*case };
+        assert_ne!(&generate(plain), tokens, "{case:?}");
     }
-    let config = EngineConfig {
-        n_ctx: 256,
-        max_seqs: 8,
-        max_batch_tokens: 64,
-        max_queue: 64,
-        kv: KvBudget::Blocks(128),
-        kv_dtype: KvDtype::F16,
-        prefix_cache: true,
-        threads: 2,
-    };
-    let mut sched = Scheduler::new(&model, &tok, config).unwrap();
-    let streams: Vec<_> = cases
-        .iter()
-        .map(|sampling| {
-            sched
-                .submit(Request {
-                    prompt: prompt.clone(),
-                    max_tokens: 40,
-                    sampling: *sampling,
-                    stop: Vec::new(),
-                    ignore_eos: true,
-                    logprobs: false,
-                    top_logprobs: 0,
-                    format: OutputFormat::Text,
-                    logit_bias: Default::default(),
-                    dry_breakers: None,
-                })
-                .unwrap()
-        })
-        .collect();
-    while !sched.is_idle() {
-        sched.step();
-    }
-    for (i, (stream, want)) in streams.into_iter().zip(&want).enumerate() {
-        assert_eq!(&stream.collect().unwrap().tokens, want, "case {i}");
+    let reqs: Vec<Request> = cases.iter().map(|&sampling| Request { sampling, ..greedy(prompt.clone(), 40) }).collect();
+    let (got, _) = run_all(&model, &tok, config(), &reqs);
+    for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(&got.tokens, want, "case {i}");
     }
 }
 

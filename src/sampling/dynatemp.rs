@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Cand, SamplingError, exp_nonpos};
+use super::{Cand, SamplingError, softmax_entropy};
 
 /// Dynamic temperature's knobs. See the [module docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -43,15 +43,7 @@ impl DynatempParams {
         if cands.len() < 2 {
             return low;
         }
-        let weights = cands.iter().map(|c| f64::from(exp_nonpos(c.logit - max)));
-        let z: f64 = weights.clone().sum();
-        let ln_z = z.ln();
-        let entropy: f64 = cands
-            .iter()
-            .zip(weights)
-            .filter(|&(_, w)| w > 0.0)
-            .map(|(c, w)| -(w / z) * (f64::from(c.logit - max) - ln_z))
-            .sum();
+        let (_, entropy) = softmax_entropy(cands, max);
         let normalized = (entropy / (cands.len() as f64).ln()).clamp(0.0, 1.0);
         low + (high - low) * normalized.powf(f64::from(self.exponent)) as f32
     }

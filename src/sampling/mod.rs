@@ -370,6 +370,22 @@ fn sigma_floor(scores: &[f32], max: f32, n: f32) -> f32 {
     (f64::from(max) - f64::from(n) * var.sqrt()) as f32
 }
 
+/// The softmax normalizer `z = Σ exp(logit − max)` of `cands` at temperature 1, and the distribution's entropy
+/// `H = −Σ p ln p` in nats (typical sampling and dynamic temperature measure it).
+fn softmax_entropy(cands: &[Cand], max: f32) -> (f64, f64) {
+    let weights = cands.iter().map(|c| f64::from(exp_nonpos(c.logit - max)));
+    let z: f64 = weights.clone().sum();
+    let ln_z = z.ln();
+    // ln p = (logit − max) − ln z; tokens of zero weight add nothing.
+    let entropy = cands
+        .iter()
+        .zip(weights)
+        .filter(|&(_, w)| w > 0.0)
+        .map(|(c, w)| -(w / z) * (f64::from(c.logit - max) - ln_z))
+        .sum();
+    (z, entropy)
+}
+
 /// The largest logit of `cands` (−∞ for none).
 fn max_of_cands(cands: &[Cand]) -> f32 {
     cands.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.logit))

@@ -10,7 +10,7 @@
 
 use std::cmp::Ordering;
 
-use super::{Cand, by_logit_desc, exp_nonpos};
+use super::{Cand, by_logit_desc, exp_nonpos, softmax_entropy};
 
 /// Keeps the typical set of `cands` (largest logit `max`) for mass `p` in (0, 1): at least one token, left in
 /// [`by_logit_desc`] order so the draw order still depends on the logits alone. `ranked` and `kept` are scratch.
@@ -24,16 +24,8 @@ pub(super) fn keep_typical(
     if cands.len() < 2 {
         return;
     }
-    let weights = cands.iter().map(|c| f64::from(exp_nonpos(c.logit - max)));
-    let z: f64 = weights.clone().sum();
+    let (z, entropy) = softmax_entropy(cands, max);
     let ln_z = z.ln();
-    // H = −Σ p ln p with ln p = (l − max) − ln z; tokens of zero weight add nothing.
-    let entropy: f64 = cands
-        .iter()
-        .zip(weights)
-        .filter(|&(_, w)| w > 0.0)
-        .map(|(c, w)| -(w / z) * (f64::from(c.logit - max) - ln_z))
-        .sum();
     ranked.clear();
     ranked.extend(cands.iter().map(|&c| ((-(f64::from(c.logit - max) - ln_z) - entropy).abs(), c)));
     // Closest to the entropy first; equal distances in the logits' own order, so the cut is deterministic.
