@@ -75,9 +75,16 @@ impl Default for MirostatParams {
     }
 }
 
-/// Leaves in `cands` the tokens Mirostat may draw from `scores` (largest `max`, at temperature `t` > 0) for the
-/// bound `mu`: at least the most likely token.
-pub(super) fn candidates(p: &MirostatParams, scores: &[f32], max: f32, t: f32, mu: f32, cands: &mut Vec<Cand>) {
+/// Leaves in `cands` the tokens Mirostat may draw from `scores` (largest `max`, first reached at index `best`, at
+/// temperature `t` > 0) for the bound `mu`: at least the most likely token.
+pub(super) fn candidates(
+    p: &MirostatParams,
+    scores: &[f32],
+    (max, best): (f32, u32),
+    t: f32,
+    mu: f32,
+    cands: &mut Vec<Cand>,
+) {
     cands.clear();
     if p.version == 1 {
         let n = scores.len();
@@ -88,7 +95,7 @@ pub(super) fn candidates(p: &MirostatParams, scores: &[f32], max: f32, t: f32, m
             top_k_scan(scores, k, cands);
             cands.sort_unstable_by(by_logit_desc);
         }
-        cands.truncate(k.max(1));
+        cands.truncate(k);
     } else {
         // Surprise ≤ mu ⇔ (s − max)/t − ln z ≥ −mu·ln 2, with z = Σ exp((s − max)/t).
         let z: f64 = scores.iter().map(|&s| f64::from(exp_nonpos((s - max) / t))).sum();
@@ -101,9 +108,8 @@ pub(super) fn candidates(p: &MirostatParams, scores: &[f32], max: f32, t: f32, m
                 .map(|(i, &s)| Cand { id: i as u32, logit: s }),
         );
         if cands.is_empty() {
-            // Even the best token is more surprising than mu allows: it alone is kept (the first of equal maxima).
-            let best = scores.iter().position(|&s| s == max).unwrap_or(0);
-            cands.push(Cand { id: best as u32, logit: max });
+            // Even the best token is more surprising than mu allows: it alone is kept.
+            cands.push(Cand { id: best, logit: max });
         }
     }
 }
@@ -168,7 +174,7 @@ mod tests {
         let p = MirostatParams { version: 2, ..MirostatParams::OFF };
         let kept = |mu: f32| {
             let mut c = Vec::new();
-            candidates(&p, &l, l[0], 1.0, mu, &mut c);
+            candidates(&p, &l, (l[0], 0), 1.0, mu, &mut c);
             c.iter().map(|c| c.id).collect::<Vec<_>>()
         };
         assert_eq!(kept(0.5), vec![0], "at least the best");

@@ -710,7 +710,7 @@ impl Sampler {
         }
         if params.mirostat.is_on() {
             // Even a single candidate is drawn, so that its surprise (0 bits) moves mu back up.
-            mirostat::candidates(&params.mirostat, scores, max, params.temperature, *mirostat_mu, cands);
+            mirostat::candidates(&params.mirostat, scores, (max, best), params.temperature, *mirostat_mu, cands);
             return Ok(Prepared::Candidates { max });
         }
 
@@ -731,10 +731,11 @@ impl Sampler {
                 cands.retain(|c| c.logit >= floor);
             }
             sorted = true;
-            if top_p_on {
+            if top_p_on && !typical_on {
                 mass = cands.iter().map(|c| f64::from(exp_nonpos(c.logit - max))).sum();
             }
         } else {
+            // (With typical on, top-p measures what typical leaves: its mass is taken after it, below.)
             if top_p_on && !typical_on {
                 mass = if floor > f32::MIN {
                     scores.iter().filter(|&&s| s >= floor).map(|&s| f64::from(exp_nonpos(s - max))).sum()
