@@ -1186,6 +1186,89 @@ trait FloatW {
     /// # Safety
     /// `8 · SIZE` bytes must be readable at `p`, `8 · SIZE`-aligned; the CPU must have AVX2 and F16C.
     unsafe fn load8(p: *const u8) -> __m256;
+    /// [`full_tile_f`]'s loop: `steps` × [`STEP_F`] columns of a panel from `w` against [`TILE_F`] activation rows
+    /// (row `c` at `x0 + c·stride` bytes for c < 3, at `x3 + (c − 3)·stride` after), into `acc` (row `c`'s halves
+    /// at `2c`, `2c + 1`); prefetches the line at `pf` into L2 each step, then moves `pf` on by `pf_step`. Returns
+    /// `w`, `x0`, `x3` and `pf` moved past the steps.
+    ///
+    /// # Safety
+    /// The steps' columns must be readable at `w` (aligned as [`FloatW::load8`] needs) and `4·STEP_F·steps`
+    /// bytes at each row; the CPU must have AVX2, FMA and F16C.
+    unsafe fn tile_steps(
+        w: *const u8,
+        x: [*const u8; 2],
+        stride: usize,
+        steps: usize,
+        pf: (*const u8, usize),
+        acc: &mut [__m256; 2 * TILE_F],
+    ) -> (*const u8, [*const u8; 2], *const u8);
+}
+
+/// The assembly of [`FloatW::tile_steps`], for a weight load instruction (`vmovaps` of a ymmword for f32,
+/// `vcvtph2ps` of an xmmword for f16) and the byte offsets of each column's two halves (`$h0`, `$h1`) and of its
+/// activation (`$xd`). In assembly so that the register allocation is ours: 12 accumulators, two weights and a
+/// broadcast take 15 of the 16 registers, and the six rows are three registers (two bases and a stride). Unrolled
+/// in Rust, LLVM kept accumulators on the stack (a store and a load in every chain, F32 pp512 1-thread 313 → 220
+/// t/s); the one-column loop it compiled spent 8 integer instructions per 12 multiply-adds on addresses.
+macro_rules! float_tile_asm {
+    ($w:ident, $x:ident, $stride:ident, $steps:ident, $pf:ident, $acc:ident;
+     $ld:literal, $step:literal, $(($h0:literal, $h1:literal, $xd:literal))*) => {
+        std::arch::asm!(
+            "2:",
+            "prefetcht1 byte ptr [{pf}]",
+            "add {pf}, {pfs}",
+            $(
+                concat!($ld, " {k0}, [{w} + ", $h0, "]"),
+                concat!($ld, " {k1}, [{w} + ", $h1, "]"),
+                concat!("vbroadcastss {b}, dword ptr [{x0} + ", $xd, "]"),
+                "vfmadd231ps {a0}, {k0}, {b}",
+                "vfmadd231ps {a1}, {k1}, {b}",
+                concat!("vbroadcastss {b}, dword ptr [{x0} + {s} + ", $xd, "]"),
+                "vfmadd231ps {a2}, {k0}, {b}",
+                "vfmadd231ps {a3}, {k1}, {b}",
+                concat!("vbroadcastss {b}, dword ptr [{x0} + 2*{s} + ", $xd, "]"),
+                "vfmadd231ps {a4}, {k0}, {b}",
+                "vfmadd231ps {a5}, {k1}, {b}",
+                concat!("vbroadcastss {b}, dword ptr [{x3} + ", $xd, "]"),
+                "vfmadd231ps {a6}, {k0}, {b}",
+                "vfmadd231ps {a7}, {k1}, {b}",
+                concat!("vbroadcastss {b}, dword ptr [{x3} + {s} + ", $xd, "]"),
+                "vfmadd231ps {a8}, {k0}, {b}",
+                "vfmadd231ps {a9}, {k1}, {b}",
+                concat!("vbroadcastss {b}, dword ptr [{x3} + 2*{s} + ", $xd, "]"),
+                "vfmadd231ps {a10}, {k0}, {b}",
+                "vfmadd231ps {a11}, {k1}, {b}",
+            )*
+            concat!("add {w}, ", $step),
+            "add {x0}, 16",
+            "add {x3}, 16",
+            "dec {n}",
+            "jnz 2b",
+            w = inout(reg) $w,
+            x0 = inout(reg) $x[0],
+            x3 = inout(reg) $x[1],
+            s = in(reg) $stride,
+            n = inout(reg) $steps => _,
+            pf = inout(reg) $pf.0,
+            pfs = in(reg) $pf.1,
+            a0 = inout(ymm_reg) $acc[0],
+            a1 = inout(ymm_reg) $acc[1],
+            a2 = inout(ymm_reg) $acc[2],
+            a3 = inout(ymm_reg) $acc[3],
+            a4 = inout(ymm_reg) $acc[4],
+            a5 = inout(ymm_reg) $acc[5],
+            a6 = inout(ymm_reg) $acc[6],
+            a7 = inout(ymm_reg) $acc[7],
+            a8 = inout(ymm_reg) $acc[8],
+            a9 = inout(ymm_reg) $acc[9],
+            a10 = inout(ymm_reg) $acc[10],
+            a11 = inout(ymm_reg) $acc[11],
+            k0 = out(ymm_reg) _,
+            k1 = out(ymm_reg) _,
+            b = out(ymm_reg) _,
+            options(nostack, readonly),
+        );
+    };
 }
 
 impl FloatW for f32 {
@@ -1196,6 +1279,22 @@ impl FloatW for f32 {
         // SAFETY: the caller's contract.
         unsafe { _mm256_load_ps(p.cast()) }
     }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile_steps(
+        mut w: *const u8,
+        mut x: [*const u8; 2],
+        stride: usize,
+        steps: usize,
+        mut pf: (*const u8, usize),
+        acc: &mut [__m256; 2 * TILE_F],
+    ) -> (*const u8, [*const u8; 2], *const u8) {
+        // SAFETY: the caller's contract; every read is one of those named there (prefetches cannot fault).
+        unsafe {
+            float_tile_asm!(w, x, stride, steps, pf, acc; "vmovaps", 256, (0, 32, 0) (64, 96, 4) (128, 160, 8) (192, 224, 12));
+        }
+        (w, x, pf.0)
+    }
 }
 
 impl FloatW for half::f16 {
@@ -1205,6 +1304,22 @@ impl FloatW for half::f16 {
     unsafe fn load8(p: *const u8) -> __m256 {
         // SAFETY: the caller's contract.
         unsafe { _mm256_cvtph_ps(_mm_load_si128(p.cast())) }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile_steps(
+        mut w: *const u8,
+        mut x: [*const u8; 2],
+        stride: usize,
+        steps: usize,
+        mut pf: (*const u8, usize),
+        acc: &mut [__m256; 2 * TILE_F],
+    ) -> (*const u8, [*const u8; 2], *const u8) {
+        // SAFETY: the caller's contract; every read is one of those named there (prefetches cannot fault).
+        unsafe {
+            float_tile_asm!(w, x, stride, steps, pf, acc; "vcvtph2ps", 128, (0, 16, 0) (32, 48, 4) (64, 80, 8) (96, 112, 12));
+        }
+        (w, x, pf.0)
     }
 }
 
@@ -1255,11 +1370,17 @@ unsafe fn run_f<T: FloatW>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], 
             }
             return;
         }
+        let lines = w.panel_bytes / 64;
         let mut o0 = 0;
         while o0 < n_act {
             let o1 = (o0 + CHUNK_F).min(n_act);
+            let tiles = (o1 - o0).div_ceil(TILE_F);
             for p in panels.clone() {
+                // The panel the task reads next, this chunk's or (after the last) the next chunk's first: each
+                // tile over this one fetches its share of it into L2 (see `full_tile_f`).
+                let next = if p + 1 < panels.end { Some(p + 1) } else { (o1 < n_act).then_some(panels.start) };
                 let mut o = o0;
+                let mut t = 0;
                 while o < o1 {
                     match o1 - o {
                         1 => tile_f::<T, 1, 1>(w, p, x, o, out),
@@ -1267,9 +1388,16 @@ unsafe fn run_f<T: FloatW>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], 
                         3 => tile_f::<T, 3, 1>(w, p, x, o, out),
                         4 => tile_f::<T, 4, 1>(w, p, x, o, out),
                         5 => tile_f::<T, 5, 1>(w, p, x, o, out),
-                        _ => tile_f::<T, TILE_F, 1>(w, p, x, o, out),
+                        _ => {
+                            let share = next.map_or((std::ptr::null(), 0), |np| {
+                                let (a, b) = (t * lines / tiles, (t + 1) * lines / tiles);
+                                (w.bytes.as_ptr().add(np * w.panel_bytes + 64 * a), b - a)
+                            });
+                            full_tile_f::<T>(w, p, x, o, out, share)
+                        }
                     }
                     o += (o1 - o).min(TILE_F);
+                    t += 1;
                 }
             }
             o0 = o1;
@@ -1300,6 +1428,57 @@ const DECODE_AHEAD_F: usize = 1024;
 ///   the L1 one in every round. The AVX2-only Zen 3 above (32 KB L1D, 512 KB L2) has measured only 1 KB into L2,
 ///   level with 1 KB into L1.
 pub(crate) const DECODE_AHEAD_F_L2: usize = 4 * 1024;
+
+/// Columns per step of [`FloatW::tile_steps`]'s loop (`cols`, a multiple of 32, is a whole number of steps).
+const STEP_F: usize = 4;
+
+/// Panel `p` against the [`TILE_F`] activation rows `o..`, in [`FloatW::tile_steps`]'s assembly, fetching the
+/// `pf.1` lines at `pf.0` into L2 on the way (one a step, then none).
+///
+/// Those lines are this tile's share of the panel the task reads next. Without them, the first tile over each panel
+/// waited on memory: it reads the panel at a 6-row tile's pace (64 bytes per 12 multiply-adds, ~30 GB/s on one
+/// core of the Xeon), which one core's share of DRAM cannot feed, and a task's panels (F32, or any format where the
+/// L3 is small) are past L2 and L3 by the time the next chunk of rows comes round to them. Spread over all the
+/// tiles of a panel, the next one arrives at an eighth of that pace.
+///
+/// # Safety
+/// As [`tile_f`] with `C` = [`TILE_F`] and `P` = 1; `pf` is only a hint (it may point anywhere).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn full_tile_f<T: FloatW>(
+    w: &PackedView<'_>,
+    p: usize,
+    x: &[f32],
+    o: usize,
+    out: &OutSink<'_>,
+    pf: (*const u8, usize),
+) {
+    let cols = w.nb * 32;
+    let steps = cols / STEP_F;
+    let stride = cols * 4;
+    // SAFETY: the panel's columns and rows o..o + TILE_F of `x` (the caller's contract) are what the steps read;
+    // the epilogue writes rows o..o + TILE_F of the panel's outputs, which the sink checks.
+    unsafe {
+        let base = w.bytes.as_ptr().add(p * w.panel_bytes);
+        let x0 = x.as_ptr().add(o * cols).cast::<u8>();
+        let mut acc = [_mm256_setzero_ps(); 2 * TILE_F];
+        let lead = pf.1.min(steps);
+        let (mut wp, mut xs) = (base, [x0, x0.add(3 * stride)]);
+        if lead > 0 {
+            (wp, xs, _) = T::tile_steps(wp, xs, stride, lead, (pf.0, 64), &mut acc);
+        }
+        if steps > lead {
+            // The rest without a prefetch: the hint stays on the panel's first line, already in L1.
+            T::tile_steps(wp, xs, stride, steps - lead, (base, 0), &mut acc);
+        }
+        for c in 0..TILE_F {
+            let mut lanes = [0f32; PANEL_ROWS];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[2 * c]);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(HALF), acc[2 * c + 1]);
+            out.put_row(o + c, p * PANEL_ROWS, &lanes);
+        }
+    }
+}
 
 /// Panels `p..p + P` against activation rows `o..o + C`.
 ///
