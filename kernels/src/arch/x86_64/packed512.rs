@@ -936,21 +936,37 @@ unsafe fn run_f<T: FloatZ>(w: &PackedView<'_>, panels: Range<usize>, x: &[f32], 
     let mut o0 = 0;
     while o0 < n_act {
         let o1 = (o0 + CHUNK_F).min(n_act);
+        let tiles = (o1 - o0).div_ceil(ROWS_F);
         let mut p = panels.start;
         while p < panels.end {
             let np = (panels.end - p).min(PANELS_F);
+            // The panels the task reads next (this chunk's, or after the last the next chunk's first): the tiles
+            // over these fetch them into L2 between them, as the 256-bit kernel's `full_tile_f` explains.
+            let next = if p + np < panels.end {
+                p + np..(p + np + PANELS_F).min(panels.end)
+            } else if o1 < n_act {
+                panels.start..(panels.start + PANELS_F).min(panels.end)
+            } else {
+                0..0
+            };
+            let lines = next.len() * w.panel_bytes / 64;
             let mut o = o0;
+            let mut t = 0;
             while o < o1 {
                 let c = (o1 - o).min(ROWS_F);
+                let (a, b) = (t * lines / tiles, (t + 1) * lines / tiles);
+                // A hint, never dereferenced: `wrapping_add` keeps the arithmetic defined whatever `next` is.
+                let pf = (w.bytes.as_ptr().wrapping_add(next.start * w.panel_bytes + 64 * a), b - a);
                 // SAFETY: panels p..p + np and rows o..o + c lie in the checked ranges.
                 unsafe {
                     match np {
-                        1 => tile_f_rows::<T, 1>(w, p, x, o, c, out),
-                        2 => tile_f_rows::<T, 2>(w, p, x, o, c, out),
-                        _ => tile_f_rows::<T, PANELS_F>(w, p, x, o, c, out),
+                        1 => tile_f_rows::<T, 1>(w, p, x, o, c, out, pf),
+                        2 => tile_f_rows::<T, 2>(w, p, x, o, c, out, pf),
+                        _ => tile_f_rows::<T, PANELS_F>(w, p, x, o, c, out, pf),
                     }
                 }
                 o += c;
+                t += 1;
             }
             p += np;
         }
@@ -970,26 +986,28 @@ unsafe fn tile_f_rows<T: FloatZ, const P: usize>(
     o: usize,
     c: usize,
     out: &OutSink<'_>,
+    pf: (*const u8, usize),
 ) {
     // SAFETY: the caller's contract.
     unsafe {
         match c {
-            1 => tile_f::<T, 1, P>(w, p, x, o, out),
-            2 => tile_f::<T, 2, P>(w, p, x, o, out),
-            3 => tile_f::<T, 3, P>(w, p, x, o, out),
-            4 => tile_f::<T, 4, P>(w, p, x, o, out),
-            5 => tile_f::<T, 5, P>(w, p, x, o, out),
-            6 => tile_f::<T, 6, P>(w, p, x, o, out),
-            7 => tile_f::<T, 7, P>(w, p, x, o, out),
-            _ => tile_f::<T, ROWS_F, P>(w, p, x, o, out),
+            1 => tile_f::<T, 1, P>(w, p, x, o, out, pf),
+            2 => tile_f::<T, 2, P>(w, p, x, o, out, pf),
+            3 => tile_f::<T, 3, P>(w, p, x, o, out, pf),
+            4 => tile_f::<T, 4, P>(w, p, x, o, out, pf),
+            5 => tile_f::<T, 5, P>(w, p, x, o, out, pf),
+            6 => tile_f::<T, 6, P>(w, p, x, o, out, pf),
+            7 => tile_f::<T, 7, P>(w, p, x, o, out, pf),
+            _ => tile_f::<T, ROWS_F, P>(w, p, x, o, out, pf),
         }
     }
 }
 
-/// Panels `p..p + P` against activation rows `o..o + C`.
+/// Panels `p..p + P` against activation rows `o..o + C`, fetching the `pf.1` lines at `pf.0` into L2 on the way,
+/// evenly spread over the columns.
 ///
 /// # Safety
-/// As [`run_f`], with `p + P` ≤ `w.n_panels` and rows `o..o + C` in `x`.
+/// As [`run_f`], with `p + P` ≤ `w.n_panels` and rows `o..o + C` in `x`; `pf` is only a hint.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn tile_f<T: FloatZ, const C: usize, const P: usize>(
@@ -998,10 +1016,15 @@ unsafe fn tile_f<T: FloatZ, const C: usize, const P: usize>(
     x: &[f32],
     o: usize,
     out: &OutSink<'_>,
+    pf: (*const u8, usize),
 ) {
     const { assert!(C >= 1 && C <= ROWS_F && P >= 1 && P <= PANELS_F) };
     let cols = w.nb * 32;
     let column = PANEL_ROWS * T::SIZE;
+    // A line every `every` columns (at most one a column: a share larger than the columns is cut short).
+    let every = (cols / pf.1.max(1)).max(1);
+    let (mut pf_at, mut pf_k) = (pf.0, if pf.1 > 0 { 0 } else { usize::MAX });
+    let pf_end = pf.0.wrapping_add(64 * pf.1.min(cols));
     // SAFETY: the pointers stay inside panels p..p + P (nb blocks of 32 columns, `panel_bytes` each, checked) and
     // inside rows o..o + C of `x`, which the caller guarantees; every column starts on a multiple of its size.
     unsafe {
@@ -1009,6 +1032,11 @@ unsafe fn tile_f<T: FloatZ, const C: usize, const P: usize>(
         let xr: [*const f32; C] = std::array::from_fn(|c| x.as_ptr().add((o + c) * cols));
         let mut acc = [[_mm512_setzero_ps(); P]; C];
         for k in 0..cols {
+            if k == pf_k {
+                prefetch_l2(pf_at, 0..1);
+                pf_at = pf_at.wrapping_add(64);
+                pf_k = if pf_at == pf_end { usize::MAX } else { k + every };
+            }
             let wv: [__m512; P] = std::array::from_fn(|i| T::load16(base[i].add(k * column)));
             for_each_c!(C, c, {
                 let xb = _mm512_set1_ps(*xr[c].add(k));
