@@ -1204,70 +1204,85 @@ trait FloatW {
     ) -> (*const u8, [*const u8; 2], *const u8);
 }
 
-/// The assembly of [`FloatW::tile_steps`], for a weight load instruction (`vmovaps` of a ymmword for f32,
-/// `vcvtph2ps` of an xmmword for f16) and the byte offsets of each column's two halves (`$h0`, `$h1`) and of its
-/// activation (`$xd`). In assembly so that the register allocation is ours: 12 accumulators, two weights and a
-/// broadcast take 15 of the 16 registers, and the six rows are three registers (two bases and a stride). Unrolled
-/// in Rust, LLVM kept accumulators on the stack (a store and a load in every chain, F32 pp512 1-thread 313 → 220
-/// t/s); the one-column loop it compiled spent 8 integer instructions per 12 multiply-adds on addresses.
-macro_rules! float_tile_asm {
-    ($w:ident, $x:ident, $stride:ident, $steps:ident, $pf:ident, $acc:ident;
-     $ld:literal, $step:literal, $(($h0:literal, $h1:literal, $xd:literal))*) => {
-        std::arch::asm!(
-            "2:",
-            "prefetcht1 byte ptr [{pf}]",
-            "add {pf}, {pfs}",
-            $(
-                concat!($ld, " {k0}, [{w} + ", $h0, "]"),
-                concat!($ld, " {k1}, [{w} + ", $h1, "]"),
-                concat!("vbroadcastss {b}, dword ptr [{x0} + ", $xd, "]"),
-                "vfmadd231ps {a0}, {k0}, {b}",
-                "vfmadd231ps {a1}, {k1}, {b}",
-                concat!("vbroadcastss {b}, dword ptr [{x0} + {s} + ", $xd, "]"),
-                "vfmadd231ps {a2}, {k0}, {b}",
-                "vfmadd231ps {a3}, {k1}, {b}",
-                concat!("vbroadcastss {b}, dword ptr [{x0} + 2*{s} + ", $xd, "]"),
-                "vfmadd231ps {a4}, {k0}, {b}",
-                "vfmadd231ps {a5}, {k1}, {b}",
-                concat!("vbroadcastss {b}, dword ptr [{x3} + ", $xd, "]"),
-                "vfmadd231ps {a6}, {k0}, {b}",
-                "vfmadd231ps {a7}, {k1}, {b}",
-                concat!("vbroadcastss {b}, dword ptr [{x3} + {s} + ", $xd, "]"),
-                "vfmadd231ps {a8}, {k0}, {b}",
-                "vfmadd231ps {a9}, {k1}, {b}",
-                concat!("vbroadcastss {b}, dword ptr [{x3} + 2*{s} + ", $xd, "]"),
-                "vfmadd231ps {a10}, {k0}, {b}",
-                "vfmadd231ps {a11}, {k1}, {b}",
-            )*
-            concat!("add {w}, ", $step),
-            "add {x0}, 16",
-            "add {x3}, 16",
-            "dec {n}",
-            "jnz 2b",
-            w = inout(reg) $w,
-            x0 = inout(reg) $x[0],
-            x3 = inout(reg) $x[1],
-            s = in(reg) $stride,
-            n = inout(reg) $steps => _,
-            pf = inout(reg) $pf.0,
-            pfs = in(reg) $pf.1,
-            a0 = inout(ymm_reg) $acc[0],
-            a1 = inout(ymm_reg) $acc[1],
-            a2 = inout(ymm_reg) $acc[2],
-            a3 = inout(ymm_reg) $acc[3],
-            a4 = inout(ymm_reg) $acc[4],
-            a5 = inout(ymm_reg) $acc[5],
-            a6 = inout(ymm_reg) $acc[6],
-            a7 = inout(ymm_reg) $acc[7],
-            a8 = inout(ymm_reg) $acc[8],
-            a9 = inout(ymm_reg) $acc[9],
-            a10 = inout(ymm_reg) $acc[10],
-            a11 = inout(ymm_reg) $acc[11],
-            k0 = out(ymm_reg) _,
-            k1 = out(ymm_reg) _,
-            b = out(ymm_reg) _,
-            options(nostack, readonly),
-        );
+/// [`FloatW::tile_steps`] for one weight type: its load instruction (`vmovaps` of a ymmword for f32, `vcvtph2ps`
+/// of an xmmword for f16), the bytes of a step's weights (`$step`), and the byte offsets of each column's two halves
+/// (`$h0`, `$h1`) and of its activation (`$xd`). In assembly so that the register allocation is ours: 12
+/// accumulators, two weights and a broadcast take 15 of the 16 registers, and the six rows are three registers (two
+/// bases and a stride). Unrolled in Rust, LLVM kept accumulators on the stack (a store and a load in every chain, F32
+/// pp512 1-thread 313 → 220 t/s); the one-column loop it compiled spent 8 integer instructions per 12 multiply-adds
+/// on addresses.
+macro_rules! float_tile_steps {
+    ($ld:literal, $step:literal, $(($h0:literal, $h1:literal, $xd:literal))*) => {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn tile_steps(
+            mut w: *const u8,
+            mut x: [*const u8; 2],
+            stride: usize,
+            steps: usize,
+            mut pf: (*const u8, usize),
+            acc: &mut [__m256; 2 * TILE_F],
+        ) -> (*const u8, [*const u8; 2], *const u8) {
+            // SAFETY: the caller's contract; every read is one of those named there (prefetches cannot fault).
+            unsafe {
+                std::arch::asm!(
+                    "2:",
+                    "prefetcht1 byte ptr [{pf}]",
+                    "add {pf}, {pfs}",
+                    $(
+                        concat!($ld, " {k0}, [{w} + ", $h0, "]"),
+                        concat!($ld, " {k1}, [{w} + ", $h1, "]"),
+                        concat!("vbroadcastss {b}, dword ptr [{x0} + ", $xd, "]"),
+                        "vfmadd231ps {a0}, {k0}, {b}",
+                        "vfmadd231ps {a1}, {k1}, {b}",
+                        concat!("vbroadcastss {b}, dword ptr [{x0} + {s} + ", $xd, "]"),
+                        "vfmadd231ps {a2}, {k0}, {b}",
+                        "vfmadd231ps {a3}, {k1}, {b}",
+                        concat!("vbroadcastss {b}, dword ptr [{x0} + 2*{s} + ", $xd, "]"),
+                        "vfmadd231ps {a4}, {k0}, {b}",
+                        "vfmadd231ps {a5}, {k1}, {b}",
+                        concat!("vbroadcastss {b}, dword ptr [{x3} + ", $xd, "]"),
+                        "vfmadd231ps {a6}, {k0}, {b}",
+                        "vfmadd231ps {a7}, {k1}, {b}",
+                        concat!("vbroadcastss {b}, dword ptr [{x3} + {s} + ", $xd, "]"),
+                        "vfmadd231ps {a8}, {k0}, {b}",
+                        "vfmadd231ps {a9}, {k1}, {b}",
+                        concat!("vbroadcastss {b}, dword ptr [{x3} + 2*{s} + ", $xd, "]"),
+                        "vfmadd231ps {a10}, {k0}, {b}",
+                        "vfmadd231ps {a11}, {k1}, {b}",
+                    )*
+                    concat!("add {w}, ", $step),
+                    "add {x0}, 16",
+                    "add {x3}, 16",
+                    "dec {n}",
+                    "jnz 2b",
+                    w = inout(reg) w,
+                    x0 = inout(reg) x[0],
+                    x3 = inout(reg) x[1],
+                    s = in(reg) stride,
+                    n = inout(reg) steps => _,
+                    pf = inout(reg) pf.0,
+                    pfs = in(reg) pf.1,
+                    a0 = inout(ymm_reg) acc[0],
+                    a1 = inout(ymm_reg) acc[1],
+                    a2 = inout(ymm_reg) acc[2],
+                    a3 = inout(ymm_reg) acc[3],
+                    a4 = inout(ymm_reg) acc[4],
+                    a5 = inout(ymm_reg) acc[5],
+                    a6 = inout(ymm_reg) acc[6],
+                    a7 = inout(ymm_reg) acc[7],
+                    a8 = inout(ymm_reg) acc[8],
+                    a9 = inout(ymm_reg) acc[9],
+                    a10 = inout(ymm_reg) acc[10],
+                    a11 = inout(ymm_reg) acc[11],
+                    k0 = out(ymm_reg) _,
+                    k1 = out(ymm_reg) _,
+                    b = out(ymm_reg) _,
+                    options(nostack, readonly),
+                );
+            }
+            (w, x, pf.0)
+        }
     };
 }
 
@@ -1279,22 +1294,7 @@ impl FloatW for f32 {
         // SAFETY: the caller's contract.
         unsafe { _mm256_load_ps(p.cast()) }
     }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile_steps(
-        mut w: *const u8,
-        mut x: [*const u8; 2],
-        stride: usize,
-        steps: usize,
-        mut pf: (*const u8, usize),
-        acc: &mut [__m256; 2 * TILE_F],
-    ) -> (*const u8, [*const u8; 2], *const u8) {
-        // SAFETY: the caller's contract; every read is one of those named there (prefetches cannot fault).
-        unsafe {
-            float_tile_asm!(w, x, stride, steps, pf, acc; "vmovaps", 256, (0, 32, 0) (64, 96, 4) (128, 160, 8) (192, 224, 12));
-        }
-        (w, x, pf.0)
-    }
+    float_tile_steps!("vmovaps", 256, (0, 32, 0)(64, 96, 4)(128, 160, 8)(192, 224, 12));
 }
 
 impl FloatW for half::f16 {
@@ -1305,22 +1305,7 @@ impl FloatW for half::f16 {
         // SAFETY: the caller's contract.
         unsafe { _mm256_cvtph_ps(_mm_load_si128(p.cast())) }
     }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile_steps(
-        mut w: *const u8,
-        mut x: [*const u8; 2],
-        stride: usize,
-        steps: usize,
-        mut pf: (*const u8, usize),
-        acc: &mut [__m256; 2 * TILE_F],
-    ) -> (*const u8, [*const u8; 2], *const u8) {
-        // SAFETY: the caller's contract; every read is one of those named there (prefetches cannot fault).
-        unsafe {
-            float_tile_asm!(w, x, stride, steps, pf, acc; "vcvtph2ps", 128, (0, 16, 0) (32, 48, 4) (64, 80, 8) (96, 112, 12));
-        }
-        (w, x, pf.0)
-    }
+    float_tile_steps!("vcvtph2ps", 128, (0, 16, 0)(32, 48, 4)(64, 80, 8)(96, 112, 12));
 }
 
 /// Rows of activations a float tile multiplies at once: 12 accumulators, two weight registers and a broadcast.
