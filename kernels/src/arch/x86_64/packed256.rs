@@ -1188,7 +1188,7 @@ trait FloatW {
     unsafe fn load8(p: *const u8) -> __m256;
     /// [`full_tile_f`]'s loop: `steps` × [`STEP_F`] columns of a panel from `w` against [`TILE_F`] activation rows
     /// (row `c` at `x0 + c·stride` bytes for c < 3, at `x3 + (c − 3)·stride` after), into `acc` (row `c`'s halves
-    /// at `2c`, `2c + 1`); prefetches the line at `pf` into L2 each step, then moves `pf` on by `pf_step`. Returns
+    /// at `2c`, `2c + 1`); prefetches the line at `pf.0` into L2 each step, then moves it on by `pf.1` bytes. Returns
     /// `w`, `x0`, `x3` and `pf` moved past the steps.
     ///
     /// # Safety
