@@ -12,7 +12,7 @@ use crate::model::{ForwardError, ForwardScratch, KvDtype, KvPool, Logits, Model,
 use crate::sampling::{LogitBias, Sampler, SamplingError, SamplingParams, dry};
 use crate::speculative::{DraftParams, DraftPolicy, DraftStats};
 use crate::stop::{StopError, StopMatcher, StopStep};
-use crate::structured::{JsonConstraint, OutputFormat, SortedVocab};
+use crate::structured::{Constraint, OutputFormat, SortedVocab};
 use crate::tokenizer::Tokenizer;
 
 /// Tokens per forward pass during prefill: long prompts run in chunks so memory stays bounded and Ctrl-C is seen.
@@ -133,7 +133,7 @@ pub struct Session<'m> {
     /// The tokens whose keys and values are in `kv`, in order.
     cached: Vec<u32>,
     scratch: ForwardScratch,
-    /// The vocabulary in byte order, built on the first request for JSON output.
+    /// The vocabulary in byte order, built on the first request for JSON or grammar output.
     json_vocab: std::sync::OnceLock<std::sync::Arc<SortedVocab>>,
     /// DRY's default sequence breakers as token ids, found by the first request that uses DRY.
     dry_breakers: std::sync::OnceLock<std::sync::Arc<[u32]>>,
@@ -233,10 +233,7 @@ impl<'m> Session<'m> {
             ));
         }
         let mut stop = StopMatcher::new(req.stop.iter().cloned())?;
-        let mut constraint = req.format.schema().map(|schema| {
-            let vocab = self.json_vocab.get_or_init(|| std::sync::Arc::new(SortedVocab::new(self.tokenizer)));
-            JsonConstraint::new(vocab.clone(), schema)
-        });
+        let mut constraint = Constraint::new(&req.format, &self.json_vocab, self.tokenizer);
         let n_vocab = self.model.config.n_vocab;
         let mut timings = Timings::default();
 
@@ -287,7 +284,8 @@ impl<'m> Session<'m> {
         let mut decoder = self.tokenizer.stream_decoder(true);
         let mut finish = FinishReason::Length;
         let mut context_full = false;
-        // The JSON object closed: generation stops (held text is still released below).
+        // The constrained output (a JSON value, a grammar's text) is complete: generation stops (held text is still
+        // released below).
         let mut completed = false;
         let draft_max = req.draft.max.min(self.rewind);
         let mut fed: Vec<u32> = Vec::with_capacity(draft_max + 1);

@@ -23,7 +23,7 @@ use crate::synthetic::{Rng, Spec};
 /// `$serde_json::private::RawValue` for an embedded raw value (the `raw_value` feature, which axum turns on), and so
 /// refuses some valid JSON. `IgnoredAny` calls a number cut short (`1.`, `-`, `1e`) invalid rather than unfinished,
 /// so a second try appends a digit (which cannot turn a non-prefix into one).
-fn is_json_prefix(text: &str) -> bool {
+pub(crate) fn is_json_prefix(text: &str) -> bool {
     let ok_or_eof = |t: &str| match serde_json::from_str::<IgnoredAny>(t) {
         Ok(_) => true,
         Err(e) => e.is_eof(),
@@ -31,7 +31,7 @@ fn is_json_prefix(text: &str) -> bool {
     ok_or_eof(text) || ok_or_eof(&format!("{text}0"))
 }
 
-fn parses_as_object(text: &str) -> bool {
+pub(crate) fn parses_as_object(text: &str) -> bool {
     serde_json::from_str::<IgnoredAny>(text).is_ok() && text.trim_start().starts_with('{')
 }
 

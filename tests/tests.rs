@@ -14,6 +14,7 @@ mod engine;
 mod families;
 mod faults;
 mod gguf;
+mod grammar;
 mod json_schema;
 mod kv_pool;
 mod logprobs;

@@ -14,7 +14,7 @@ use crate::sampling::{
 };
 use crate::speculative::{DraftParams, MAX_DRAFT};
 use crate::stop::{StopError, StopMatcher, parse_stop};
-use crate::structured::{JsonSchema, OutputFormat};
+use crate::structured::{Grammar, JsonSchema, OutputFormat};
 
 const D: SamplingParams = SamplingParams::DEFAULT;
 
@@ -528,6 +528,26 @@ pub struct FormatArgs {
         help_heading = "Sampling"
     )]
     pub json_schema_file: Option<Arc<JsonSchema>>,
+    /// Constrain the output to text of this GBNF grammar (llama.cpp's format), matched from its rule `root`; e.g.
+    /// 'root ::= ("yes" | "no") "."'. The model may end where the text is a whole match, and must end where
+    /// nothing can follow.
+    #[arg(
+        long,
+        value_name = "GBNF",
+        value_parser = parse_grammar,
+        conflicts_with_all = ["json_schema", "json_schema_file", "format"],
+        help_heading = "Sampling"
+    )]
+    pub grammar: Option<Arc<Grammar>>,
+    /// As `--grammar`, with the grammar read from a file (e.g. llama.cpp's `grammars/*.gbnf`).
+    #[arg(
+        long,
+        value_name = "FILE",
+        value_parser = parse_grammar_file,
+        conflicts_with_all = ["grammar", "json_schema", "json_schema_file", "format"],
+        help_heading = "Sampling"
+    )]
+    pub grammar_file: Option<Arc<Grammar>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -540,6 +560,9 @@ pub enum FormatArg {
 
 impl FormatArgs {
     pub fn output_format(&self) -> OutputFormat {
+        if let Some(grammar) = self.grammar.as_ref().or(self.grammar_file.as_ref()) {
+            return OutputFormat::Grammar(grammar.clone());
+        }
         if let Some(schema) = self.json_schema.as_ref().or(self.json_schema_file.as_ref()) {
             return OutputFormat::JsonSchema(schema.clone());
         }
@@ -560,4 +583,15 @@ pub fn parse_json_schema(text: &str) -> Result<Arc<JsonSchema>, String> {
 pub fn parse_json_schema_file(path: &str) -> Result<Arc<JsonSchema>, String> {
     let text = crate::cli::input::read_text_file(std::path::Path::new(path)).map_err(|e| format!("{e:#}"))?;
     parse_json_schema(&text).map_err(|e| format!("{path}: {e}"))
+}
+
+/// `--grammar`: GBNF text (compiled here, before the model loads).
+pub fn parse_grammar(text: &str) -> Result<Arc<Grammar>, String> {
+    Grammar::parse(text).map(Arc::new).map_err(|e| format!("grammar: {e}"))
+}
+
+/// `--grammar-file`: as [`parse_grammar`], from a file (the input size cap of prompt files applies).
+pub fn parse_grammar_file(path: &str) -> Result<Arc<Grammar>, String> {
+    let text = crate::cli::input::read_text_file(std::path::Path::new(path)).map_err(|e| format!("{e:#}"))?;
+    Grammar::parse(&text).map(Arc::new).map_err(|e| format!("{path}: {e}"))
 }

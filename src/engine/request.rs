@@ -8,7 +8,7 @@ use crate::model::SeqKv;
 use crate::sampling::Sampler;
 use crate::sampling::dry::resolve_breakers;
 use crate::stop::{StopMatcher, StopStep};
-use crate::structured::{JsonConstraint, SortedVocab};
+use crate::structured::{Constraint, SortedVocab};
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::stream::StreamDecoder;
 
@@ -28,7 +28,7 @@ pub(crate) struct Sequence<'t> {
     top_logprobs: usize,
     sampler: Sampler,
     /// Structured output: which tokens may come next (JSON output only).
-    constraint: Option<JsonConstraint>,
+    constraint: Option<Constraint>,
     stop: StopMatcher,
     decoder: StreamDecoder<'t>,
     piece: String,
@@ -56,7 +56,7 @@ pub(crate) enum Ending {
 
 impl<'t> Sequence<'t> {
     /// The engine's state for a submission, or (should its settings be refused after all) the submission back.
-    /// `json_vocab` is the vocabulary in byte order, built by the first request for JSON output; `dry_breakers` DRY's
+    /// `json_vocab` is the vocabulary in byte order, built by the first request for JSON or grammar output; `dry_breakers` DRY's
     /// default sequence breakers, found by the first request that uses DRY.
     pub fn new(
         sub: Submission,
@@ -76,9 +76,7 @@ impl<'t> Sequence<'t> {
             Ok(s) => s,
             Err(e) => return Err(Box::new((sub, e.to_string()))),
         };
-        let constraint = sub.req.format.schema().map(|schema| {
-            JsonConstraint::new(json_vocab.get_or_init(|| Arc::new(SortedVocab::new(tokenizer))).clone(), schema)
-        });
+        let constraint = Constraint::new(&sub.req.format, json_vocab, tokenizer);
         let Submission { id, req, tx, arrived } = sub;
         let prompt_len = req.prompt.len();
         let mut tokens = req.prompt;

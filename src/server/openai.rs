@@ -16,7 +16,7 @@ use crate::sampling::{
     random_seed,
 };
 use crate::structured::schema::json_kind as kind;
-use crate::structured::{JsonSchema, OutputFormat};
+use crate::structured::{Grammar, JsonSchema, OutputFormat};
 use crate::tokenizer::chat::ChatMessage;
 
 /// A client error: HTTP status, message, and the parameter at fault.
@@ -459,8 +459,24 @@ pub fn logprobs_json(chat: bool, entries: &[TokenLogprobs], offset: usize) -> Va
 /// `{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`; llama-server's spellings too, a `schema`
 /// beside `json_object` and a top-level `json_schema` field. A schema the structured output cannot enforce is a 400
 /// naming the keyword, never a looser constraint.
+///
+/// llama-server's `grammar` field (GBNF text) constrains the text to the grammar instead; it cannot be combined
+/// with a JSON format, and a grammar that does not compile is a 400 naming the line and column.
 fn parse_response_format(f: &Fields<'_>) -> Result<OutputFormat, ApiError> {
     const NAME: &str = "response_format";
+    match f.get("grammar") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(g)) if g.trim().is_empty() => {}
+        Some(Value::String(g)) => {
+            if f.get(NAME).is_some() || f.get("json_schema").is_some() {
+                return Err(ApiError::bad("grammar", "give either `grammar` or a JSON `response_format`, not both"));
+            }
+            return Grammar::parse(g)
+                .map(|g| OutputFormat::Grammar(Arc::new(g)))
+                .map_err(|e| ApiError::bad("grammar", format!("`grammar`: {e}")));
+        }
+        Some(v) => return Err(ApiError::bad("grammar", format!("`grammar` must be GBNF text, not {}", kind(v)))),
+    }
     let schema = |v: &Value, field: &str| {
         JsonSchema::compile(v)
             .map(|s| OutputFormat::JsonSchema(Arc::new(s)))

@@ -1,4 +1,5 @@
-//! Structured output: constraining generation so the text is valid JSON, of a given JSON schema or any object.
+//! Structured output: constraining generation so the text is valid JSON, of a given JSON schema or any object, or
+//! text of a GBNF grammar ([`grammar`], [`grammar_machine`]).
 //!
 //! At each step a [`JsonConstraint`] computes which tokens can extend the text so far towards a valid JSON value
 //! of the schema ([`schema`], [`schema_machine`]; OpenAI's `json_object` format is the schema `{"type": "object"}`)
@@ -11,15 +12,19 @@
 //! with its shortcuts); the last few masks are kept with the state each is for, and a long string repeats one state
 //! token after token, so most steps inside strings reuse one.
 
+pub mod grammar;
+pub mod grammar_machine;
 pub mod json;
 pub mod schema;
 pub mod schema_machine;
 pub mod vocab;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
+pub use grammar::{Grammar, GrammarError};
+pub use grammar_machine::{GrammarConstraint, GrammarMachine};
 pub use json::JsonMachine;
 pub use schema::{JsonSchema, SchemaError};
 pub use schema_machine::SchemaMachine;
@@ -36,6 +41,8 @@ pub enum OutputFormat {
     JsonObject,
     /// One JSON value of this schema, and nothing after it.
     JsonSchema(Arc<JsonSchema>),
+    /// Text of this GBNF grammar (from its rule `root`).
+    Grammar(Arc<Grammar>),
 }
 
 impl OutputFormat {
@@ -46,13 +53,14 @@ impl OutputFormat {
             OutputFormat::Text => "text",
             OutputFormat::JsonObject => "json",
             OutputFormat::JsonSchema(_) => "json-schema",
+            OutputFormat::Grammar(_) => "grammar",
         }
     }
 
-    /// The schema generation follows, if the text is constrained.
+    /// The schema generation follows, if the text must be JSON.
     pub fn schema(&self) -> Option<Arc<JsonSchema>> {
         match self {
-            OutputFormat::Text => None,
+            OutputFormat::Text | OutputFormat::Grammar(_) => None,
             OutputFormat::JsonObject => Some(JsonSchema::any_object()),
             OutputFormat::JsonSchema(s) => Some(s.clone()),
         }
@@ -80,9 +88,57 @@ pub struct JsonConstraint {
 
 /// A token the constraint did not allow was fed to it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("token {token} cannot continue the JSON text at this point")]
+#[error("token {token} cannot continue the constrained text (JSON or grammar) at this point")]
 pub struct Refused {
     pub token: u32,
+}
+
+/// One sequence's constraint on its text, whichever the format asks for.
+#[derive(Debug)]
+pub enum Constraint {
+    Json(JsonConstraint),
+    Grammar(GrammarConstraint),
+}
+
+impl Constraint {
+    /// The constraint `format` asks for (none for free text). `vocab` holds the vocabulary in byte order, built by
+    /// the first constrained request and shared after.
+    pub fn new(
+        format: &OutputFormat,
+        vocab: &OnceLock<Arc<SortedVocab>>,
+        tokenizer: &crate::tokenizer::Tokenizer,
+    ) -> Option<Constraint> {
+        let vocab = || vocab.get_or_init(|| Arc::new(SortedVocab::new(tokenizer))).clone();
+        match format {
+            OutputFormat::Text => None,
+            OutputFormat::Grammar(g) => Some(Constraint::Grammar(GrammarConstraint::new(vocab(), g.clone()))),
+            _ => format.schema().map(|schema| Constraint::Json(JsonConstraint::new(vocab(), schema))),
+        }
+    }
+
+    /// The tokens allowed next, as a bit mask over the vocabulary (bit `id % 64` of word `id / 64`).
+    pub fn mask(&mut self) -> &[u64] {
+        match self {
+            Constraint::Json(c) => c.mask(),
+            Constraint::Grammar(c) => c.mask(),
+        }
+    }
+
+    /// Advances past `token`'s bytes (`bytes`, as the tokenizer decodes it), which must be allowed.
+    pub fn accept(&mut self, token: u32, bytes: &[u8]) -> Result<(), Refused> {
+        match self {
+            Constraint::Json(c) => c.accept(token, bytes),
+            Constraint::Grammar(c) => c.accept(token, bytes),
+        }
+    }
+
+    /// Whether the constrained text is finished (generation should end).
+    pub fn is_complete(&self) -> bool {
+        match self {
+            Constraint::Json(c) => c.is_complete(),
+            Constraint::Grammar(c) => c.is_complete(),
+        }
+    }
 }
 
 impl JsonConstraint {

@@ -107,6 +107,8 @@ pub struct SortedVocab {
     long_inert: Vec<(u32, u32)>,
     n_vocab: usize,
     longest: usize,
+    /// The end-of-generation tokens (left out of the walk; a grammar allows them where its text is complete).
+    eog: Vec<u32>,
 }
 
 impl SortedVocab {
@@ -160,7 +162,13 @@ impl SortedVocab {
         }
         let all = SortedTokens::new(order, piece);
         let in_string = SortedTokens::new(active, piece);
-        SortedVocab { all, in_string, inert, short_inert, long_inert, n_vocab, longest }
+        let eog = (0..n_vocab as u32).filter(|&id| tokenizer.is_eog(id)).collect();
+        SortedVocab { all, in_string, inert, short_inert, long_inert, n_vocab, longest, eog }
+    }
+
+    /// The end-of-generation tokens, which no walk allows.
+    pub fn eog(&self) -> &[u32] {
+        &self.eog
     }
 
     /// Sets bit `id` of `mask` (`n_vocab` bits, 64 per word) for every token whose bytes `machine` accepts in full
