@@ -15,7 +15,8 @@ use std::sync::atomic::AtomicBool;
 use serde::{Deserialize, Serialize};
 
 use crate::sampling::{
-    DryParams, DynatempParams, LogitBias, MirostatParams, SamplingError, SamplingParams, XtcParams, random_seed,
+    DryParams, DynatempParams, LogitBias, MirostatParams, SamplerOrder, SamplingError, SamplingParams, XtcParams,
+    random_seed,
 };
 use crate::session::{GenerateError, GenerateRequest, Generation, Session, Timings};
 use crate::speculative::DraftParams;
@@ -78,6 +79,8 @@ pub struct ChatSettings {
     pub dynatemp: DynatempParams,
     /// Mirostat (off unless its version is 1 or 2).
     pub mirostat: MirostatParams,
+    /// The order of the sampling steps (`--samplers`).
+    pub samplers: SamplerOrder,
     /// A fixed seed makes replies reproducible; `None` picks a fresh one per reply.
     pub seed: Option<u64>,
     /// Most tokens per reply; `None` = until the model ends its turn or the context is full.
@@ -109,6 +112,7 @@ impl ChatSettings {
             typical_p: p.typical_p,
             dynatemp: p.dynatemp,
             mirostat: p.mirostat,
+            samplers: p.samplers,
             seed,
             max_tokens,
             format: OutputFormat::Text,
@@ -133,6 +137,7 @@ impl ChatSettings {
             dynatemp: self.dynatemp,
             mirostat: self.mirostat,
             seed,
+            samplers: self.samplers,
         }
     }
 

@@ -8,7 +8,7 @@ fn plain(seed: u64) -> SamplingParams {
 }
 
 /// Deterministic pseudo-random logits over a vocabulary of `n`.
-fn logits(n: usize, salt: u64) -> Vec<f32> {
+pub(crate) fn logits(n: usize, salt: u64) -> Vec<f32> {
     let mut x = salt.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {

@@ -24,6 +24,7 @@ mod reference_dequant;
 mod reference_quantize;
 mod registry;
 mod run;
+mod sampler_order;
 mod sampling;
 mod serve;
 mod speculative;

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use clap::{Args, ValueEnum};
 
 use crate::sampling::{
-    BIAS_LIMIT, DryParams, DynatempParams, LogitBias, MirostatParams, SamplingParams, XtcParams, random_seed,
+    BIAS_LIMIT, DryParams, DynatempParams, LogitBias, MirostatParams, SamplerOrder, SamplingParams, XtcParams,
+    random_seed,
 };
 use crate::speculative::{DraftParams, MAX_DRAFT};
 use crate::stop::{StopError, StopMatcher, parse_stop};
@@ -124,6 +125,15 @@ pub struct SamplingArgs {
     /// Seed of the random number generator, for reproducible output [default: random, from the clock].
     #[arg(long, value_name = "N", value_parser = parse_seed, allow_negative_numbers = true, help_heading = "Sampling")]
     pub seed: Option<u64>,
+    /// The sampling steps to run, in order, separated by `;` (llama.cpp's names): the default is
+    /// "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature". A step left out does not run; the
+    /// temperature rescales the logits where it stands, so the filters after it see the rescaled distribution.
+    #[arg(long, value_name = "LIST", value_parser = SamplerOrder::parse, help_heading = "Sampling")]
+    pub samplers: Option<SamplerOrder>,
+    /// As `--samplers`, one letter per step (llama.cpp's `--sampling-seq`; the default is `edskypmxt`).
+    #[arg(long, value_name = "LETTERS", value_parser = SamplerOrder::parse_letters, conflicts_with = "samplers",
+          help_heading = "Sampling")]
+    pub sampling_seq: Option<SamplerOrder>,
 }
 
 impl SamplingArgs {
@@ -146,6 +156,7 @@ impl SamplingArgs {
             dynatemp: DynatempParams { range: self.dynatemp_range, exponent: self.dynatemp_exponent },
             mirostat: MirostatParams { version: self.mirostat, tau: self.mirostat_tau, eta: self.mirostat_eta },
             seed: self.seed.unwrap_or_else(random_seed),
+            samplers: self.sampling_seq.or(self.samplers).unwrap_or_default(),
         }
     }
 
@@ -208,6 +219,8 @@ impl Default for SamplingArgs {
             mirostat_tau: D.mirostat.tau,
             mirostat_eta: D.mirostat.eta,
             seed: None,
+            samplers: None,
+            sampling_seq: None,
         }
     }
 }

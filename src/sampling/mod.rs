@@ -65,12 +65,14 @@ use serde::{Deserialize, Serialize};
 pub mod dry;
 pub mod dynatemp;
 pub mod mirostat;
+pub mod order;
 pub mod typical;
 pub mod xtc;
 
 pub use dry::DryParams;
 pub use dynatemp::DynatempParams;
 pub use mirostat::MirostatParams;
+pub use order::SamplerOrder;
 pub use xtc::XtcParams;
 
 /// Why sampling parameters were refused or a token could not be sampled.
@@ -137,6 +139,8 @@ pub struct SamplingParams {
     pub mirostat: MirostatParams,
     /// Seed of the sampler's RNG.
     pub seed: u64,
+    /// The order of the steps, and which run ([`order`]; the default is the pipeline above).
+    pub samplers: SamplerOrder,
 }
 
 impl SamplingParams {
@@ -157,6 +161,7 @@ impl SamplingParams {
         dynatemp: DynatempParams::OFF,
         mirostat: MirostatParams::OFF,
         seed: 0,
+        samplers: SamplerOrder::DEFAULT,
     };
 
     /// Greedy decoding: temperature 0, everything else off.
@@ -176,6 +181,7 @@ impl SamplingParams {
         dynatemp: DynatempParams::OFF,
         mirostat: MirostatParams::OFF,
         seed: 0,
+        samplers: SamplerOrder::DEFAULT,
     };
 
     /// Checks every parameter's range; NaN and infinities are refused everywhere.
@@ -212,7 +218,8 @@ impl SamplingParams {
     /// Whether this samples greedily (the RNG is never used).
     pub fn is_greedy(&self) -> bool {
         // Mirostat skips top-k, so top-k 1 does not make it greedy.
-        self.temperature == 0.0 || (self.top_k == 1 && !self.mirostat.is_on())
+        self.temperature == 0.0
+            || (self.top_k == 1 && !self.mirostat.is_on() && self.samplers.contains(order::Step::TopK))
     }
 }
 
@@ -391,6 +398,49 @@ fn max_of_cands(cands: &[Cand]) -> f32 {
     cands.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.logit))
 }
 
+/// Refuses logits no sampler can use: none, more than ids can number, or any NaN or infinity.
+fn check_logits(logits: &[f32]) -> Result<(), SamplingError> {
+    if logits.is_empty() {
+        return Err(SamplingError::EmptyLogits);
+    }
+    if u32::try_from(logits.len()).is_err() {
+        return Err(SamplingError::VocabTooLarge(logits.len()));
+    }
+    match first_non_finite(logits) {
+        Some(index) => Err(SamplingError::NonFiniteLogits { index }),
+        None => Ok(()),
+    }
+}
+
+/// `out` = `logits` with `bias` added (clamped to finite values; a ban stays at `f32::MIN`).
+fn biased_copy(logits: &[f32], bias: &LogitBias, out: &mut Vec<f32>) -> Result<(), SamplingError> {
+    out.clear();
+    out.extend_from_slice(logits);
+    for &(token, b) in bias.entries() {
+        let Some(v) = out.get_mut(token as usize) else {
+            return Err(SamplingError::BiasTokenOutOfRange { token, vocab_size: logits.len() });
+        };
+        *v = (*v + b).clamp(f32::MIN, f32::MAX);
+    }
+    Ok(())
+}
+
+/// The ids a mask allows (bit `id % 64` of word `id / 64`), in id order, below `n`.
+fn allowed(mask: &[u64], n: usize) -> impl Iterator<Item = u32> + '_ {
+    mask.iter().enumerate().flat_map(move |(w, &word)| {
+        let mut bits = word;
+        std::iter::from_fn(move || {
+            (bits != 0).then(|| {
+                let id = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                id
+            })
+        })
+        .take_while(move |&id| id < n)
+        .map(|id| id as u32)
+    })
+}
+
 /// The index of the first NaN or infinity.
 fn first_non_finite(values: &[f32]) -> Option<usize> {
     const BLOCK: usize = 256;
@@ -561,12 +611,13 @@ impl Sampler {
     }
 
     fn sample_inner(&mut self, logits: &[f32], history: &[u32], mask: Option<&[u64]>) -> Result<u32, SamplingError> {
-        match self.prepare(logits, history, mask)? {
+        match self.prepare(logits, history, mask, true)? {
             Prepared::Greedy(id) => Ok(id),
             Prepared::Candidates { mut max } => {
                 let (xtc, mirostat) = (self.params.xtc, self.params.mirostat);
                 // The coin is tossed only when XTC is on, so a request without it draws what it drew before XTC.
-                if xtc.is_on() && !mirostat.is_on() && self.rng.random::<f32>() < xtc.probability {
+                // (An order of the steps tossed it where XTC stands.)
+                if xtc.is_on() && !mirostat.is_on() && !self.ordered() && self.rng.random::<f32>() < xtc.probability {
                     max = xtc::exclude_top_choices(&mut self.cands, max, xtc.threshold);
                 }
                 let (id, prob) = self.draw(max);
@@ -584,7 +635,7 @@ impl Sampler {
     /// which acts by chance, is left out: this is the distribution when its coin says no.
     pub fn distribution(&mut self, logits: &[f32], history: &[u32]) -> Result<&[TokenProb], SamplingError> {
         self.dist.clear();
-        match self.prepare(logits, history, None)? {
+        match self.prepare(logits, history, None, false)? {
             Prepared::Greedy(id) => self.dist.push(TokenProb { id, prob: 1.0 }),
             Prepared::Candidates { max } => {
                 let sum = self.weigh(max);
@@ -602,7 +653,18 @@ impl Sampler {
 
     /// Runs penalties, the mask and the filters; leaves the survivors in `self.cands` unless the answer is already
     /// known.
-    fn prepare(&mut self, logits: &[f32], history: &[u32], mask: Option<&[u64]>) -> Result<Prepared, SamplingError> {
+    /// The steps before the draw: fused ([`Sampler::filter`]) in the default order, else one by one
+    /// ([`Sampler::filter_ordered`], which tosses XTC's coin where it stands if `toss_xtc`).
+    fn prepare(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        mask: Option<&[u64]>,
+        toss_xtc: bool,
+    ) -> Result<Prepared, SamplingError> {
+        if self.ordered() {
+            return self.filter_ordered(logits, history, mask, toss_xtc);
+        }
         let Some(mask) = mask else { return self.filter(logits, history, None) };
         // The filters run on the allowed tokens' scores alone, numbered 0..; their ids are mapped back after. The
         // mapping keeps id order, so ties and the draw order come out as without a mask.
@@ -630,16 +692,7 @@ impl Sampler {
         history: &[u32],
         mask: Option<(&[u64], &mut Vec<f32>, &mut Vec<u32>)>,
     ) -> Result<Prepared, SamplingError> {
-        if logits.is_empty() {
-            return Err(SamplingError::EmptyLogits);
-        }
-        if u32::try_from(logits.len()).is_err() {
-            return Err(SamplingError::VocabTooLarge(logits.len()));
-        }
-        if let Some(index) = first_non_finite(logits) {
-            return Err(SamplingError::NonFiniteLogits { index });
-        }
-
+        check_logits(logits)?;
         let Sampler {
             params,
             ln_min_p,
@@ -659,14 +712,7 @@ impl Sampler {
         let penalize = params.penalizes() && !window.is_empty();
         let dry_on = params.dry.is_on() && history.len() > 1;
         let scores: &[f32] = if penalize || dry_on || !bias.is_empty() {
-            penalized.clear();
-            penalized.extend_from_slice(logits);
-            for &(token, b) in bias.entries() {
-                let Some(v) = penalized.get_mut(token as usize) else {
-                    return Err(SamplingError::BiasTokenOutOfRange { token, vocab_size: logits.len() });
-                };
-                *v = (*v + b).clamp(f32::MIN, f32::MAX);
-            }
+            biased_copy(logits, bias, penalized)?;
             if penalize {
                 apply_penalties(window, params, penalized, recent)?;
             }
@@ -682,15 +728,9 @@ impl Sampler {
             Some((mask, masked, ids)) => {
                 masked.clear();
                 ids.clear();
-                for (w, &word) in mask.iter().enumerate() {
-                    let mut bits = word;
-                    while bits != 0 {
-                        let id = w * 64 + bits.trailing_zeros() as usize;
-                        bits &= bits - 1;
-                        let Some(&s) = scores.get(id) else { break };
-                        masked.push(s);
-                        ids.push(id as u32);
-                    }
+                for id in allowed(mask, scores.len()) {
+                    masked.push(scores[id as usize]);
+                    ids.push(id);
                 }
                 if masked.is_empty() {
                     return Err(SamplingError::NothingAllowed);
@@ -798,7 +838,10 @@ impl Sampler {
     /// on); returns their sum.
     fn weigh(&mut self, max: f32) -> f64 {
         let p = &self.params;
-        let t = if p.dynatemp.is_on() && !p.mirostat.is_on() {
+        let t = if self.ordered() {
+            // The order applied the temperature (or left it out) already.
+            1.0
+        } else if p.dynatemp.is_on() && !p.mirostat.is_on() {
             p.dynatemp.temperature(p.temperature, &self.cands, max)
         } else {
             p.temperature

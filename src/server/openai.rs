@@ -12,8 +12,8 @@ use serde_json::{Map, Value, json};
 
 use crate::engine::{FinishReason, Usage};
 use crate::sampling::{
-    BIAS_LIMIT, DryParams, DynatempParams, LogitBias, MirostatParams, SamplingError, SamplingParams, XtcParams,
-    random_seed,
+    BIAS_LIMIT, DryParams, DynatempParams, LogitBias, MirostatParams, SamplerOrder, SamplingError, SamplingParams,
+    XtcParams, random_seed,
 };
 use crate::structured::schema::json_kind as kind;
 use crate::structured::{Grammar, JsonSchema, OutputFormat};
@@ -275,6 +275,7 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
         dynatemp,
         mirostat,
         seed,
+        samplers: parse_samplers(&f)?,
     };
     // The fields checked above have their own messages; this catches the others' ranges, naming the field.
     sampling.validate().map_err(|e| match e {
@@ -453,6 +454,29 @@ pub fn logprobs_json(chat: bool, entries: &[TokenLogprobs], offset: usize) -> Va
             .collect::<Vec<_>>(),
         "text_offset": offsets,
     })
+}
+
+/// llama-server's `samplers`: the sampling steps in order, as a list of names (`["top_k", "temperature"]`) or one
+/// string of them separated by `;`.
+fn parse_samplers(f: &Fields<'_>) -> Result<SamplerOrder, ApiError> {
+    const NAME: &str = "samplers";
+    let bad = |e: String| ApiError::bad(NAME, format!("`{NAME}`: {e}"));
+    match f.get(NAME) {
+        None | Some(Value::Null) => Ok(SamplerOrder::DEFAULT),
+        Some(Value::String(s)) => SamplerOrder::parse(s).map_err(bad),
+        Some(Value::Array(items)) => {
+            let mut names = Vec::with_capacity(items.len());
+            for item in items {
+                match item {
+                    Value::String(s) if !s.contains([';', ',']) => names.push(s.as_str()),
+                    Value::String(s) => return Err(bad(format!("`{s}` is not one sampler name"))),
+                    v => return Err(bad(format!("expected sampler names, found {}", kind(v)))),
+                }
+            }
+            SamplerOrder::parse(&names.join(";")).map_err(bad)
+        }
+        Some(v) => Err(bad(format!("expected a list of sampler names or a string, not {}", kind(v)))),
+    }
 }
 
 /// `response_format`: `{"type": "text"}` (the default), `{"type": "json_object"}`, or OpenAI's

@@ -8,6 +8,7 @@ use crate::cli::args::{
     parse_non_negative, parse_penalty, parse_positive_float, parse_repeat_penalty, parse_seed, parse_temperature,
     parse_top_p, parse_unit,
 };
+use crate::sampling::SamplerOrder;
 use crate::structured::OutputFormat;
 
 /// A parsed command.
@@ -39,7 +40,8 @@ pub const HELP: &str = "\
 /save FILE          save the conversation and the settings as JSON
 /load FILE          load a conversation saved with /save
 /set [NAME VALUE]   show the settings, or set temp, top-k, top-p, min-p, repeat-penalty, repeat-last-n,
-                    presence-penalty, frequency-penalty, seed (a number, or random),
+                    presence-penalty, frequency-penalty, samplers (their order, e.g. top_k;temperature),
+                    seed (a number, or random),
                     n (most tokens per reply; -1 = no limit) or
                     format (text, or json: each reply is one JSON object)
 /context            how the context is spent: system, history, the reply's reserve, free
@@ -50,7 +52,8 @@ Ctrl-C stops a reply; what was said so far is kept.";
 /// Settings `/set` knows, as typed.
 pub const SETTINGS: &str = "temp, top-k, top-p, min-p, top-n-sigma, repeat-penalty, repeat-last-n, presence-penalty, \
      frequency-penalty, dry-multiplier, dry-base, dry-allowed-length, dry-penalty-last-n, xtc-probability, \
-     xtc-threshold, typical, dynatemp-range, dynatemp-exp, mirostat, mirostat-ent, mirostat-lr, seed, n, format";
+     xtc-threshold, typical, dynatemp-range, dynatemp-exp, mirostat, mirostat-ent, mirostat-lr, samplers, seed, n, \
+     format";
 
 /// Parses a command line (without the leading `/`).
 pub fn parse(line: &str) -> Result<Command, String> {
@@ -106,6 +109,7 @@ pub fn set(settings: &mut ChatSettings, key: &str, value: &str) -> Result<(), St
         "mirostat" => settings.mirostat.version = parse_mirostat(value).map_err(bad)?,
         "mirostat-ent" => settings.mirostat.tau = parse_non_negative(value).map_err(bad)?,
         "mirostat-lr" => settings.mirostat.eta = parse_non_negative(value).map_err(bad)?,
+        "samplers" => settings.samplers = SamplerOrder::parse(value).map_err(bad)?,
         "seed" if value == "random" => settings.seed = None,
         "seed" => settings.seed = Some(parse_seed(value).map_err(bad)?),
         "n" => settings.max_tokens = usize::try_from(parse_n_predict(value).map_err(bad)?).ok(),
@@ -126,7 +130,7 @@ pub fn show(settings: &ChatSettings) -> String {
         "temp {}\ntop-k {}\ntop-p {}\nmin-p {}\ntop-n-sigma {}\nrepeat-penalty {}\nrepeat-last-n {}\npresence-penalty {}\n\
          frequency-penalty {}\ndry-multiplier {}\ndry-base {}\ndry-allowed-length {}\ndry-penalty-last-n {}\n\
          xtc-probability {}\nxtc-threshold {}\ntypical {}\ndynatemp-range {}\ndynatemp-exp {}\nmirostat {}\n\
-         mirostat-ent {}\nmirostat-lr {}\nseed {seed}\nn {n}\nformat {}",
+         mirostat-ent {}\nmirostat-lr {}\nsamplers {}\nseed {seed}\nn {n}\nformat {}",
         settings.temperature,
         settings.top_k,
         settings.top_p,
@@ -148,6 +152,7 @@ pub fn show(settings: &ChatSettings) -> String {
         settings.mirostat.version,
         settings.mirostat.tau,
         settings.mirostat.eta,
+        settings.samplers,
         settings.format.name(),
     )
 }
@@ -168,6 +173,19 @@ mod tests {
         let shown = show(&settings);
         assert!(shown.contains("dry-multiplier 0.8\n") && shown.contains("xtc-threshold 0.2\n"), "{shown}");
         settings.validate().unwrap();
+    }
+
+    #[test]
+    fn the_sampler_order_is_set_checked_and_shown() {
+        let mut settings = ChatSettings::default();
+        assert!(
+            show(&settings).contains("samplers penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature\n")
+        );
+        set(&mut settings, "samplers", "min_p;temperature").unwrap();
+        assert_eq!(settings.params(1).samplers.to_string(), "min_p;temperature");
+        assert!(show(&settings).contains("samplers min_p;temperature\n"));
+        let e = set(&mut settings, "samplers", "min_p;warmth").unwrap_err();
+        assert!(e.contains("/set samplers: unknown sampler `warmth`"), "{e}");
     }
 
     #[test]
