@@ -808,18 +808,7 @@ impl Sampler {
         }
 
         if top_p_on {
-            let target = f64::from(params.top_p) * mass;
-            if sorted {
-                let mut cum = 0.0f64;
-                if let Some(last) = cands.iter().position(|c| {
-                    cum += f64::from(exp_nonpos(c.logit - max));
-                    cum >= target
-                }) {
-                    cands.truncate(last + 1);
-                }
-            } else {
-                top_p_unsorted(cands, max, target, top_p_scratch);
-            }
+            top_p_cut(cands, max, f64::from(params.top_p) * mass, sorted, top_p_scratch);
         }
 
         if params.min_p > 0.0 {
@@ -905,6 +894,22 @@ fn apply_penalties(
         *v = p.clamp(f32::MIN, f32::MAX);
     }
     Ok(())
+}
+
+/// Top-p's cut: keeps the most likely candidates (largest logit `max`) until their unnormalized mass reaches
+/// `target`. `sorted`: `cands` is in [`by_logit_desc`] order, so the cut is a prefix; otherwise
+/// [`top_p_unsorted`] finds it without sorting.
+fn top_p_cut(cands: &mut Vec<Cand>, max: f32, target: f64, sorted: bool, scratch: &mut TopPScratch) {
+    if !sorted {
+        return top_p_unsorted(cands, max, target, scratch);
+    }
+    let mut cum = 0.0f64;
+    if let Some(last) = cands.iter().position(|c| {
+        cum += f64::from(exp_nonpos(c.logit - max));
+        cum >= target
+    }) {
+        cands.truncate(last + 1);
+    }
 }
 
 /// Leaves the `k` best of `scores` (by [`by_logit_desc`]) in `out`, in no particular order. One pass over the

@@ -16,7 +16,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{
     Cand, Prepared, Sampler, SamplingError, allowed, apply_penalties, biased_copy, by_logit_desc, check_logits, dry,
-    exp_nonpos, max_of_cands, sigma_floor, top_p_unsorted, typical, xtc,
+    exp_nonpos, max_of_cands, sigma_floor, top_p_cut, typical, xtc,
 };
 
 /// One step of the order.
@@ -295,18 +295,7 @@ impl Sampler {
                 Step::TopP if params.top_p < 1.0 => {
                     let max = max_of_cands(cands);
                     let mass: f64 = cands.iter().map(|c| f64::from(exp_nonpos(c.logit - max))).sum();
-                    let target = f64::from(params.top_p) * mass;
-                    if sorted {
-                        let mut cum = 0.0f64;
-                        if let Some(last) = cands.iter().position(|c| {
-                            cum += f64::from(exp_nonpos(c.logit - max));
-                            cum >= target
-                        }) {
-                            cands.truncate(last + 1);
-                        }
-                    } else {
-                        top_p_unsorted(cands, max, target, top_p_scratch);
-                    }
+                    top_p_cut(cands, max, f64::from(params.top_p) * mass, sorted, top_p_scratch);
                 }
                 Step::MinP if params.min_p > 0.0 => {
                     let max = max_of_cands(cands);
