@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 use arbitrary::Arbitrary;
 use infer::gguf::GgufFile;
 use infer::model::{KvDtype, Model};
-use infer::sampling::{DryParams, DynatempParams, LogitBias, MirostatParams, SamplingParams, XtcParams};
+use infer::sampling::{DryParams, DynatempParams, LogitBias, MirostatParams, SamplerOrder, SamplingParams, XtcParams};
 use infer::session::{GenerateRequest, Session};
 use infer::speculative::DraftParams;
 use infer::structured::OutputFormat;
@@ -64,6 +64,13 @@ fuzz_target!(|input: Input| {
         dynatemp: DynatempParams { range: input.dry_multiplier, ..DynatempParams::OFF },
         mirostat: MirostatParams { version: (input.seed % 3) as u8, ..MirostatParams::OFF },
         seed: input.seed,
+        // Now and then another order of the steps (temperature first, top-k last), so generation runs the
+        // one-by-one path too.
+        samplers: if input.seed % 5 == 4 {
+            SamplerOrder::parse("temperature;min_p;typ_p;top_p;xtc;penalties;dry;top_n_sigma;top_k").unwrap()
+        } else {
+            SamplerOrder::DEFAULT
+        },
     };
     // DRY's breakers from the stop strings' input: none, the defaults, or those strings.
     let dry_breakers = match input.seed % 3 {

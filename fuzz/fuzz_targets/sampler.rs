@@ -1,12 +1,15 @@
 //! The sampler on arbitrary logits (NaN, ±inf, all equal, empty) with arbitrary parameters, logit biases and
-//! history (DRY's breakers, XTC, typical, dynamic temperature and Mirostat included): it returns a token of the vocabulary or an error, and never panics; a
-//! banned token is never returned.
+//! history (DRY's breakers, XTC, typical, dynamic temperature and Mirostat included), in the default order of the
+//! steps or another (`--samplers`): it returns a token of the vocabulary or an error, and never panics; a banned
+//! token is never returned.
 #![no_main]
 
 use arbitrary::Arbitrary;
 use std::sync::Arc;
 
-use infer::sampling::{DryParams, DynatempParams, LogitBias, MirostatParams, Sampler, SamplingParams, XtcParams};
+use infer::sampling::{
+    DryParams, DynatempParams, LogitBias, MirostatParams, Sampler, SamplerOrder, SamplingParams, XtcParams,
+};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -35,6 +38,8 @@ struct Input {
     mirostat_eta: f32,
     bias: Vec<(u32, f32)>,
     seed: u64,
+    /// Steps of another order, as indices into `--sampling-seq`'s letters (repeats skipped); `None`: the default.
+    order: Option<Vec<u8>>,
     logits: Vec<f32>,
     repeat: u16,
     history: Vec<u32>,
@@ -64,6 +69,19 @@ fuzz_target!(|input: Input| {
         // Mostly 0, 1 or 2, sometimes out of range (refused).
         mirostat: MirostatParams { version: input.mirostat % 4, tau: input.mirostat_tau, eta: input.mirostat_eta },
         seed: input.seed,
+        samplers: match &input.order {
+            None => SamplerOrder::DEFAULT,
+            Some(steps) => {
+                let mut letters = String::new();
+                for &s in steps {
+                    let c = b"edskypmxt"[usize::from(s) % 9] as char;
+                    if !letters.contains(c) {
+                        letters.push(c);
+                    }
+                }
+                SamplerOrder::parse_letters(&letters).expect("distinct known letters")
+            }
+        },
     };
     let Ok(mut sampler) = Sampler::new(params) else { return };
     let mut breakers = input.dry_breakers.clone();

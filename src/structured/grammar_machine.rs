@@ -27,7 +27,11 @@ use super::{CACHED_MASKS, Refused};
 pub const MAX_DEPTH: usize = 256;
 /// The most stacks one state may have (a grammar whose start needs more is refused when it compiles; a byte that
 /// would need more later is refused).
-pub const MAX_STACKS: usize = 1 << 15;
+pub const MAX_STACKS: usize = 1 << 12;
+/// The most stack entries one step may write (its stacks, and the ones it expanded on the way): a bound on the
+/// work of a step, so that a grammar ambiguous enough to fork at every byte (`r ::= "(" r* ")" | [^()]+ ...`,
+/// which a fuzz run found taking seconds) narrows what it allows instead of stalling a mask.
+pub const MAX_STEP_ENTRIES: usize = 1 << 14;
 /// Interned states after which the tables start over (each state that was stepped from has 1 KB of them).
 pub const MAX_STATES: usize = 1 << 14;
 /// Stack entries, over all interned states, after which the tables start over; during a mask's walk, past twice
@@ -102,12 +106,13 @@ impl GrammarMachine {
         m
     }
 
-    /// The start state's stacks, or `None` if they pass [`MAX_STACKS`] or [`MAX_DEPTH`].
+    /// The start state's stacks, or `None` if they pass [`MAX_STACKS`], [`MAX_STEP_ENTRIES`] or [`MAX_DEPTH`].
     pub(super) fn start_stacks(&self) -> Option<Vec<Stack>> {
         let mut out = Vec::new();
+        let mut entries = 0;
         let root = &self.grammar.rules[self.grammar.root as usize];
         for &alt in &root.alts {
-            if !self.expand(vec![alt], &mut out) {
+            if !self.expand(vec![alt], &mut out, &mut entries) {
                 return None;
             }
         }
@@ -209,6 +214,7 @@ impl GrammarMachine {
     fn compute_step(&self, state: u32, b: u8) -> Option<Vec<Stack>> {
         let g = &*self.grammar;
         let mut out = Vec::new();
+        let mut entries = 0;
         for stack in &self.states[state as usize].stacks {
             let Some(&top) = stack.last() else { continue };
             let Elem::Byte(set) = g.elems[top as usize] else { continue };
@@ -217,7 +223,7 @@ impl GrammarMachine {
             }
             let mut next = stack.clone();
             *next.last_mut()? = top + 1;
-            if !self.expand(next, &mut out) || out.len() > MAX_STACKS {
+            if !self.expand(next, &mut out, &mut entries) {
                 return None;
             }
         }
@@ -227,9 +233,11 @@ impl GrammarMachine {
     }
 
     /// Expands `stack` (whose top may be any element) into stacks whose tops are byte sets, or empty ones, added
-    /// to `out`. False if a stack went past [`MAX_DEPTH`] or the set past [`MAX_STACKS`].
-    fn expand(&self, stack: Stack, out: &mut Vec<Stack>) -> bool {
+    /// to `out`, counting the entries written in `entries`. False if a stack went past [`MAX_DEPTH`], the set past
+    /// [`MAX_STACKS`] or the entries past [`MAX_STEP_ENTRIES`].
+    fn expand(&self, stack: Stack, out: &mut Vec<Stack>, entries: &mut usize) -> bool {
         let g = &*self.grammar;
+        *entries += stack.len();
         let mut work = vec![stack];
         while let Some(mut s) = work.pop() {
             loop {
@@ -257,6 +265,7 @@ impl GrammarMachine {
                         for &alt in &g.rules[r as usize].alts {
                             let mut t = s.clone();
                             t.push(alt);
+                            *entries += t.len();
                             work.push(t);
                         }
                         break;
@@ -265,7 +274,7 @@ impl GrammarMachine {
             }
             // Left recursion was refused when compiling, so this is only a guard against a combinatorial
             // explosion of alternatives.
-            if out.len() + work.len() > MAX_STACKS {
+            if out.len() + work.len() > MAX_STACKS || *entries > MAX_STEP_ENTRIES {
                 return false;
             }
         }
