@@ -254,23 +254,11 @@ impl Sampler {
             }
             match step {
                 Step::Penalties if params.penalizes() && !window.is_empty() => {
-                    for c in cands.iter() {
-                        work[c.id as usize] = c.logit;
-                    }
-                    apply_penalties(window, params, work, recent)?;
-                    for c in cands.iter_mut() {
-                        c.logit = work[c.id as usize];
-                    }
+                    rescore(cands, work, |w| apply_penalties(window, params, w, recent))?;
                     sorted = false;
                 }
                 Step::Dry if params.dry.is_on() && history.len() > 1 => {
-                    for c in cands.iter() {
-                        work[c.id as usize] = c.logit;
-                    }
-                    dry::apply(history, &params.dry, dry_breakers, work, dry_scratch)?;
-                    for c in cands.iter_mut() {
-                        c.logit = work[c.id as usize];
-                    }
+                    rescore(cands, work, |w| dry::apply(history, &params.dry, dry_breakers, w, dry_scratch))?;
                     sorted = false;
                 }
                 Step::TopNSigma if params.top_n_sigma > 0.0 => {
@@ -340,4 +328,21 @@ impl Sampler {
             _ => Ok(Prepared::Candidates { max: max_of_cands(cands) }),
         }
     }
+}
+
+/// Runs a step that rewrites logits by token id (the penalties, DRY) on the candidates: their current logits go
+/// into `work` at their ids, `step` changes them there, and they come back.
+fn rescore(
+    cands: &mut [Cand],
+    work: &mut [f32],
+    step: impl FnOnce(&mut [f32]) -> Result<(), SamplingError>,
+) -> Result<(), SamplingError> {
+    for c in cands.iter() {
+        work[c.id as usize] = c.logit;
+    }
+    step(work)?;
+    for c in cands.iter_mut() {
+        c.logit = work[c.id as usize];
+    }
+    Ok(())
 }
