@@ -214,3 +214,45 @@ fn sequences_decoding_side_by_side_keep_their_blocks_in_runs() {
     }
     pool.audit([], []).unwrap();
 }
+
+/// A fork holds every block of its parent once more (sliding-window groups included) and costs no block until one
+/// of the two writes into the block they share; then each continues exactly as an unshared run would, and dropping
+/// both gives every block back.
+#[test]
+fn a_fork_shares_every_block_until_one_side_writes() {
+    for spec in [Spec::llama(GgmlType::Q8_0), Spec::gemma(GgmlType::Q8_0)] {
+        let model = load(spec);
+        let c = &model.config;
+        let mut s = ForwardScratch::new(&model);
+        // 37 positions: two full blocks and a partly filled third; in the gemma spec's sliding-window layers (8
+        // positions) the first blocks have already left the window, so the fork copies their empty table slots.
+        let prompt = tokens(37, spec.n_vocab, 3);
+        let alone = |next: u32| {
+            let mut pool = KvPool::new(c, KvDtype::F16, 128, 128);
+            let mut kv = SeqKv::new();
+            let mut s = ForwardScratch::new(&model);
+            feed(&model, &mut pool, &mut kv, &prompt, &mut s);
+            feed(&model, &mut pool, &mut kv, &[next], &mut s)
+        };
+        let mut pool = KvPool::new(c, KvDtype::F16, 128, 128);
+        let mut parent = SeqKv::new();
+        feed(&model, &mut pool, &mut parent, &prompt, &mut s);
+        let free_before: Vec<usize> = (0..pool.n_groups()).map(|g| pool.blocks_free(g)).collect();
+        let mut child = pool.fork(&parent);
+        assert_eq!(child.len(), parent.len());
+        let free_after: Vec<usize> = (0..pool.n_groups()).map(|g| pool.blocks_free(g)).collect();
+        assert_eq!(free_before, free_after, "a fork takes no block");
+        pool.audit([&parent, &child], []).unwrap();
+        let got_child = feed(&model, &mut pool, &mut child, &[11], &mut s);
+        let got_parent = feed(&model, &mut pool, &mut parent, &[4], &mut s);
+        assert_eq!(got_child, alone(11), "the fork continues as an unshared run");
+        assert_eq!(got_parent, alone(4), "the parent does not see the fork's write");
+        pool.audit([&parent, &child], []).unwrap();
+        pool.release(&mut parent);
+        pool.release(&mut child);
+        pool.audit([], []).unwrap();
+        for g in 0..pool.n_groups() {
+            assert_eq!(pool.blocks_free(g), pool.blocks_total(g), "group {g}: every block is back");
+        }
+    }
+}

@@ -192,7 +192,7 @@ fn bad_requests_get_4xx_with_openai_error_bodies_and_the_server_stays_up() {
         (r#"{"prompt": "hi", "temperature": "hot"}"#, 400, "`temperature` must be a number"),
         (r#"{"prompt": "hi", "top_p": 1.5}"#, 400, "`top_p` must be in (0, 1]"),
         (r#"{"prompt": "hi", "stream": "yes"}"#, 400, "`stream` must be true or false"),
-        (r#"{"prompt": "hi", "n": 3}"#, 400, "only n = 1"),
+        (r#"{"prompt": "hi", "n": 17}"#, 400, "n = 17 choices: at least 1 and at most 16"),
         (r#"{"prompt": "hi", "max_tokens": 0}"#, 400, "at least 1"),
         (r#"{"prompt": [99999]}"#, 400, "out of range"),
         (r#"{"max_tokens": 5}"#, 400, "`prompt` is required"),
@@ -321,6 +321,76 @@ fn streams_end_with_done_and_carry_usage() {
     assert_eq!(line["status"], 200);
     assert_eq!(line["completion_tokens"], 12);
     assert!(line["ttft_ms"].as_f64().unwrap() > 0.0);
+}
+
+/// `n` choices: one response with choices 0..n, each the text a request of one choice with seed `seed + i` gives;
+/// streamed, each choice's chunks carry its index and end with its own finish reason, and the usage adds up the
+/// completions and counts the shared prompt once.
+#[test]
+fn n_choices_share_one_prompt_and_each_is_its_seed_s_text() {
+    let dir = tempdir();
+    let server = Server::start(&tiny_model(dir.path()), &["--chat-template", "chatml"]);
+    let url = format!("{}/v1/completions", server.base);
+    // Hot, so that the synthetic model's choices differ.
+    let base = json!({"prompt": "hello there", "max_tokens": 10, "temperature": 8, "top_k": 0, "top_p": 1,
+                      "min_p": 0, "ignore_eos": true, "seed": 40});
+    let complete = completer(&server, base.clone());
+    let singles: Vec<String> = (0..3).map(|i| text_of(complete(json!({"seed": 40 + i})))).collect();
+    assert!(singles.iter().any(|t| *t != singles[0]), "the seeds give different texts: {singles:?}");
+    let (status, body) = complete(json!({"n": 3, "logprobs": 1}));
+    assert_eq!(status, 200, "{body}");
+    let whole: Value = serde_json::from_str(&body).unwrap();
+    let choices = whole["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["text"].as_str().unwrap(), singles[i], "choice {i}");
+        assert_eq!(c["finish_reason"], "length");
+        assert_eq!(c["logprobs"]["tokens"].as_array().unwrap().len(), 10, "choice {i}'s logprobs");
+    }
+    let one: Value = serde_json::from_str(&complete(json!({})).1).unwrap();
+    assert_eq!(whole["usage"]["prompt_tokens"], one["usage"]["prompt_tokens"], "the prompt counts once");
+    assert_eq!(whole["usage"]["completion_tokens"], 30);
+
+    let mut body = base.clone();
+    body.as_object_mut().unwrap().extend(
+        json!({"n": 3, "stream": true, "stream_options": {"include_usage": true}}).as_object().unwrap().clone(),
+    );
+    let events = stream(&url, &body);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"].as_array().unwrap().len(), 0);
+    assert_eq!(usage["usage"]["completion_tokens"], 30);
+    let mut texts = vec![String::new(); 3];
+    let mut finishes = [0; 3];
+    for c in &chunks[..chunks.len() - 1] {
+        let choice = &c["choices"][0];
+        let i = choice["index"].as_u64().unwrap() as usize;
+        texts[i] += choice["text"].as_str().unwrap();
+        if !choice["finish_reason"].is_null() {
+            finishes[i] += 1;
+        }
+    }
+    assert_eq!(texts, singles, "streamed choices");
+    assert_eq!(finishes, [1, 1, 1], "one last chunk per choice");
+
+    // Chat: each choice's first chunk announces the role.
+    let events = stream(
+        &format!("{}/v1/chat/completions", server.base),
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "ignore_eos": true, "n": 2,
+                "stream": true}),
+    );
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    for i in 0..2 {
+        let first = chunks.iter().find(|c| c["choices"][0]["index"] == i).unwrap();
+        assert_eq!(first["choices"][0]["delta"]["role"], "assistant", "choice {i}");
+    }
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 8);
+    let log = server.log_when("for the n = 3 request", Duration::from_secs(30), |log| {
+        log.iter().any(|l| l.contains(" n=3") && l.contains("completion=30"))
+    });
+    assert!(log.iter().any(|l| l.contains(" n=3 stream")), "{log:#?}");
 }
 
 #[test]
@@ -497,9 +567,12 @@ for chunk in client.chat.completions.create(model=name, messages=[{"role": "user
 assert "".join(parts) == whole, ("".join(parts), whole)
 c = client.completions.create(model=name, prompt="abc", max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
 assert c.usage.completion_tokens == 4 and c.choices[0].finish_reason == "length", c
+c = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hello"}], max_tokens=4, n=3,
+                                   extra_body={"ignore_eos": True})
+assert [x.index for x in c.choices] == [0, 1, 2] and c.usage.completion_tokens == 12, c
 try:
-    client.completions.create(model=name, prompt="abc", max_tokens=4, n=2)
-    raise SystemExit("n=2 should have been refused")
+    client.completions.create(model=name, prompt="abc", max_tokens=4, n=17)
+    raise SystemExit("n=17 should have been refused")
 except Exception as e:
     assert getattr(e, "status_code", None) == 400, e
 print("ok", repr(whole))

@@ -19,6 +19,7 @@ mod json_schema;
 mod kv_pool;
 mod logprobs;
 mod model;
+mod parallel_sampling;
 mod quantize;
 mod reference_dequant;
 mod reference_quantize;

@@ -12,6 +12,9 @@
 //!   one cannot grow, the most recently admitted request is *preempted*: its blocks go back, and it is recomputed
 //!   from its tokens later, producing the tokens it would have.
 //! - **A prefix cache** (RadixAttention, Zheng et al., 2024): see [`prefix_cache`].
+//! - **Parallel sampling** (PagedAttention's fork): a request for several choices ([`Engine::submit_n`]) runs its
+//!   prompt once; the other choices then fork from it, holding the same blocks, and copy a shared block only when
+//!   they first write into it.
 //!
 //! The engine knows nothing of HTTP or terminals. [`Engine`] runs a [`Scheduler`] on its own thread and hands out
 //! a [`RequestStream`] per request; dropping the stream cancels the request, and its blocks are freed at the next
@@ -146,6 +149,8 @@ pub enum RequestError {
     Stop(#[from] StopError),
     #[error("top_logprobs = {0}: at most {MAX_TOP_LOGPROBS}")]
     TooManyTopLogprobs(usize),
+    #[error("n = {n} choices: at least 1 and at most {max} (the requests the engine runs at once)")]
+    BadChoiceCount { n: usize, max: usize },
     #[error("the queue is full: {waiting} requests are waiting")]
     QueueFull { waiting: usize },
     #[error("the engine has stopped")]
@@ -213,6 +218,12 @@ impl RequestStream {
     /// The next event, blocking the thread (not for use inside an async runtime); `None` after the last.
     pub fn blocking_next(&mut self) -> Option<Event> {
         self.rx.blocking_recv()
+    }
+
+    /// Polls for the next event (for callers merging several streams, such as the choices of one request);
+    /// `Ready(None)` after the last.
+    pub fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Event>> {
+        self.rx.poll_recv(cx)
     }
 
     /// The next event if one is there already.
@@ -332,8 +343,12 @@ impl Shared {
         }))
     }
 
-    /// Checks a request against the limits, and takes a place in the queue for it.
-    pub fn accept(&self, req: &Request) -> Result<u64, RequestError> {
+    /// Checks a request for `n` choices against the limits, and takes a place in the queue for each; returns the
+    /// first choice's id (the others follow it).
+    pub fn accept(&self, req: &Request, n: usize) -> Result<u64, RequestError> {
+        if n == 0 || n > self.config.max_seqs {
+            return Err(RequestError::BadChoiceCount { n, max: self.config.max_seqs });
+        }
         if req.prompt.is_empty() {
             return Err(RequestError::EmptyPrompt);
         }
@@ -357,9 +372,9 @@ impl Shared {
         }
         let max = self.config.max_queue;
         self.queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| (q < max).then_some(q + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| (q + n <= max).then_some(q + n))
             .map_err(|waiting| RequestError::QueueFull { waiting })?;
-        Ok(self.next_id.fetch_add(1, Ordering::Relaxed))
+        Ok(self.next_id.fetch_add(n as u64, Ordering::Relaxed))
     }
 }
 
@@ -369,12 +384,29 @@ pub(crate) struct Submission {
     pub req: Request,
     pub tx: tokio::sync::mpsc::UnboundedSender<Event>,
     pub arrived: Instant,
+    /// The request's other choices (parallel sampling): they share this one's prompt and fork from it once it is
+    /// computed.
+    pub forks: Vec<Submission>,
 }
 
 impl Submission {
-    fn new(id: u64, req: Request) -> (Submission, RequestStream) {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        (Submission { id, req, tx, arrived: Instant::now() }, RequestStream { id, rx })
+    /// The submission of `n` choices of `req` whose ids start at `id`, and a stream per choice. Choice `i` samples
+    /// with seed `seed + i`, so it is the same as a request of one choice with that seed.
+    fn new(id: u64, req: Request, n: usize) -> (Submission, Vec<RequestStream>) {
+        let arrived = Instant::now();
+        let mut streams = Vec::with_capacity(n);
+        let mut subs: Vec<Submission> = (0..n as u64)
+            .map(|i| {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                let mut req = req.clone();
+                req.sampling.seed = req.sampling.seed.wrapping_add(i);
+                streams.push(RequestStream { id: id + i, rx });
+                Submission { id: id + i, req, tx, arrived, forks: Vec::new() }
+            })
+            .collect();
+        let mut first = subs.remove(0);
+        first.forks = subs;
+        (first, streams)
     }
 }
 
@@ -411,15 +443,24 @@ impl Engine {
 
     /// Queues a request. Refused at once if it breaks a limit or the queue is full.
     pub fn submit(&self, req: Request) -> Result<RequestStream, RequestError> {
+        Ok(self.submit_n(req, 1)?.remove(0))
+    }
+
+    /// Queues a request for `n` choices (OpenAI's `n`, vLLM's parallel sampling), one stream each. The prompt
+    /// goes through the model once: when it is computed the other choices fork from the first, sharing its KV
+    /// blocks (the partly filled last one is copied by the first choice that writes to it), and sample their
+    /// first tokens from the same logits. Choice `i` samples with seed `seed + i`, so its tokens are those of a
+    /// request of one choice with that seed. `n` may be at most `max_seqs`.
+    pub fn submit_n(&self, req: Request, n: usize) -> Result<Vec<RequestStream>, RequestError> {
         let guard = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         let tx = guard.as_ref().ok_or(RequestError::Stopped)?;
-        let id = self.shared.accept(&req)?;
-        let (sub, stream) = Submission::new(id, req);
+        let id = self.shared.accept(&req, n)?;
+        let (sub, streams) = Submission::new(id, req, n);
         if tx.send(sub).is_err() {
-            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            self.shared.queued.fetch_sub(n, Ordering::AcqRel);
             return Err(RequestError::Stopped);
         }
-        Ok(stream)
+        Ok(streams)
     }
 
     pub fn config(&self) -> &EngineConfig {

@@ -45,9 +45,13 @@ pub(crate) struct Sequence<'t> {
     pub step_tokens: usize,
     /// Full blocks already offered to the prefix cache.
     pub cached_blocks: usize,
+    /// The request's other choices, waiting for this one's prompt: they fork from it when it samples its first
+    /// token (empty for a request of one choice, and after the fork).
+    pub forks: Vec<Sequence<'t>>,
 }
 
 /// The end of a sequence as the scheduler sees it.
+#[derive(Clone)]
 pub(crate) enum Ending {
     Finished { finish: FinishReason, context_full: bool },
     Cancelled,
@@ -57,7 +61,8 @@ pub(crate) enum Ending {
 impl<'t> Sequence<'t> {
     /// The engine's state for a submission, or (should its settings be refused after all) the submission back.
     /// `json_vocab` is the vocabulary in byte order, built by the first request for JSON or grammar output; `dry_breakers` DRY's
-    /// default sequence breakers, found by the first request that uses DRY.
+    /// default sequence breakers, found by the first request that uses DRY. The submission's other choices are
+    /// left to the caller (see [`forks`](Self::forks)).
     pub fn new(
         sub: Submission,
         tokenizer: &'t Tokenizer,
@@ -77,7 +82,7 @@ impl<'t> Sequence<'t> {
             Err(e) => return Err(Box::new((sub, e.to_string()))),
         };
         let constraint = Constraint::new(&sub.req.format, json_vocab, tokenizer);
-        let Submission { id, req, tx, arrived } = sub;
+        let Submission { id, req, tx, arrived, .. } = sub;
         let prompt_len = req.prompt.len();
         let mut tokens = req.prompt;
         tokens.reserve(req.max_tokens.min(1 << 16) + 1);
@@ -104,7 +109,13 @@ impl<'t> Sequence<'t> {
             queued: true,
             step_tokens: 0,
             cached_blocks: 0,
+            forks: Vec::new(),
         })
+    }
+
+    /// The requests this sequence stands for in the batch limit: itself and the choices waiting to fork from it.
+    pub fn width(&self) -> usize {
+        1 + self.forks.len()
     }
 
     /// Tokens still to go through the model.

@@ -12,9 +12,10 @@
 //! 4. Waiting requests are admitted first come, first served, while the budget, `max_seqs` and the pool allow,
 //!    keeping one free block per running request so the next step can grow without preempting. A new request first
 //!    takes whatever prefix of its prompt the cache has.
-//! 5. One forward pass; requests whose tokens are all in the cache sample their next token and stream it; newly
-//!    full blocks go into the prefix cache; finished requests leave (their partly filled last block goes into the
-//!    cache as a tail).
+//! 5. One forward pass; requests whose tokens are all in the cache sample their next token and stream it (a request
+//!    of several choices that just finished its prompt first forks the others, which sample from the same
+//!    logits); newly full blocks go into the prefix cache; finished requests leave (their partly filled last block
+//!    goes into the cache as a tail).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
@@ -104,21 +105,42 @@ impl<'m> Scheduler<'m> {
 
     /// Queues a request (checked as [`super::Engine::submit`] does).
     pub fn submit(&mut self, req: Request) -> Result<RequestStream, RequestError> {
-        let id = self.shared.accept(&req)?;
-        let (sub, stream) = Submission::new(id, req);
-        self.push(sub);
-        Ok(stream)
+        Ok(self.submit_n(req, 1)?.remove(0))
     }
 
-    pub(crate) fn push(&mut self, sub: Submission) {
+    /// Queues a request for `n` choices (see [`super::Engine::submit_n`]).
+    pub fn submit_n(&mut self, req: Request, n: usize) -> Result<Vec<RequestStream>, RequestError> {
+        let id = self.shared.accept(&req, n)?;
+        let (sub, streams) = Submission::new(id, req, n);
+        self.push(sub);
+        Ok(streams)
+    }
+
+    pub(crate) fn push(&mut self, mut sub: Submission) {
+        let forks = std::mem::take(&mut sub.forks);
         match Sequence::new(sub, self.tokenizer, &self.json_vocab, &self.dry_breakers) {
-            Ok(seq) => self.waiting.push_back(seq),
+            Ok(mut seq) => {
+                for fork in forks {
+                    match Sequence::new(fork, self.tokenizer, &self.json_vocab, &self.dry_breakers) {
+                        Ok(f) => seq.forks.push(f),
+                        Err(refused) => self.refuse(*refused),
+                    }
+                }
+                self.waiting.push_back(seq);
+            }
             Err(refused) => {
-                let (sub, why) = *refused;
-                self.shared.queued.fetch_sub(1, Relaxed);
-                Sequence::refuse(sub, why, &self.shared.stats);
+                let why = refused.1.clone();
+                self.refuse(*refused);
+                for fork in forks {
+                    self.refuse((fork, why.clone()));
+                }
             }
         }
+    }
+
+    fn refuse(&self, (sub, why): (Submission, String)) {
+        self.shared.queued.fetch_sub(1, Relaxed);
+        Sequence::refuse(sub, why, &self.shared.stats);
     }
 
     /// Runs steps until the submission channel closes and the last request is done.
@@ -209,6 +231,22 @@ impl<'m> Scheduler<'m> {
     }
 
     fn drop_cancelled(&mut self) {
+        // Choices waiting to fork go first, so that a cancelled request whose forks take over (see `end`) hands
+        // them only live ones.
+        let mut gone = Vec::new();
+        for seq in self.waiting.iter_mut().chain(self.running.iter_mut()) {
+            let mut i = 0;
+            while i < seq.forks.len() {
+                if seq.forks[i].is_cancelled() {
+                    gone.push(seq.forks.remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        for seq in gone {
+            self.end(seq, Ending::Cancelled);
+        }
         let mut i = 0;
         while i < self.waiting.len() {
             if self.waiting[i].is_cancelled() {
@@ -273,7 +311,9 @@ impl<'m> Scheduler<'m> {
             .filter(|&i| self.running[i].pending() > 1 && self.running[i].step_tokens == 0)
             .collect();
         prompts.sort_by_key(|&i| self.running[i].pending());
-        let admitting = !self.waiting.is_empty() && self.running.len() < self.shared.config.max_seqs;
+        let max_seqs = self.shared.config.max_seqs;
+        let mut width: usize = self.running.iter().map(Sequence::width).sum();
+        let admitting = self.waiting.front().is_some_and(|s| width + s.width() <= max_seqs);
         let mut prompt_budget = if admitting { budget.div_ceil(2) } else { budget };
         for i in prompts {
             if prompt_budget == 0 {
@@ -286,8 +326,9 @@ impl<'m> Scheduler<'m> {
                 prompt_budget -= n;
             }
         }
-        // Then new (or preempted) requests, in order, while they fit.
-        while budget > 0 && self.running.len() < self.shared.config.max_seqs {
+        // Then new (or preempted) requests, in order, while they fit (a request of several choices counts as that
+        // many, so that they all have a place when they fork).
+        while budget > 0 && self.waiting.front().is_some_and(|s| width + s.width() <= max_seqs) {
             let Some(mut seq) = self.waiting.pop_front() else { break };
             if seq.kv.is_empty() {
                 self.take_cached_prefix(&mut seq);
@@ -317,6 +358,7 @@ impl<'m> Scheduler<'m> {
                     stats.prefix_cache_hit_tokens.fetch_add(hit as u64, Relaxed);
                 }
             }
+            width += seq.width();
             self.reserve(idx, n);
             budget -= n;
             report.admitted += 1;
@@ -379,6 +421,21 @@ impl<'m> Scheduler<'m> {
 
     /// A request leaves: its blocks are released (the cache keeps its computed prefix) and its stream is told.
     fn end(&mut self, mut seq: Sequence<'m>, ending: Ending) {
+        let mut forks = std::mem::take(&mut seq.forks);
+        if !forks.is_empty() {
+            if matches!(ending, Ending::Cancelled) {
+                // Its client dropped this choice only: the next one carries the prompt on (from what the prefix
+                // cache kept of it), with the rest as its forks.
+                let mut next = forks.remove(0);
+                next.forks = forks;
+                self.waiting.push_front(next);
+            } else {
+                // It ended before its first token (it failed, or its prompt alone filled the pool): so do they.
+                for fork in forks {
+                    self.end(fork, ending.clone());
+                }
+            }
+        }
         if !matches!(ending, Ending::Failed(_)) {
             offer_to_cache(self.cache.as_mut(), &mut self.pool, &mut seq, true);
         }
@@ -429,6 +486,8 @@ impl<'m> Scheduler<'m> {
         let n_ctx = self.shared.config.n_ctx;
         let mut item = 0;
         let mut ended: Vec<(usize, Ending)> = Vec::new();
+        let mut forked: Vec<Sequence<'m>> = Vec::new();
+        let mut forks_ended: Vec<(Sequence<'m>, Ending)> = Vec::new();
         for (i, seq) in self.running.iter_mut().enumerate() {
             if std::mem::take(&mut seq.step_tokens) == 0 {
                 continue;
@@ -436,12 +495,29 @@ impl<'m> Scheduler<'m> {
             let logits = self.scratch.logits(item, n_vocab);
             item += 1;
             if seq.pending() == 0 {
+                // The prompt is computed: the request's other choices fork from it here and sample their first
+                // tokens from the same logits.
+                for mut fork in std::mem::take(&mut seq.forks) {
+                    fork.kv = self.pool.fork(&seq.kv);
+                    fork.cached_blocks = seq.cached_blocks;
+                    fork.cached_tokens = seq.cached_tokens;
+                    if std::mem::take(&mut fork.queued) {
+                        self.shared.queued.fetch_sub(1, Relaxed);
+                    }
+                    report.sampled.push(fork.id);
+                    match fork.take_token(logits, self.tokenizer, n_ctx, &self.shared.stats) {
+                        Some(ending) => forks_ended.push((fork, ending)),
+                        None => forked.push(fork),
+                    }
+                }
                 report.sampled.push(seq.id);
                 if let Some(ending) = seq.take_token(logits, self.tokenizer, n_ctx, &self.shared.stats) {
                     ended.push((i, ending));
                 }
             }
         }
+        // After the others, so the indices in `ended` still hold; the latest admitted, so preempted first.
+        self.running.append(&mut forked);
         for seq in &mut self.running {
             // The cache takes the blocks the step filled before the sliding-window ones that left the window go (a
             // later request resuming inside this prefix needs its window).
@@ -450,6 +526,10 @@ impl<'m> Scheduler<'m> {
         }
         for (i, ending) in ended.into_iter().rev() {
             let seq = self.running.remove(i);
+            self.end(seq, ending);
+            report.finished += 1;
+        }
+        for (seq, ending) in forks_ended {
             self.end(seq, ending);
             report.finished += 1;
         }

@@ -721,6 +721,18 @@ impl KvPool {
         seq.len = len;
     }
 
+    /// A second sequence over the same positions as `seq`, holding every one of its blocks once more (vLLM's fork
+    /// for parallel sampling): nothing is copied now; whichever of the two writes next into a block they share gets
+    /// its own copy of it then ([`reserve`](Self::reserve)), so a prompt computed once serves several continuations.
+    pub fn fork(&mut self, seq: &SeqKv) -> SeqKv {
+        for (g, table) in self.groups.iter_mut().zip(&seq.tables) {
+            for &b in table.iter().flatten() {
+                g.retain(b);
+            }
+        }
+        seq.clone()
+    }
+
     /// Checks the reference counts against the holders the caller knows of: every block's count must equal the
     /// number of times it appears in `seqs`' tables and in `extra`, and the free list must hold exactly the blocks
     /// with no holder, once each. For tests and debugging; describes the first discrepancy.

@@ -120,6 +120,8 @@ struct LogLine {
     ttft: Option<Duration>,
     finish: Option<&'static str>,
     error: Option<String>,
+    /// Choices the request asked for (`n`).
+    choices: usize,
 }
 
 impl LogLine {
@@ -137,6 +139,7 @@ impl LogLine {
             ttft: None,
             finish: None,
             error: None,
+            choices: 1,
         }
     }
 
@@ -175,6 +178,7 @@ impl LogLine {
                 "ttft_ms": ttft_ms,
                 "total_ms": total_ms,
                 "finish_reason": self.finish,
+                "n": self.choices,
                 "error": self.error,
             })
             .to_string(),
@@ -192,6 +196,9 @@ impl LogLine {
                 s += &format!(" total={total_ms:.1}ms");
                 if let Some(f) = self.finish {
                     s += &format!(" finish={f}");
+                }
+                if self.choices > 1 {
+                    s += &format!(" n={}", self.choices);
                 }
                 if self.stream {
                     s += " stream";
@@ -313,6 +320,7 @@ fn refused(e: RequestError, n_ctx: usize) -> ApiError {
         RequestError::Sampling(SamplingError::BiasTokenOutOfRange { .. }) => ApiError::bad("logit_bias", e.to_string()),
         RequestError::Sampling(_) | RequestError::Stop(_) => ApiError::new(400, e.to_string()),
         RequestError::TooManyTopLogprobs(_) => ApiError::bad("top_logprobs", e.to_string()),
+        RequestError::BadChoiceCount { .. } => ApiError::bad("n", e.to_string()),
     }
 }
 
@@ -350,28 +358,30 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
         logit_bias: req.logit_bias.clone(),
         dry_breakers: req.dry_breakers.clone(),
     };
-    let stream = match state.engine.submit(engine_req) {
+    let streams = match state.engine.submit_n(engine_req, req.n) {
         Ok(s) => s,
         Err(e) => return fail(log, refused(e, n_ctx)),
     };
-    let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, stream.id());
+    let id = format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, streams[0].id());
     log.id = Some(id.clone());
+    log.choices = streams.len();
     let created = unix_now();
     if req.stream {
+        let choices = (0..streams.len()).map(|_| ChoiceState::default()).collect();
         let events = StreamState {
-            stream,
+            streams,
+            choices,
+            next_poll: 0,
+            usage: None,
             log,
             state: state.clone(),
             id,
             created,
             chat,
             include_usage: req.include_usage,
-            first: true,
             done: false,
             tail: Vec::new(),
             logprobs: req.logprobs.is_some(),
-            pending: Vec::new(),
-            offset: 0,
         };
         let sse = futures_util::stream::unfold(events, |mut st| async move {
             let ev = st.next_event().await?;
@@ -379,53 +389,83 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
         });
         return Sse::new(sse).keep_alive(KeepAlive::default()).into_response();
     }
-    let mut stream = stream;
-    let mut text = String::new();
-    let mut entries = Vec::new();
-    loop {
-        match stream.next().await {
-            Some(Event::Token { id, text: t, logprob, top_logprobs }) => {
-                log.ttft.get_or_insert_with(|| log.start.elapsed());
-                text.push_str(&t);
-                if req.logprobs.is_some() {
-                    entries.push(token_logprobs(&state.tokenizer, id, logprob, &top_logprobs));
+    // Each choice's events wait in its own channel, so reading the choices one after the other loses nothing.
+    let mut outs = Vec::with_capacity(streams.len());
+    let mut usage: Option<Usage> = None;
+    for mut stream in streams {
+        let mut text = String::new();
+        let mut entries = Vec::new();
+        loop {
+            match stream.next().await {
+                Some(Event::Token { id, text: t, logprob, top_logprobs }) => {
+                    log.ttft.get_or_insert_with(|| log.start.elapsed());
+                    text.push_str(&t);
+                    if req.logprobs.is_some() {
+                        entries.push(token_logprobs(&state.tokenizer, id, logprob, &top_logprobs));
+                    }
                 }
+                Some(Event::Done(done)) => {
+                    text.push_str(&done.text);
+                    let finish = openai::finish_reason(done.finish);
+                    log.finish = Some(finish);
+                    usage = Some(add_choice(usage, &done.usage));
+                    let logprobs = req.logprobs.is_some().then(|| openai::logprobs_json(chat, &entries, 0));
+                    outs.push(openai::ChoiceOut { text, finish, logprobs });
+                    break;
+                }
+                Some(Event::Failed(e)) => return fail(log, ApiError::new(500, format!("generation failed: {e}"))),
+                None => return fail(log, ApiError::new(503, "the engine stopped before the request ended")),
             }
-            Some(Event::Done(done)) => {
-                text.push_str(&done.text);
-                let meta = ResponseMeta { id: &id, created, model: &state.config.model_name, chat };
-                let finish = openai::finish_reason(done.finish);
-                log.usage = Some(done.usage);
-                log.finish = Some(finish);
-                let logprobs = req.logprobs.is_some().then(|| openai::logprobs_json(chat, &entries, 0));
-                return axum::Json(meta.full(&text, finish, &done.usage, logprobs)).into_response();
-            }
-            Some(Event::Failed(e)) => return fail(log, ApiError::new(500, format!("generation failed: {e}"))),
-            None => return fail(log, ApiError::new(503, "the engine stopped before the request ended")),
         }
+    }
+    let usage = usage.unwrap_or_default();
+    log.usage = Some(usage);
+    let meta = ResponseMeta { id: &id, created, model: &state.config.model_name, chat };
+    axum::Json(meta.full(&outs, &usage)).into_response()
+}
+
+/// The usage of a request of several choices so far, with one more choice's: the prompt counts once (the choices
+/// share it), the completions add up.
+fn add_choice(sum: Option<Usage>, one: &Usage) -> Usage {
+    match sum {
+        None => *one,
+        Some(u) => Usage { completion_tokens: u.completion_tokens + one.completion_tokens, ..u },
     }
 }
 
+/// Where one choice of a streamed response is.
+#[derive(Default)]
+struct ChoiceState {
+    /// No chunk sent yet (the first chat chunk announces the role).
+    sent: bool,
+    done: bool,
+    /// Tokens whose logprobs wait for the next chunk with text (their text is held back).
+    pending: Vec<TokenLogprobs>,
+    /// Bytes of the tokens whose logprobs were sent (the completions endpoint's `text_offset`).
+    offset: usize,
+}
+
 /// A streamed response in progress. Dropped early (the client went away), it logs the request as cut off; the
-/// engine sees the dropped [`RequestStream`] and cancels the request.
+/// engine sees the dropped [`RequestStream`]s and cancels the request's choices.
 struct StreamState {
-    stream: RequestStream,
+    /// One per choice, in choice order.
+    streams: Vec<RequestStream>,
+    choices: Vec<ChoiceState>,
+    /// The choice polled first next time, in turn, so that no choice's chunks wait behind another's.
+    next_poll: usize,
+    /// Of the choices finished so far.
+    usage: Option<Usage>,
     log: LogLine,
     state: Arc<AppState>,
     id: String,
     created: u64,
     chat: bool,
     include_usage: bool,
-    first: bool,
     done: bool,
     /// Events still to send after the end, last first.
     tail: Vec<SseEvent>,
     /// The request asked for logprobs.
     logprobs: bool,
-    /// Tokens whose logprobs wait for the next chunk with text (their text is held back).
-    pending: Vec<TokenLogprobs>,
-    /// Bytes of the tokens whose logprobs were sent (the completions endpoint's `text_offset`).
-    offset: usize,
 }
 
 /// One token's logprobs with the tokens' bytes, for a response.
@@ -442,65 +482,104 @@ impl StreamState {
         SseEvent::default().data(v.to_string())
     }
 
-    /// The logprobs of the tokens waiting for a chunk (`None` if the request did not ask for them). Takes the
-    /// fields it needs, not `self`, so the chunk's metadata can go on borrowing the rest.
-    fn take_logprobs(wanted: bool, chat: bool, pending: &mut Vec<TokenLogprobs>, offset: &mut usize) -> Option<Value> {
+    /// The logprobs of the tokens waiting for a chunk of choice `c` (`None` if the request did not ask for them).
+    fn take_logprobs(wanted: bool, chat: bool, c: &mut ChoiceState) -> Option<Value> {
         if !wanted {
             return None;
         }
-        let v = openai::logprobs_json(chat, pending, *offset);
-        *offset += pending.iter().map(|e| e.bytes.len()).sum::<usize>();
-        pending.clear();
+        let v = openai::logprobs_json(chat, &c.pending, c.offset);
+        c.offset += c.pending.iter().map(|e| e.bytes.len()).sum::<usize>();
+        c.pending.clear();
         Some(v)
     }
 
-    /// The next SSE event: a chunk of text, the last chunk(s), `[DONE]`, or the end.
+    /// The next event of any choice still going, taking the choices in turn; `None` once all streams ended.
+    async fn next_choice_event(&mut self) -> Option<(usize, Event)> {
+        std::future::poll_fn(|cx| {
+            let n = self.streams.len();
+            let mut open = false;
+            for k in 0..n {
+                let i = (self.next_poll + k) % n;
+                if self.choices[i].done {
+                    continue;
+                }
+                match self.streams[i].poll_next(cx) {
+                    std::task::Poll::Ready(Some(ev)) => {
+                        self.next_poll = (i + 1) % n;
+                        return std::task::Poll::Ready(Some((i, ev)));
+                    }
+                    std::task::Poll::Ready(None) => {}
+                    std::task::Poll::Pending => open = true,
+                }
+            }
+            if open { std::task::Poll::Pending } else { std::task::Poll::Ready(None) }
+        })
+        .await
+    }
+
+    /// The next SSE event: a chunk of text, a choice's last chunk, the usage, `[DONE]`, or the end.
     async fn next_event(&mut self) -> Option<SseEvent> {
         if self.done {
             return self.tail.pop();
         }
-        let meta =
-            ResponseMeta { id: &self.id, created: self.created, model: &self.state.config.model_name, chat: self.chat };
         loop {
-            match self.stream.next().await {
-                Some(Event::Token { id, text, logprob, top_logprobs }) => {
+            let Some((i, event)) = self.next_choice_event().await else {
+                // A stream ended without its last event: the engine stopped.
+                self.done = true;
+                return None;
+            };
+            let meta = ResponseMeta {
+                id: &self.id,
+                created: self.created,
+                model: &self.state.config.model_name,
+                chat: self.chat,
+            };
+            let c = &mut self.choices[i];
+            match event {
+                Event::Token { id, text, logprob, top_logprobs } => {
                     self.log.ttft.get_or_insert_with(|| self.log.start.elapsed());
                     if self.logprobs {
-                        self.pending.push(token_logprobs(&self.state.tokenizer, id, logprob, &top_logprobs));
+                        c.pending.push(token_logprobs(&self.state.tokenizer, id, logprob, &top_logprobs));
                     }
                     if text.is_empty() {
                         continue;
                     }
-                    let logprobs = Self::take_logprobs(self.logprobs, self.chat, &mut self.pending, &mut self.offset);
-                    let chunk = meta.chunk(Some(&text), std::mem::take(&mut self.first), None, None, logprobs);
+                    let logprobs = Self::take_logprobs(self.logprobs, self.chat, c);
+                    let chunk = meta.chunk(i, Some(&text), !std::mem::replace(&mut c.sent, true), None, None, logprobs);
                     return Some(Self::data(&chunk));
                 }
-                Some(Event::Done(done)) => {
+                Event::Done(done) => {
                     let finish = openai::finish_reason(done.finish);
-                    self.log.usage = Some(done.usage);
+                    c.done = true;
+                    let usage = add_choice(self.usage, &done.usage);
+                    self.usage = Some(usage);
                     self.log.finish = Some(finish);
-                    self.done = true;
                     let text = (!done.text.is_empty()).then_some(done.text.as_str());
-                    let usage = (!self.include_usage).then_some(&done.usage);
-                    let logprobs = Self::take_logprobs(self.logprobs, self.chat, &mut self.pending, &mut self.offset);
-                    let last = Self::data(&meta.chunk(text, self.first, Some(finish), usage, logprobs));
+                    let logprobs = Self::take_logprobs(self.logprobs, self.chat, c);
+                    let first = !std::mem::replace(&mut c.sent, true);
+                    if !self.choices.iter().all(|c| c.done) {
+                        return Some(Self::data(&meta.chunk(i, text, first, Some(finish), None, logprobs)));
+                    }
+                    // The last choice to finish: its chunk carries the usage of all (unless a usage chunk follows).
+                    self.log.usage = Some(usage);
+                    self.done = true;
+                    let in_chunk = (!self.include_usage).then_some(&usage);
+                    let last = Self::data(&meta.chunk(i, text, first, Some(finish), in_chunk, logprobs));
                     if self.include_usage {
-                        self.tail.push(Self::data(&meta.usage_chunk(&done.usage)));
+                        self.tail.push(Self::data(&meta.usage_chunk(&usage)));
                     }
                     self.tail.push(SseEvent::default().data("[DONE]"));
                     self.tail.reverse();
                     return Some(last);
                 }
-                Some(Event::Failed(e)) => {
+                Event::Failed(e) => {
+                    // One failed choice fails the response; dropping the streams then cancels the others.
                     self.log.error = Some(e.clone());
                     self.done = true;
+                    self.streams.clear();
                     let err = ApiError::new(500, format!("generation failed: {e}"));
                     self.tail.push(SseEvent::default().data("[DONE]"));
                     return Some(Self::data(&err.body()));
-                }
-                None => {
-                    self.done = true;
-                    return None;
                 }
             }
         }

@@ -2,9 +2,9 @@
 //! naming the field, and responses in the shapes the official clients expect.
 //!
 //! Fields a client may send that do not change the result (`user`, `stream_options` without usage, a `model` name)
-//! are accepted; unknown fields are ignored, as the OpenAI API does; features this server does not have (`n` > 1,
-//! tools, `echo`, a JSON schema keyword the output cannot be held to, ...) are refused by name rather than silently
-//! dropped.
+//! are accepted; unknown fields are ignored, as the OpenAI API does; features this server does not have (tools,
+//! `echo`, `best_of` above `n`, a JSON schema keyword the output cannot be held to, ...) are refused by name rather
+//! than silently dropped.
 
 use std::sync::Arc;
 
@@ -79,7 +79,12 @@ pub struct GenerationRequest {
     pub logit_bias: LogitBias,
     /// `dry_sequence_breakers` (llama-server's field); `None`: DRY's defaults.
     pub dry_breakers: Option<Vec<String>>,
+    /// `n`: how many choices to generate for the prompt.
+    pub n: usize,
 }
+
+/// Most choices one request may ask for (OpenAI's limit); the server's `--parallel` bounds it further.
+pub const MAX_CHOICES: usize = 128;
 
 /// Most stop strings a request may give.
 pub const MAX_STOPS: usize = 16;
@@ -295,11 +300,13 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
         return Err(ApiError::bad("stop", "stop strings must not be empty"));
     }
 
-    match f.int("n")? {
-        None | Some(1) => {}
-        Some(n) => return Err(ApiError::bad("n", format!("`n` = {n}: only n = 1 is supported"))),
-    }
-    f.unsupported("best_of", |v| v.as_i64() == Some(1), "best_of other than 1")?;
+    let n = match f.int("n")? {
+        None => 1,
+        Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
+        Some(n) => return Err(ApiError::bad("n", format!("`n` = {n}: expected 1 to {MAX_CHOICES} choices"))),
+    };
+    // `best_of` = `n` is the same request; more would need ranking the choices, which this server does not do.
+    f.unsupported("best_of", |v| v.as_i64().is_some_and(|b| b == 1 || b == n as i64), "best_of other than n")?;
     f.unsupported("echo", |v| v == &Value::Bool(false), "echo")?;
     f.unsupported("suffix", |v| v.as_str() == Some(""), "suffix")?;
     let logprobs = parse_logprobs(&f, chat)?;
@@ -334,6 +341,7 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
         logprobs,
         logit_bias,
         dry_breakers,
+        n,
     })
 }
 
@@ -646,6 +654,13 @@ pub fn usage_json(u: &Usage) -> Value {
     })
 }
 
+/// One finished choice of a whole response.
+pub struct ChoiceOut {
+    pub text: String,
+    pub finish: &'static str,
+    pub logprobs: Option<Value>,
+}
+
 /// What identifies one response's chunks.
 pub struct ResponseMeta<'a> {
     pub id: &'a str,
@@ -655,28 +670,36 @@ pub struct ResponseMeta<'a> {
 }
 
 impl ResponseMeta<'_> {
-    /// A whole (non-streamed) response.
-    pub fn full(&self, text: &str, finish: &str, usage: &Usage, logprobs: Option<Value>) -> Value {
-        let logprobs = logprobs.unwrap_or(Value::Null);
-        let choice = if self.chat {
-            json!({ "index": 0, "message": { "role": "assistant", "content": text }, "logprobs": logprobs, "finish_reason": finish })
-        } else {
-            json!({ "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish })
-        };
+    /// A whole (non-streamed) response: its choices in order.
+    pub fn full(&self, choices: &[ChoiceOut], usage: &Usage) -> Value {
+        let choices: Vec<Value> = choices
+            .iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let logprobs = c.logprobs.clone().unwrap_or(Value::Null);
+                if self.chat {
+                    let message = json!({ "role": "assistant", "content": c.text });
+                    json!({ "index": index, "message": message, "logprobs": logprobs, "finish_reason": c.finish })
+                } else {
+                    json!({ "index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish })
+                }
+            })
+            .collect();
         json!({
             "id": self.id,
             "object": if self.chat { "chat.completion" } else { "text_completion" },
             "created": self.created,
             "model": self.model,
-            "choices": [choice],
+            "choices": choices,
             "usage": usage_json(usage),
         })
     }
 
-    /// One streamed chunk: new text, or (with `finish`) the last one, which also carries the usage unless a
-    /// separate usage chunk follows. The first chat chunk announces the role.
+    /// One streamed chunk of choice `index`: new text, or (with `finish`) its last one, which also carries the
+    /// usage unless a separate usage chunk follows. A choice's first chat chunk announces the role.
     pub fn chunk(
         &self,
+        index: usize,
         text: Option<&str>,
         first: bool,
         finish: Option<&str>,
@@ -692,9 +715,9 @@ impl ResponseMeta<'_> {
             if let Some(t) = text {
                 delta.insert("content".into(), json!(t));
             }
-            json!({ "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish })
+            json!({ "index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish })
         } else {
-            json!({ "index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish })
+            json!({ "index": index, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish })
         };
         let mut out = json!({
             "id": self.id,
@@ -759,8 +782,13 @@ mod tests {
         }
         let e = err(r#"{"prompt": "hi", "repeat_last_n": -2}"#, false);
         assert_eq!(e.param.as_deref(), Some("repeat_last_n"));
-        let e = err(r#"{"prompt": "hi", "n": 2}"#, false);
-        assert!(e.message.contains("only n = 1"), "{}", e.message);
+        for n in ["0", "129", "2.5"] {
+            let e = err(&format!(r#"{{"prompt": "hi", "n": {n}}}"#), false);
+            assert_eq!(e.param.as_deref(), Some("n"), "{n}");
+        }
+        let e = err(r#"{"prompt": "hi", "n": 2, "best_of": 3}"#, false);
+        assert_eq!(e.param.as_deref(), Some("best_of"));
+        assert!(parse(br#"{"prompt": "hi", "n": 3, "best_of": 3}"#, false).is_ok());
         let e = err(r#"{"prompt": "hi", "stop": ["a", ""]}"#, false);
         assert_eq!(e.param.as_deref(), Some("stop"));
         let e = err(r#"{"prompt": "hi""#, false);
