@@ -192,9 +192,10 @@ fn text_and_stop_strings_match_a_session() {
     }
 }
 
-/// A thousand requests of random lengths (many sharing prefixes), a fifth cancelled at a random moment, through a
-/// pool small enough to preempt and evict: the reference counts match the holders after every step, and once the
-/// prefix cache lets go every block is free.
+/// A thousand requests of random lengths (many sharing prefixes, some of several choices), a fifth of the streams
+/// cancelled at a random moment, through a pool small enough to preempt and evict: the reference counts match the
+/// holders after every step, each step's report accounts for its batch and agrees with the engine's counters, and
+/// once the prefix cache lets go every block is free.
 #[test]
 fn the_allocator_leaks_nothing_after_a_thousand_requests_with_cancellations() {
     for spec in [Spec::llama(GgmlType::Q8_0), Spec::gemma(GgmlType::Q8_0)] {
@@ -204,7 +205,8 @@ fn the_allocator_leaks_nothing_after_a_thousand_requests_with_cancellations() {
         let mut rng = Rng::new(77);
         let prefixes: Vec<Vec<u32>> = (0..4).map(|_| tokens(&mut rng, 37)).collect();
         let mut live: Vec<(RequestStream, Option<usize>)> = Vec::new();
-        let (mut submitted, mut steps, mut cancelled, mut completed) = (0, 0, 0, 0);
+        let (mut submitted, mut steps, mut cancelled, mut completed, mut streams) = (0, 0, 0, 0, 0);
+        let (mut admitted_prompt, mut admitted_cached, mut preempted, mut forked, mut evicted) = (0, 0, 0, 0, 0);
         while submitted < 1000 || !sched.is_idle() {
             for _ in 0..(rng.next_u64() % 4) {
                 if submitted == 1000 {
@@ -218,13 +220,29 @@ fn the_allocator_leaks_nothing_after_a_thousand_requests_with_cancellations() {
                 prompt.extend(tokens(&mut rng, n));
                 let sampling = SamplingParams { seed: rng.next_u64(), ..SamplingParams::DEFAULT };
                 let req = Request { sampling, ..greedy(prompt, 1 + (rng.next_u64() % 64) as usize) };
-                let cancel_after = rng.next_u64().is_multiple_of(5).then(|| (rng.next_u64() % 12) as usize);
-                live.push((sched.submit(req).unwrap(), cancel_after));
+                let n = if rng.next_u64().is_multiple_of(8) { 2 + (rng.next_u64() % 3) as usize } else { 1 };
+                for stream in sched.submit_n(req, n).unwrap() {
+                    let cancel_after = rng.next_u64().is_multiple_of(5).then(|| (rng.next_u64() % 12) as usize);
+                    live.push((stream, cancel_after));
+                    streams += 1;
+                }
                 submitted += 1;
             }
-            sched.step();
+            let r = sched.step();
             steps += 1;
             sched.audit().unwrap_or_else(|e| panic!("step {steps}: {e}"));
+            assert_eq!(r.batch.iter().map(|e| e.tokens).sum::<usize>(), r.batch_tokens, "step {steps}");
+            assert_eq!(r.batch.iter().filter(|e| e.decode).count(), r.decode_tokens, "step {steps}");
+            assert_eq!(r.batch.len(), r.batch_requests, "step {steps}");
+            assert_eq!((r.running, r.waiting), (sched.running(), sched.waiting()), "step {steps}");
+            let snap = sched.stats();
+            assert_eq!((r.kv_blocks_used as u64, r.cached_blocks), (snap.kv_blocks_used, sched.cached_blocks()));
+            assert!(r.kv_blocks_shared <= r.kv_blocks_used && r.admitted_cached_tokens <= r.admitted_prompt_tokens);
+            admitted_prompt += r.admitted_prompt_tokens;
+            admitted_cached += r.admitted_cached_tokens;
+            preempted += r.preempted;
+            forked += r.forked;
+            evicted += r.evicted_blocks;
             // Read what arrived; drop the streams whose time has come.
             live.retain_mut(|(stream, cancel_after)| {
                 if let Some(n) = cancel_after {
@@ -256,8 +274,13 @@ fn the_allocator_leaks_nothing_after_a_thousand_requests_with_cancellations() {
             stats.prefix_cache_hit_tokens,
             sched.cached_blocks()
         );
-        assert_eq!(completed + cancelled, 1000);
+        assert_eq!(completed + cancelled, streams);
+        assert!(streams > 1100, "{streams} streams: some requests had several choices");
         assert!(cancelled > 100 && stats.preemptions > 0 && stats.prefix_cache_hit_tokens > 0);
+        assert_eq!(admitted_prompt as u64, stats.prompt_tokens);
+        assert_eq!(admitted_cached as u64, stats.prefix_cache_hit_tokens);
+        assert_eq!(preempted as u64, stats.preemptions);
+        assert!(forked > 100 && evicted > 0, "{forked} forks, {evicted} evicted blocks");
         sched.clear_prefix_cache();
         sched.audit().unwrap();
         let pool = sched.pool();

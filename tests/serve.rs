@@ -393,6 +393,52 @@ fn n_choices_share_one_prompt_and_each_is_its_seed_s_text() {
     assert!(log.iter().any(|l| l.contains(" n=3 stream")), "{log:#?}");
 }
 
+/// `--trace`: a line per engine step. In JSON, the steps of one request of two choices carry its prompt once and
+/// each choice's tokens but the last, show the fork, the shared blocks and the batch, and end with nothing running;
+/// in text, the same steps read as the README shows.
+#[test]
+fn trace_prints_every_step_of_the_engine() {
+    let dir = tempdir();
+    let model = tiny_model(dir.path());
+    let server = Server::start(&model, &["--trace", "--log-format", "json", "--max-batch-tokens", "16"]);
+    let body = json!({"prompt": [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24],
+                      "max_tokens": 4, "ignore_eos": true, "n": 2});
+    let (status, _, text) = post(&format!("{}/v1/completions", server.base), body.to_string().as_bytes());
+    assert_eq!(status, 200, "{text}");
+    let log = server.log_when("for the request", Duration::from_secs(30), |log| {
+        log.iter().any(|l| l.contains("\"path\":\"/v1/completions\""))
+    });
+    let steps: Vec<Value> =
+        log.iter().filter(|l| l.contains("\"step\":")).map(|l| serde_json::from_str(l).unwrap()).collect();
+    let sum = |k: &str| steps.iter().map(|s| s[k].as_u64().unwrap()).sum::<u64>();
+    // 20 prompt tokens in chunks of 16 and 4, then 3 more tokens for each choice.
+    assert_eq!(sum("batch_tokens"), 20 + 2 * 3, "{steps:#?}");
+    assert_eq!(steps[0]["batch"][0]["tokens"], 16);
+    assert_eq!(steps[0]["batch"][0]["decode"], false);
+    assert_eq!(sum("forked"), 1);
+    assert_eq!(sum("admitted"), 1);
+    assert_eq!(sum("admitted_prompt_tokens"), 20);
+    assert_eq!(sum("finished"), 2);
+    let fork = steps.iter().find(|s| s["forked"] == 1).unwrap();
+    assert!(fork["kv_blocks_shared"].as_u64().unwrap() >= 1, "the choices share the prompt's blocks: {fork}");
+    assert_eq!(fork["running"], 2);
+    let last = steps.last().unwrap();
+    assert_eq!((last["running"].as_u64(), last["waiting"].as_u64()), (Some(0), Some(0)));
+    drop(server);
+
+    let server = Server::start(&model, &["--trace"]);
+    let (status, _, text) = post(&format!("{}/v1/completions", server.base), body.to_string().as_bytes());
+    assert_eq!(status, 200, "{text}");
+    let log = server.log_when("for the request", Duration::from_secs(30), |log| {
+        log.iter().any(|l| l.contains(" POST /v1/completions 200 "))
+    });
+    let first = log.iter().find(|l| l.contains(" step 1 ")).unwrap_or_else(|| panic!("{log:#?}"));
+    for part in ["batch 20 tok, 1 req: 0 decode, prefill #", "+0:20", "+1 admitted (cached 0/20)", "1 forked", "| kv "]
+    {
+        assert!(first.contains(part), "{part:?} in {first}");
+    }
+}
+
 #[test]
 fn a_full_queue_answers_429_with_retry_after() {
     let dir = tempdir();

@@ -63,6 +63,11 @@ pub struct ServeArgs {
     /// Request log lines on stderr: text or JSON (one object per line).
     #[arg(long = "log-format", value_name = "FMT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
+    /// Print a line per engine step on stderr: the batch (decoding requests, prompt chunks), admissions with their
+    /// prefix-cache hits, preemptions, forks, and the KV pool's used, shared, cached and evicted blocks. In the
+    /// `--log-format`.
+    #[arg(long)]
+    pub trace: bool,
     /// Seconds to let running requests finish after SIGINT/SIGTERM before exiting anyway.
     #[arg(long = "shutdown-timeout", value_name = "SECS", default_value_t = 30)]
     pub shutdown_timeout: u64,
@@ -143,7 +148,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let model = Arc::new(loaded.model);
     let tokenizer = Arc::new(loaded.tokenizer);
-    let engine = Arc::new(Engine::start(model, tokenizer.clone(), config).context("starting the engine")?);
+    let observer = args.trace.then(|| crate::server::trace::observer(log_format));
+    let engine =
+        Arc::new(Engine::start_observed(model, tokenizer.clone(), config, observer).context("starting the engine")?);
     let plan = engine.pool_plan();
     log(&format!(
         "infer serve: {model_name} | {} threads, {} | context {n_ctx} per request (trained {n_ctx_train}) | up to {} \

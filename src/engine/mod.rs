@@ -43,7 +43,7 @@ use crate::tokenizer::Tokenizer;
 
 pub use crate::session::FinishReason;
 pub use metrics::{HistogramSnapshot, StatsSnapshot};
-pub use scheduler::{PREFILL_MIN, PREFILL_PER_DECODE, Scheduler, StepReport};
+pub use scheduler::{BatchEntry, PREFILL_MIN, PREFILL_PER_DECODE, Scheduler, StepObserver, StepReport};
 
 /// How much memory the KV pool gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -421,6 +421,17 @@ impl Engine {
     /// Starts the engine thread with its own pool of `config.threads` workers. The KV pool is allocated there,
     /// before the first request runs.
     pub fn start(model: Arc<Model>, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine, EngineError> {
+        Engine::start_observed(model, tokenizer, config, None)
+    }
+
+    /// As [`start`](Self::start), calling `observer` on the engine thread after every step with what the step did
+    /// (`infer serve --trace`). It runs between forward passes, so it should be quick.
+    pub fn start_observed(
+        model: Arc<Model>,
+        tokenizer: Arc<Tokenizer>,
+        config: EngineConfig,
+        observer: Option<StepObserver>,
+    ) -> Result<Engine, EngineError> {
         let shared = Shared::new(&model, config)?;
         let workers = rayon::ThreadPoolBuilder::new()
             .num_threads(shared.config.threads)
@@ -434,7 +445,7 @@ impl Engine {
             .spawn(move || {
                 workers.install(move || {
                     let mut sched = Scheduler::with_shared(&model, &tokenizer, thread_shared);
-                    sched.run(&rx);
+                    sched.run(&rx, observer);
                 })
             })
             .map_err(|e| EngineError::Threads(e.to_string()))?;

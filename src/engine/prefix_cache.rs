@@ -85,6 +85,8 @@ pub struct PrefixCache {
     tick: u64,
     /// Live nodes below the root.
     len: usize,
+    /// Blocks given back to the pool by [`evict`](Self::evict) so far (a node's, or a sliding-window block).
+    evicted: u64,
 }
 
 impl PrefixCache {
@@ -98,7 +100,7 @@ impl PrefixCache {
             hash: EMPTY_PREFIX_HASH,
             live: true,
         };
-        PrefixCache { block_size, nodes: vec![root], free_nodes: Vec::new(), tick: 0, len: 0 }
+        PrefixCache { block_size, nodes: vec![root], free_nodes: Vec::new(), tick: 0, len: 0, evicted: 0 }
     }
 
     /// Blocks (nodes) in the cache.
@@ -289,6 +291,7 @@ impl PrefixCache {
                 }
                 let id = self.nodes[i].blocks.ids[g].take();
                 pool.release_ref(&BlockRef { ids: one(g, id) });
+                self.evicted += 1;
             }
         }
         if enough(pool) {
@@ -305,11 +308,17 @@ impl PrefixCache {
             }
             let parent = self.nodes[id].parent;
             self.remove_leaf(id, pool);
+            self.evicted += 1;
             if parent != ROOT && self.nodes[parent].children.is_empty() && self.unused(parent, pool) {
                 heap.push(Reverse((self.nodes[parent].last_use, parent)));
             }
         }
         enough(pool)
+    }
+
+    /// Blocks evicted since the cache was made.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
     }
 
     /// Drops every block the cache holds.

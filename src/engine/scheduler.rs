@@ -20,6 +20,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock, mpsc};
+use std::time::{Duration, Instant};
 
 use crate::model::kv_cache::{BlockRef, GroupCounts};
 use crate::model::{ForwardScratch, KvPool, Logits, Model, SeqStep};
@@ -41,9 +42,13 @@ pub const PREFILL_PER_DECODE: usize = 2;
 /// See [`PREFILL_PER_DECODE`].
 pub const PREFILL_MIN: usize = 12;
 
-/// What one step did.
+/// What one step did: the scheduler's decisions and the state they left (`infer serve --trace` prints it).
 #[derive(Debug, Clone, Default)]
 pub struct StepReport {
+    /// Forward passes run so far, this one included.
+    pub step: u64,
+    /// The forward pass's wall time (zero when the step ran none).
+    pub forward_time: Duration,
     /// Tokens in the forward pass (0: the step had nothing to run).
     pub batch_tokens: usize,
     /// Of those, generating requests' single tokens; the rest were prompt chunks (or recomputation).
@@ -51,9 +56,43 @@ pub struct StepReport {
     /// Requests in the batch, and which of them sampled a token (by request id, in batch order).
     pub batch_requests: usize,
     pub sampled: Vec<u64>,
+    /// Each request in the forward pass, in batch order.
+    pub batch: Vec<BatchEntry>,
     pub admitted: usize,
+    /// Prompt tokens of the requests admitted for the first time in this step, and how many of them the prefix
+    /// cache had.
+    pub admitted_prompt_tokens: usize,
+    pub admitted_cached_tokens: usize,
     pub preempted: usize,
     pub finished: usize,
+    pub cancelled: usize,
+    /// Choices that forked from their request's computed prompt ([`super::Engine::submit_n`]).
+    pub forked: usize,
+    /// Blocks the prefix cache gave back to make room.
+    pub evicted_blocks: usize,
+    /// After the step: requests in the batch and waiting, KV blocks in use (of all), blocks with more than one
+    /// holder, and blocks the prefix cache indexes.
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_total: usize,
+    pub kv_blocks_shared: usize,
+    pub cached_blocks: usize,
+}
+
+/// What the engine thread calls after every step (see [`super::Engine::start_observed`]).
+pub type StepObserver = Box<dyn FnMut(&StepReport) + Send>;
+
+/// One request's part of a forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchEntry {
+    pub id: u64,
+    /// Its first position in this pass, and how many tokens it carried.
+    pub start: usize,
+    pub tokens: usize,
+    /// One token whose logits are sampled (a generated token, or the one prompt token a prefix-cache hit left);
+    /// otherwise a chunk of the prompt (or of a preempted request's recomputation).
+    pub decode: bool,
 }
 
 /// The engine's state and step function, for one model. [`super::Engine`] runs one on its thread; tests and
@@ -144,7 +183,7 @@ impl<'m> Scheduler<'m> {
     }
 
     /// Runs steps until the submission channel closes and the last request is done.
-    pub(crate) fn run(&mut self, rx: &mpsc::Receiver<Submission>) {
+    pub(crate) fn run(&mut self, rx: &mpsc::Receiver<Submission>, mut observer: Option<StepObserver>) {
         loop {
             if self.is_idle() {
                 match rx.recv() {
@@ -155,7 +194,10 @@ impl<'m> Scheduler<'m> {
             while let Ok(sub) = rx.try_recv() {
                 self.push(sub);
             }
-            self.step();
+            let report = self.step();
+            if let Some(observe) = &mut observer {
+                observe(&report);
+            }
         }
         if let Some(cache) = &mut self.cache {
             cache.clear(&mut self.pool);
@@ -205,7 +247,8 @@ impl<'m> Scheduler<'m> {
     /// One scheduling step and forward pass (see the module documentation).
     pub fn step(&mut self) -> StepReport {
         let mut report = StepReport::default();
-        self.drop_cancelled();
+        let evicted = self.cache.as_ref().map_or(0, PrefixCache::evicted);
+        report.cancelled = self.drop_cancelled();
         loop {
             self.plan(&mut report);
             if self.running.iter().any(|s| s.step_tokens > 0) || self.running.is_empty() {
@@ -227,10 +270,22 @@ impl<'m> Scheduler<'m> {
             self.forward(&mut report);
         }
         self.update_gauges();
+        report.step = self.shared.stats.steps.load(Relaxed);
+        report.evicted_blocks = (self.cache.as_ref().map_or(0, PrefixCache::evicted) - evicted) as usize;
+        report.running = self.running.len();
+        report.waiting = self.waiting.len();
+        for g in 0..self.pool.n_groups() {
+            report.kv_blocks_total += self.pool.blocks_total(g);
+            report.kv_blocks_used += self.pool.blocks_total(g) - self.pool.blocks_free(g);
+            report.kv_blocks_shared += self.pool.blocks_shared(g);
+        }
+        report.cached_blocks = self.cached_blocks();
         report
     }
 
-    fn drop_cancelled(&mut self) {
+    /// Ends the requests whose client went away; returns how many.
+    fn drop_cancelled(&mut self) -> usize {
+        let before = self.shared.stats.requests_cancelled.load(Relaxed);
         // Choices waiting to fork go first, so that a cancelled request whose forks take over (see `end`) hands
         // them only live ones.
         let mut gone = Vec::new();
@@ -265,6 +320,7 @@ impl<'m> Scheduler<'m> {
                 i += 1;
             }
         }
+        (self.shared.stats.requests_cancelled.load(Relaxed) - before) as usize
     }
 
     /// Frees blocks until every group has `need` (evicting what only the prefix cache holds).
@@ -352,6 +408,8 @@ impl<'m> Scheduler<'m> {
                 let stats = &self.shared.stats;
                 let hit = seq.kv.len();
                 seq.cached_tokens = Some(hit);
+                report.admitted_prompt_tokens += seq.prompt_len;
+                report.admitted_cached_tokens += hit;
                 stats.prompt_tokens.fetch_add(seq.prompt_len as u64, Relaxed);
                 if self.cache.is_some() {
                     stats.prefix_cache_queried_tokens.fetch_add(seq.prompt_len as u64, Relaxed);
@@ -453,18 +511,23 @@ impl<'m> Scheduler<'m> {
         let result = {
             let mut items: Vec<SeqStep> = Vec::with_capacity(self.running.len());
             for seq in self.running.iter_mut().filter(|s| s.step_tokens > 0) {
-                let Sequence { tokens, kv, step_tokens, .. } = seq;
+                let Sequence { id, tokens, kv, step_tokens, .. } = seq;
                 let start = kv.len();
                 let end = start + *step_tokens;
                 let logits = if end == tokens.len() { Logits::Last } else { Logits::None };
                 report.batch_tokens += *step_tokens;
-                if end == tokens.len() && *step_tokens == 1 {
+                let decode = end == tokens.len() && *step_tokens == 1;
+                if decode {
                     report.decode_tokens += 1;
                 }
+                report.batch.push(BatchEntry { id: *id, start, tokens: *step_tokens, decode });
                 items.push(SeqStep { tokens: &tokens[start..end], kv, logits });
             }
             report.batch_requests = items.len();
-            self.model.forward(&mut items, &mut self.pool, &mut self.scratch)
+            let t = Instant::now();
+            let r = self.model.forward(&mut items, &mut self.pool, &mut self.scratch);
+            report.forward_time = t.elapsed();
+            r
         };
         self.shared.stats.steps.fetch_add(1, Relaxed);
         if let Err(e) = result {
@@ -497,6 +560,7 @@ impl<'m> Scheduler<'m> {
             if seq.pending() == 0 {
                 // The prompt is computed: the request's other choices fork from it here and sample their first
                 // tokens from the same logits.
+                report.forked += seq.forks.len();
                 for mut fork in std::mem::take(&mut seq.forks) {
                     fork.kv = self.pool.fork(&seq.kv);
                     fork.cached_blocks = seq.cached_blocks;

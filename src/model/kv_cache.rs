@@ -595,6 +595,11 @@ impl KvPool {
         self.groups[g].free.len()
     }
 
+    /// Blocks of group `g` that more than one holder shares (sequences, forks, the prefix cache).
+    pub fn blocks_shared(&self, g: usize) -> usize {
+        self.groups[g].refs.iter().filter(|&&r| r > 1).count()
+    }
+
     /// How many holders block `b` of group `g` has.
     pub fn refcount(&self, g: usize, b: u32) -> u32 {
         self.groups[g].refs[b as usize]

@@ -13,6 +13,7 @@
 
 pub mod metrics;
 pub mod openai;
+pub mod trace;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -156,12 +157,7 @@ impl LogLine {
         state.http.count(self.status);
         let total_ms = self.start.elapsed().as_secs_f64() * 1e3;
         let ttft_ms = self.ttft.map(|t| t.as_secs_f64() * 1e3);
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        let ts = format!(
-            "{}.{:03}Z",
-            crate::tokenizer::chat::strftime("%Y-%m-%dT%H:%M:%S", now.as_secs() as i64),
-            now.subsec_millis()
-        );
+        let ts = timestamp();
         let remote = self.remote.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
         let line = match state.config.log_format {
             LogFormat::Json => json!({
@@ -214,6 +210,16 @@ impl LogLine {
         };
         log(&line);
     }
+}
+
+/// Now, as the log lines write it (UTC, milliseconds).
+fn timestamp() -> String {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    format!(
+        "{}.{:03}Z",
+        crate::tokenizer::chat::strftime("%Y-%m-%dT%H:%M:%S", now.as_secs() as i64),
+        now.subsec_millis()
+    )
 }
 
 /// Writes one line to stderr, the server's log. When stderr is a closed pipe (its reader went away) the line is
