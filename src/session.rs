@@ -115,6 +115,9 @@ pub enum GenerateError {
     Stop(#[from] StopError),
     #[error(transparent)]
     Constraint(#[from] crate::structured::Refused),
+    /// Constrained output found no allowed token (the constraint's account of why).
+    #[error("{0}")]
+    DeadEnd(String),
     #[error(transparent)]
     Forward(#[from] ForwardError),
     #[error(transparent)]
@@ -307,7 +310,10 @@ impl<'m> Session<'m> {
             let next = match &mut constraint {
                 None => sampler.sample(logits, &history)?,
                 Some(c) => {
-                    let next = sampler.sample_masked(logits, &history, c.mask())?;
+                    let next = match sampler.sample_masked(logits, &history, c.mask()) {
+                        Ok(next) => next,
+                        Err(e) => return Err(GenerateError::DeadEnd(c.explain(&e))),
+                    };
                     // The sampler draws only tokens the mask allows, so this cannot fail; an error, not a panic.
                     c.accept(next, self.tokenizer.token_bytes(next, true))?;
                     completed = c.is_complete();

@@ -301,3 +301,36 @@ fn chat_settings_save_and_load_a_grammar() {
     let e = serde_json::from_str::<ChatSettings>(&bad).unwrap_err().to_string();
     assert!(e.contains("no rule `root`"), "{e}");
 }
+
+/// A grammar that can only go on with a digit, every token beginning with one banned: the request fails with the
+/// grammar's account of its dead end (the bytes it would take), in the engine and in a session alike.
+#[test]
+fn a_dead_end_names_the_bytes_the_grammar_wanted() {
+    let (model, tok) = load(Spec::llama(GgmlType::Q8_0));
+    let digits: Vec<(u32, f32)> = (0..model.config.n_vocab as u32)
+        .filter(|&id| tok.token_bytes(id, true).first().is_some_and(u8::is_ascii_digit))
+        .map(|id| (id, f32::NEG_INFINITY))
+        .collect();
+    assert!(digits.len() >= 10);
+    let bias = infer::sampling::LogitBias::new(digits).unwrap();
+    let mut req = hot_request(OutputFormat::Grammar(grammar(r#"root ::= "x" [0-9]"#)), 3, 10);
+    req.logit_bias = bias.clone();
+    let mut session = Session::new(&model, &tok, 512, KvDtype::F16);
+    let cancel = std::sync::atomic::AtomicBool::new(false);
+    let e = session.generate(&req, &cancel, &mut |_| Ok(())).unwrap_err().to_string();
+    assert!(e.contains("the grammar can only go on with [0-9], and no token"), "{e}");
+
+    let mut sched = Scheduler::new(&model, &tok, crate::engine::config()).unwrap();
+    let engine_req = Request {
+        format: OutputFormat::Grammar(grammar(r#"root ::= "x" [0-9]"#)),
+        logit_bias: bias,
+        sampling: hot_sampling(3),
+        ..crate::engine::greedy(vec![1, 50, 60], 10)
+    };
+    let stream = sched.submit(engine_req).unwrap();
+    while !sched.is_idle() {
+        sched.step();
+    }
+    let e = stream.collect().unwrap_err();
+    assert!(e.contains("the grammar can only go on with [0-9], and no token"), "{e}");
+}

@@ -140,7 +140,10 @@ impl<'t> Sequence<'t> {
         };
         let next = match sampled {
             Ok(t) => t,
-            Err(e) => return Some(Ending::Failed(e.to_string())),
+            Err(e) => {
+                let why = self.constraint.as_mut().map_or_else(|| e.to_string(), |c| c.explain(&e));
+                return Some(Ending::Failed(why));
+            }
         };
         let mut json_closed = false;
         if let Some(c) = &mut self.constraint {

@@ -336,6 +336,28 @@ impl GrammarConstraint {
         &self.cache[self.cache.len() - 1].1
     }
 
+    /// Why no token is allowed here, for a request that ran into it: the bytes the grammar would take next (which
+    /// no token of the vocabulary begins a continuation with), or that it takes none (a limit was reached).
+    pub fn dead_end(&mut self) -> String {
+        let machine = self.machine.get_mut();
+        let bytes: Vec<u8> = (0..=255u8).filter(|&b| machine.step(self.state, b).is_some()).collect();
+        if bytes.is_empty() {
+            let ending = if machine.is_accepting(self.state) {
+                " and the vocabulary has no end-of-generation token"
+            } else {
+                ""
+            };
+            return format!(
+                "the grammar allows no byte here{ending} (the text so far reached one of its limits: nesting {MAX_DEPTH} \
+                 deep, or more than {MAX_STACKS} alternatives at once)"
+            );
+        }
+        format!(
+            "the grammar can only go on with {}, and no token of the vocabulary (left by the logit bias) can",
+            describe_bytes(&bytes)
+        )
+    }
+
     /// Advances past `token` (its bytes as the tokenizer decodes them), which must be allowed.
     pub fn accept(&mut self, token: u32, bytes: &[u8]) -> Result<(), Refused> {
         let machine = self.machine.get_mut();
@@ -360,5 +382,35 @@ impl GrammarConstraint {
     pub fn is_complete(&self) -> bool {
         let machine = self.machine.borrow();
         self.ended || (machine.is_accepting(self.state) && !machine.is_open(self.state))
+    }
+}
+
+/// A set of bytes as ranges, printable ASCII as itself: `[0-9a-f]`, `["]`, `[\x80-\xbf]`.
+fn describe_bytes(bytes: &[u8]) -> String {
+    let show = |b: u8| if b.is_ascii_graphic() || b == b' ' { (b as char).to_string() } else { format!("\\x{b:02x}") };
+    let mut out = String::from("[");
+    let mut i = 0;
+    while i < bytes.len() {
+        let mut j = i;
+        while j + 1 < bytes.len() && bytes[j + 1] == bytes[j] + 1 {
+            j += 1;
+        }
+        out += &show(bytes[i]);
+        if j > i {
+            out += "-";
+            out += &show(bytes[j]);
+        }
+        i = j + 1;
+    }
+    out + "]"
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn byte_sets_read_as_ranges() {
+        assert_eq!(super::describe_bytes(b"0123456789"), "[0-9]");
+        assert_eq!(super::describe_bytes(b"\"ace"), "[\"ace]");
+        assert_eq!(super::describe_bytes(&[0x0a, b' ', 0x80, 0x81, 0xbf]), "[\\x0a \\x80-\\x81\\xbf]");
     }
 }

@@ -139,6 +139,15 @@ impl Constraint {
             Constraint::Grammar(c) => c.is_complete(),
         }
     }
+
+    /// What to say when sampling found no allowed token: `why` (the sampler's error), with the grammar's account
+    /// of its dead end where it has one.
+    pub fn explain(&mut self, why: &crate::sampling::SamplingError) -> String {
+        match (self, why) {
+            (Constraint::Grammar(c), crate::sampling::SamplingError::NothingAllowed) => c.dead_end(),
+            _ => why.to_string(),
+        }
+    }
 }
 
 impl JsonConstraint {
