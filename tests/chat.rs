@@ -536,3 +536,19 @@ fn a_model_without_a_chat_template_gets_a_note_naming_the_built_in_one() {
     let out = chat(&[m, "-n", "2", "-c", "128", "--chat-template", "chatml"], "hi\n");
     assert!(!stderr(&out).contains("no chat template"), "an explicit template needs no note");
 }
+
+#[test]
+fn set_grammar_and_json_schema_shape_the_next_replies() {
+    let Some(m) = smollm2() else { return };
+    let args = [&m as &str, "--json", "--temp", "0", "-n", "60", "-c", "1024", "-t", "2"];
+    let input = "/set grammar root ::= (\"yes\" | \"no\") \".\"\nIs Paris in France?\n\
+                 /set json-schema {\"type\": \"object\", \"properties\": {\"year\": {\"type\": \"integer\"}}, \
+                 \"required\": [\"year\"]}\nIn which year did the Second World War end?\n";
+    let r = json_replies(&chat(&args, input));
+    assert_eq!(r.len(), 2);
+    let text = |i: usize| r[i]["text"].as_str().unwrap().to_string();
+    assert!(["yes.", "no."].contains(&text(0).as_str()), "{:?}", text(0));
+    assert_eq!(r[0]["finish_reason"], "stop");
+    let v: serde_json::Value = serde_json::from_str(&text(1)).unwrap_or_else(|e| panic!("{e}: {:?}", text(1)));
+    assert!(v["year"].is_i64(), "{v}");
+}

@@ -4,9 +4,9 @@ use std::path::PathBuf;
 
 use crate::chat::ChatSettings;
 use crate::cli::args::{
-    parse_count, parse_dry_base, parse_float, parse_last_n, parse_mass, parse_min_p, parse_mirostat, parse_n_predict,
-    parse_non_negative, parse_penalty, parse_positive_float, parse_repeat_penalty, parse_seed, parse_temperature,
-    parse_top_p, parse_unit,
+    parse_count, parse_dry_base, parse_float, parse_grammar, parse_grammar_file, parse_json_schema,
+    parse_json_schema_file, parse_last_n, parse_mass, parse_min_p, parse_mirostat, parse_n_predict, parse_non_negative,
+    parse_penalty, parse_positive_float, parse_repeat_penalty, parse_seed, parse_temperature, parse_top_p, parse_unit,
 };
 use crate::sampling::SamplerOrder;
 use crate::structured::OutputFormat;
@@ -42,8 +42,10 @@ pub const HELP: &str = "\
 /set [NAME VALUE]   show the settings, or set temp, top-k, top-p, min-p, repeat-penalty, repeat-last-n,
                     presence-penalty, frequency-penalty, samplers (their order, e.g. top_k;temperature),
                     seed (a number, or random),
-                    n (most tokens per reply; -1 = no limit) or
-                    format (text, or json: each reply is one JSON object)
+                    n (most tokens per reply; -1 = no limit),
+                    format (text, or json: each reply is one JSON object),
+                    grammar GBNF or grammar-file FILE (each reply is text of the grammar),
+                    json-schema SCHEMA or json-schema-file FILE (each reply is one value of the schema)
 /context            how the context is spent: system, history, the reply's reserve, free
 /stats              the last reply's prompt and generation speed and time to first token
 \"\"\"                 start or end a message of several lines
@@ -53,7 +55,7 @@ Ctrl-C stops a reply; what was said so far is kept.";
 pub const SETTINGS: &str = "temp, top-k, top-p, min-p, top-n-sigma, repeat-penalty, repeat-last-n, presence-penalty, \
      frequency-penalty, dry-multiplier, dry-base, dry-allowed-length, dry-penalty-last-n, xtc-probability, \
      xtc-threshold, typical, dynatemp-range, dynatemp-exp, mirostat, mirostat-ent, mirostat-lr, samplers, seed, n, \
-     format";
+     format, grammar, grammar-file, json-schema, json-schema-file";
 
 /// Parses a command line (without the leading `/`).
 pub fn parse(line: &str) -> Result<Command, String> {
@@ -117,6 +119,11 @@ pub fn set(settings: &mut ChatSettings, key: &str, value: &str) -> Result<(), St
             settings.format = OutputFormat::from_name(value)
                 .ok_or_else(|| bad(format!("'{value}' is not a format (text or json)")))?
         }
+        // As the command-line flags of the same names; each replaces whatever format was set.
+        "grammar" => settings.format = OutputFormat::Grammar(parse_grammar(value).map_err(bad)?),
+        "grammar-file" => settings.format = OutputFormat::Grammar(parse_grammar_file(value).map_err(bad)?),
+        "json-schema" => settings.format = OutputFormat::JsonSchema(parse_json_schema(value).map_err(bad)?),
+        "json-schema-file" => settings.format = OutputFormat::JsonSchema(parse_json_schema_file(value).map_err(bad)?),
         other => return Err(format!("/set: unknown setting '{other}' (settings: {SETTINGS})")),
     }
     Ok(())
@@ -173,6 +180,32 @@ mod tests {
         let shown = show(&settings);
         assert!(shown.contains("dry-multiplier 0.8\n") && shown.contains("xtc-threshold 0.2\n"), "{shown}");
         settings.validate().unwrap();
+    }
+
+    #[test]
+    fn grammars_and_schemas_are_set_checked_and_shown() {
+        let mut settings = ChatSettings::default();
+        set(&mut settings, "grammar", r#"root ::= item{2} item ::= "- " [a-z]+ "\n""#).unwrap();
+        assert!(matches!(settings.format, OutputFormat::Grammar(_)));
+        assert!(show(&settings).ends_with("format grammar"));
+        let e = set(&mut settings, "grammar", r#"root ::= "a" | item"#).unwrap_err();
+        assert!(e.starts_with("/set grammar: grammar: ") && e.contains("item"), "{e}");
+        assert!(matches!(settings.format, OutputFormat::Grammar(_)), "a refused grammar changes nothing");
+        set(&mut settings, "json-schema", r#"{"type": "object", "properties": {"a": {"type": "integer"}}}"#).unwrap();
+        assert!(show(&settings).ends_with("format json-schema"));
+        let e = set(&mut settings, "json-schema", r#"{"type": "string", "pattern": "a+"}"#).unwrap_err();
+        assert!(e.contains("/set json-schema:") && e.contains("pattern"), "{e}");
+        let e = set(&mut settings, "grammar-file", "/nonexistent/g.gbnf").unwrap_err();
+        assert!(e.starts_with("/set grammar-file: ") && e.contains("/nonexistent/g.gbnf"), "{e}");
+        let dir = std::env::temp_dir().join(format!("infer-set-grammar-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("yes.gbnf");
+        std::fs::write(&file, "root ::= \"yes\" | \"no\"\n").unwrap();
+        set(&mut settings, "grammar-file", file.to_str().unwrap()).unwrap();
+        assert!(matches!(settings.format, OutputFormat::Grammar(_)));
+        set(&mut settings, "format", "text").unwrap();
+        assert_eq!(settings.format, OutputFormat::Text);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
