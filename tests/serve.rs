@@ -323,7 +323,8 @@ fn streams_end_with_done_and_carry_usage() {
     assert!(line["ttft_ms"].as_f64().unwrap() > 0.0);
 }
 
-/// `n` choices: one response with choices 0..n, each the text a request of one choice with seed `seed + i` gives;
+/// `n` choices: one response with choices 0..n, each the text a request of one choice with seed `seed + i` gives
+/// (and with `best_of`, the best of them by mean log-probability);
 /// streamed, each choice's chunks carry its index and end with its own finish reason, and the usage adds up the
 /// completions and counts the shared prompt once.
 #[test]
@@ -351,6 +352,32 @@ fn n_choices_share_one_prompt_and_each_is_its_seed_s_text() {
     let one: Value = serde_json::from_str(&complete(json!({})).1).unwrap();
     assert_eq!(whole["usage"]["prompt_tokens"], one["usage"]["prompt_tokens"], "the prompt counts once");
     assert_eq!(whole["usage"]["completion_tokens"], 30);
+
+    // best_of 4, n 2: the two of the four seeds' texts with the highest mean log-probability per token, best first.
+    let mut ranked: Vec<(f64, String)> = (0..4)
+        .map(|i| {
+            let (status, body) = complete(json!({"seed": 40 + i, "logprobs": 1}));
+            assert_eq!(status, 200, "{body}");
+            let v: Value = serde_json::from_str(&body).unwrap();
+            let lps: Vec<f64> = v["choices"][0]["logprobs"]["token_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
+            (lps.iter().sum::<f64>() / lps.len() as f64, v["choices"][0]["text"].as_str().unwrap().to_string())
+        })
+        .collect();
+    let first_two = [ranked[0].1.clone(), ranked[1].1.clone()];
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+    assert_ne!([ranked[0].1.clone(), ranked[1].1.clone()], first_two, "the ranking must reorder the seeds' texts");
+    let (status, body) = complete(json!({"n": 2, "best_of": 4}));
+    assert_eq!(status, 200, "{body}");
+    let best: Value = serde_json::from_str(&body).unwrap();
+    let texts: Vec<&str> = best["choices"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();
+    assert_eq!(texts, [ranked[0].1.as_str(), ranked[1].1.as_str()], "{ranked:?}");
+    assert!(best["choices"][0]["logprobs"].is_null(), "logprobs only when asked for");
+    assert_eq!(best["usage"]["completion_tokens"], 40, "every generated token counts");
 
     let mut body = base.clone();
     body.as_object_mut().unwrap().extend(

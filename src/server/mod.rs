@@ -358,13 +358,14 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
         sampling: req.sampling,
         stop: req.stop.clone(),
         ignore_eos: req.ignore_eos,
-        logprobs: req.logprobs.is_some(),
+        // `best_of` ranks the choices by their tokens' log-probabilities.
+        logprobs: req.logprobs.is_some() || req.best_of > req.n,
         top_logprobs: req.logprobs.unwrap_or(0),
         format: req.format,
         logit_bias: req.logit_bias.clone(),
         dry_breakers: req.dry_breakers.clone(),
     };
-    let streams = match state.engine.submit_n(engine_req, req.n) {
+    let streams = match state.engine.submit_n(engine_req, req.best_of) {
         Ok(s) => s,
         Err(e) => return fail(log, refused(e, n_ctx)),
     };
@@ -397,15 +398,20 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
     }
     // Each choice's events wait in its own channel, so reading the choices one after the other loses nothing.
     let mut outs = Vec::with_capacity(streams.len());
+    // Each choice's mean log-probability per token, for `best_of`.
+    let mut scores = Vec::with_capacity(streams.len());
     let mut usage: Option<Usage> = None;
     for mut stream in streams {
         let mut text = String::new();
         let mut entries = Vec::new();
+        let (mut sum, mut count) = (0f64, 0usize);
         loop {
             match stream.next().await {
                 Some(Event::Token { id, text: t, logprob, top_logprobs }) => {
                     log.ttft.get_or_insert_with(|| log.start.elapsed());
                     text.push_str(&t);
+                    sum += f64::from(logprob.unwrap_or(0.0));
+                    count += 1;
                     if req.logprobs.is_some() {
                         entries.push(token_logprobs(&state.tokenizer, id, logprob, &top_logprobs));
                     }
@@ -417,12 +423,22 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
                     usage = Some(add_choice(usage, &done.usage));
                     let logprobs = req.logprobs.is_some().then(|| openai::logprobs_json(chat, &entries, 0));
                     outs.push(openai::ChoiceOut { text, finish, logprobs });
+                    // A choice that ended before any token has nothing to rank it by: it comes last.
+                    scores.push(if count == 0 { f64::NEG_INFINITY } else { sum / count as f64 });
                     break;
                 }
                 Some(Event::Failed(e)) => return fail(log, ApiError::new(500, format!("generation failed: {e}"))),
                 None => return fail(log, ApiError::new(503, "the engine stopped before the request ended")),
             }
         }
+    }
+    if req.best_of > req.n {
+        // The `n` with the highest mean log-probability per token, best first (OpenAI's rule); the usage still
+        // counts every generated token.
+        let mut order: Vec<usize> = (0..outs.len()).collect();
+        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+        let mut slots: Vec<Option<openai::ChoiceOut>> = outs.into_iter().map(Some).collect();
+        outs = order.into_iter().take(req.n).filter_map(|i| slots[i].take()).collect();
     }
     let usage = usage.unwrap_or_default();
     log.usage = Some(usage);

@@ -3,7 +3,7 @@
 //!
 //! Fields a client may send that do not change the result (`user`, `stream_options` without usage, a `model` name)
 //! are accepted; unknown fields are ignored, as the OpenAI API does; features this server does not have (tools,
-//! `echo`, `best_of` above `n`, a JSON schema keyword the output cannot be held to, ...) are refused by name rather
+//! `echo`, `best_of` on chat, a JSON schema keyword the output cannot be held to, ...) are refused by name rather
 //! than silently dropped.
 
 use std::sync::Arc;
@@ -79,8 +79,11 @@ pub struct GenerationRequest {
     pub logit_bias: LogitBias,
     /// `dry_sequence_breakers` (llama-server's field); `None`: DRY's defaults.
     pub dry_breakers: Option<Vec<String>>,
-    /// `n`: how many choices to generate for the prompt.
+    /// `n`: how many choices to return.
     pub n: usize,
+    /// `best_of` (completions): how many to generate, of which the `n` with the highest mean log-probability per
+    /// token are returned; at least `n`.
+    pub best_of: usize,
 }
 
 /// Most choices one request may ask for (OpenAI's limit); the server's `--parallel` bounds it further.
@@ -305,8 +308,17 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
         Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
         Some(n) => return Err(ApiError::bad("n", format!("`n` = {n}: expected 1 to {MAX_CHOICES} choices"))),
     };
-    // `best_of` = `n` is the same request; more would need ranking the choices, which this server does not do.
-    f.unsupported("best_of", |v| v.as_i64().is_some_and(|b| b == 1 || b == n as i64), "best_of other than n")?;
+    let best_of = match f.int("best_of")? {
+        None => n,
+        // The legacy completions field; chat has none (an equal value asks for nothing more).
+        Some(b) if chat && b != n as i64 => {
+            return Err(ApiError::bad("best_of", "`best_of` is a completions field; chat takes `n` only"));
+        }
+        Some(b) if (n as i64..=MAX_CHOICES as i64).contains(&b) => b as usize,
+        Some(b) => {
+            return Err(ApiError::bad("best_of", format!("`best_of` = {b}: expected `n` ({n}) to {MAX_CHOICES}")));
+        }
+    };
     f.unsupported("echo", |v| v == &Value::Bool(false), "echo")?;
     f.unsupported("suffix", |v| v.as_str() == Some(""), "suffix")?;
     let logprobs = parse_logprobs(&f, chat)?;
@@ -315,6 +327,10 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
     f.unsupported("functions", |v| v.as_array().is_some_and(Vec::is_empty), "function calling")?;
     let format = parse_response_format(&f)?;
     let stream = f.bool("stream")?.unwrap_or(false);
+    if stream && best_of > n {
+        // As OpenAI: the best are known only once all have finished.
+        return Err(ApiError::bad("best_of", "`best_of` above `n` cannot be streamed: the best are known at the end"));
+    }
     let include_usage = match f.get("stream_options") {
         None => false,
         Some(Value::Object(o)) => Fields(o).bool("include_usage")?.unwrap_or(false),
@@ -342,6 +358,7 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
         logit_bias,
         dry_breakers,
         n,
+        best_of,
     })
 }
 
@@ -786,9 +803,18 @@ mod tests {
             let e = err(&format!(r#"{{"prompt": "hi", "n": {n}}}"#), false);
             assert_eq!(e.param.as_deref(), Some("n"), "{n}");
         }
-        let e = err(r#"{"prompt": "hi", "n": 2, "best_of": 3}"#, false);
+        for body in [
+            r#"{"prompt": "hi", "n": 3, "best_of": 2}"#,
+            r#"{"prompt": "hi", "best_of": 129}"#,
+            r#"{"prompt": "hi", "best_of": 3, "stream": true}"#,
+        ] {
+            assert_eq!(err(body, false).param.as_deref(), Some("best_of"), "{body}");
+        }
+        let e = err(r#"{"messages": [{"role": "user", "content": "hi"}], "best_of": 2}"#, true);
         assert_eq!(e.param.as_deref(), Some("best_of"));
-        assert!(parse(br#"{"prompt": "hi", "n": 3, "best_of": 3}"#, false).is_ok());
+        let r = parse(br#"{"prompt": "hi", "n": 2, "best_of": 5}"#, false).unwrap();
+        assert_eq!((r.n, r.best_of), (2, 5));
+        assert!(parse(br#"{"messages": [{"role": "user", "content": "hi"}], "n": 3, "best_of": 3}"#, true).is_ok());
         let e = err(r#"{"prompt": "hi", "stop": ["a", ""]}"#, false);
         assert_eq!(e.param.as_deref(), Some("stop"));
         let e = err(r#"{"prompt": "hi""#, false);
