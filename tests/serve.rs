@@ -432,8 +432,13 @@ fn trace_prints_every_step_of_the_engine() {
                       "max_tokens": 4, "ignore_eos": true, "n": 2});
     let (status, _, text) = post(&format!("{}/v1/completions", server.base), body.to_string().as_bytes());
     assert_eq!(status, 200, "{text}");
-    let log = server.log_when("for the request", Duration::from_secs(30), |log| {
-        log.iter().any(|l| l.contains("\"path\":\"/v1/completions\""))
+    // The last step's line comes after the step, so it may follow the request's own log line: wait for the step
+    // that ends the request (no request running, none waiting).
+    let log = server.log_when("for the last step", Duration::from_secs(30), |log| {
+        log.iter().filter(|l| l.contains("\"step\":")).any(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            v["running"] == 0 && v["waiting"] == 0
+        })
     });
     let steps: Vec<Value> =
         log.iter().filter(|l| l.contains("\"step\":")).map(|l| serde_json::from_str(l).unwrap()).collect();
