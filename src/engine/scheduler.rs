@@ -290,14 +290,7 @@ impl<'m> Scheduler<'m> {
         // them only live ones.
         let mut gone = Vec::new();
         for seq in self.waiting.iter_mut().chain(self.running.iter_mut()) {
-            let mut i = 0;
-            while i < seq.forks.len() {
-                if seq.forks[i].is_cancelled() {
-                    gone.push(seq.forks.remove(i));
-                } else {
-                    i += 1;
-                }
-            }
+            gone.extend(seq.forks.extract_if(.., |f| f.is_cancelled()));
         }
         for seq in gone {
             self.end(seq, Ending::Cancelled);
