@@ -155,7 +155,32 @@ fn schemas() -> Vec<Value> {
         json!({"type": "array", "items": {"enum": ["a", "ab", "b", true, null, {"k": [1]}]}, "minItems": 1}),
         json!({"enum": ["red", "green", "blue", "reddish"]}),
         json!({"type": ["integer", "string"], "maxLength": 3}),
+        variants(),
     ]
+}
+
+/// Object alternatives told apart by their first property: by name (`response`, `level`, `level2`), by a string
+/// tag of `name` (tool calls: `get` and `get_w` of one alternative beside `get_time` and `get_weather`, every one a
+/// prefix of another without its quote), and by a number tag of `v` (`1` a prefix of `10`), beside a string.
+fn variants() -> Value {
+    let call = |name: Value, args: Value| json!({"type": "object", "properties": {"name": name, "arguments": args}, "required": ["name", "arguments"]});
+    json!({
+        "type": "array", "minItems": 1, "maxItems": 3,
+        "items": {"anyOf": [
+            call(json!({"const": "get_weather"}),
+                 json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]})),
+            call(json!({"const": "get_time"}), json!({"type": "object", "properties": {}, "additionalProperties": false})),
+            {"type": "object", "properties": {"name": {"enum": ["get", "get_w"]}, "n": {"type": "integer"}}, "required": ["name"]},
+            {"anyOf": [
+                {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]},
+                {"type": "object", "properties": {"level": {"enum": [1, 10]}, "x": {"type": "boolean"}}},
+            ]},
+            {"type": "object", "properties": {"level2": {"type": "null"}}, "required": ["level2"]},
+            {"type": "object", "properties": {"v": {"enum": [1, 10]}, "w": {"type": "integer"}}, "required": ["v", "w"]},
+            {"type": "object", "properties": {"v": {"const": 2}}, "required": ["v"]},
+            {"type": "string", "maxLength": 3},
+        ]},
+    })
 }
 
 #[test]
@@ -167,7 +192,25 @@ fn refused_schemas_name_the_keyword_and_place() {
         (json!({"enum": [1, 2]}), "the top level cannot be a number"),
         (json!({"type": "strin"}), "`type` names an unknown type \"strin\""),
         (json!({"type": 3}), "`type` must be a string or an array, not a number"),
-        (json!({"anyOf": [{"type": "object"}, {"type": "object", "properties": {"a": true}}]}), "both allow an object"),
+        (
+            json!({"anyOf": [{"type": "object"}, {"type": "object", "properties": {"a": true}}]}),
+            "an object alternative without declared properties beside other object alternatives",
+        ),
+        (
+            json!({"anyOf": [{"type": "object", "properties": {"a": {"type": "string"}}},
+                             {"type": "object", "properties": {"a": {"const": 1}}}]}),
+            "at '': 2 object alternatives begin with the property \"a\", and not all of them fix its value",
+        ),
+        (
+            json!({"anyOf": [{"type": "object", "properties": {"t": {"const": "a"}}},
+                             {"type": "object", "properties": {"t": {"enum": ["b", "a"]}}}]}),
+            "two object alternatives both begin with \"t\": \"a\"",
+        ),
+        (
+            json!({"anyOf": [{"type": "object", "properties": {"t": {"const": "a"}}},
+                             {"type": "object", "properties": {"t": {"const": 1}}}]}),
+            "values of \"t\" are of different kinds",
+        ),
         (json!({"type": ["integer", "number"]}), "both allow a number"),
         (json!({"$ref": "#/$defs/Missing"}), "does not point into this schema"),
         (json!({"$ref": "http://example.com/s.json"}), "does not point into this schema"),
@@ -265,6 +308,32 @@ fn the_machine_takes_what_the_schema_allows_and_nothing_else() {
     assert!(completes(&s, r#"{"tree":{"label":"n"},"at":{"x":1,"y":2},"tag":null}"#));
     assert!(!completes(&s, r#"{"tree":{"label":"n"},"at":null,"level":3}"#));
     assert!(!completes(&s, r#"{"tree":{"label":"m"},"at":null}"#));
+
+    let s = compile(&variants());
+    for text in [
+        r#"[{"name":"get_time","arguments":{}}]"#,
+        r#"[{"name": "get_weather", "arguments": {"city": "Oslo"}}, "abc"]"#,
+        r#"[{"name":"get","n":3},{"name":"get_w"}]"#,
+        r#"[{"response":"hi"},{"level":10,"x":true},{"level2":null}]"#,
+        r#"[{"v":10,"w":1},{"v":2},{"v":1,"w":-4}]"#,
+    ] {
+        assert!(completes(&s, text), "{text}");
+    }
+    for text in [
+        r#"[{"name":"get_time","arguments":{"city":"x"}}]"#,
+        r#"[{"name":"get_weather","arguments":{}}]"#,
+        r#"[{"name":"get_w","arguments":{}}]"#,
+        r#"[{"name":"ge"}]"#,
+        r#"[{"arguments":{},"name":"get_time"}]"#,
+        r#"[{}]"#,
+        r#"[{"x":true}]"#,
+        r#"[{"v":3}]"#,
+        r#"[{"v":1}]"#,
+        r#"[{"v":2,"w":1}]"#,
+        r#"[{"level":2}]"#,
+    ] {
+        assert!(!completes(&s, text), "{text}");
+    }
 }
 
 /// Random walks over the bytes the machine accepts: it never leaves the walk without a next byte before the value
@@ -309,6 +378,7 @@ fn sample_states() -> Vec<(Arc<JsonSchema>, SchemaMachine)> {
             r#"{"counts":{"a b":1},"mixed":"xy","pair":["a","b"],"free":{"k":[1,"s"]},"anything":"t","list":[],"empty":{},"title":"a b"}"#,
         ),
         (3, r#"["ab",{"k":[1]},null]"#),
+        (6, r#"[{"name":"get_weather","arguments":{"city":"Oslo"}}, {"v":10,"w":1},{"level":1}]"#),
     ];
     let all = schemas();
     let mut out = Vec::new();

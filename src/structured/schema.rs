@@ -13,8 +13,11 @@
 //! - `enum` and `const` values, keys and dictionary keys aside, are written as serde_json writes them (no spaces, no
 //!   escapes it would not use);
 //! - alternatives (`anyOf`, type lists) must differ in the first byte of their values (object, array, string,
-//!   number, `true`, `false`, `null`): the machine picks one at the value's first byte. Two object alternatives, or
-//!   `integer` beside `number`, are refused when the schema is compiled.
+//!   number, `true`, `false`, `null`): the machine picks one at the value's first byte. Objects are the exception:
+//!   object alternatives are told apart by their first declared property, which is then always written, by its
+//!   name, or where several begin with the same name, by its `const`/`enum` value (a tag, as tool calls and
+//!   pydantic's discriminated unions have). Alternatives that nothing of that kind tells apart, or `integer` beside
+//!   `number`, are refused when the schema is compiled.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -168,8 +171,29 @@ pub(super) enum Node {
     },
     /// One alternative per value kind.
     Union(Vec<(Kind, NodeId)>),
+    /// Object alternatives (each an [`Node::Object`]) told apart by their first declared property, which is
+    /// always written: by its name where no other alternative begins with it, else by its value, an `enum`/`const`
+    /// of its own (a tag, as pydantic's discriminated unions have).
+    Variants {
+        /// Each first property's name (one entry per name), with the node its value follows: the alternative's own
+        /// node where the name picks the alternative, else a [`Node::Values`] of every tag given under the name.
+        keys: Vec<Property>,
+        /// Per entry of `keys`, how the alternative is chosen.
+        picks: Vec<Pick>,
+        /// The alternatives, as given.
+        alts: Vec<NodeId>,
+    },
     /// A placeholder while a `$ref` target compiles (replaced before compilation ends).
     Pending,
+}
+
+/// How a [`Node::Variants`] picks its alternative after one of its first-property names.
+#[derive(Debug, Clone)]
+pub(super) enum Pick {
+    /// The name alone: this alternative, which continues after its first property's name.
+    Alt(NodeId),
+    /// The value: text `i` of the name's `Values` node is a tag of alternative `i`, which continues after it.
+    Tags(Vec<NodeId>),
 }
 
 /// A compiled schema: immutable, shared by every sequence that generates against it.
@@ -274,6 +298,9 @@ fn min_depths(nodes: &[Node]) -> Vec<u8> {
                 Node::Map { .. } => 1,
                 Node::Array { items, min, .. } => 1 + if *min > 0 { of(*items) } else { 0 },
                 Node::Union(alts) => alts.iter().map(|&(_, a)| of(a)).min().unwrap_or(u32::from(UNBOUNDED)),
+                Node::Variants { alts, .. } => {
+                    alts.iter().map(|&a| variant_depth(nodes, a, of)).min().unwrap_or(u32::from(UNBOUNDED))
+                }
                 Node::Pending => u32::from(UNBOUNDED),
                 _ => 0,
             };
@@ -289,12 +316,22 @@ fn min_depths(nodes: &[Node]) -> Vec<u8> {
     }
 }
 
+/// The fewest frames an alternative of a [`Node::Variants`] nests, given `of` (each node's minimum): its own, or
+/// its first property's value inside it if that is deeper (the first property is written even when optional).
+pub(super) fn variant_depth(nodes: &[Node], alt: NodeId, of: impl Fn(NodeId) -> u32) -> u32 {
+    let first = match &nodes[usize::from(alt)] {
+        Node::Object(props) => props.first().map_or(0, |p| 1 + of(p.node)),
+        _ => 0,
+    };
+    of(alt).max(first)
+}
+
 /// Whether a node takes a value of `kind` (what its first byte shows). A match, not a list: the machine asks at
 /// every value start of every token it walks.
 fn accepts(n: &Node, kind: Kind) -> bool {
     match n {
         Node::Any => true,
-        Node::AnyObject | Node::Object(_) | Node::Map { .. } => kind == Kind::Object,
+        Node::AnyObject | Node::Object(_) | Node::Map { .. } | Node::Variants { .. } => kind == Kind::Object,
         Node::Null => kind == Kind::Null,
         Node::Boolean => matches!(kind, Kind::True | Kind::False),
         Node::Number { .. } => kind == Kind::Number,
@@ -574,10 +611,12 @@ impl Compiler<'_> {
         if alts.len() == 1 { Ok(alts[0]) } else { self.union(&alts, path) }
     }
 
-    /// Alternatives told apart by their values' first byte. An `Any` among them takes everything (the union is
-    /// then `Any`: a value of any alternative is a value of it).
+    /// Alternatives told apart by their values' first byte, and object alternatives by their first property
+    /// ([`Node::Variants`]). An `Any` among them takes everything (the union is then `Any`: a value of any
+    /// alternative is a value of it).
     fn union(&mut self, alts: &[NodeId], path: &str) -> Result<NodeId, SchemaError> {
         let mut by_kind: Vec<(Kind, NodeId)> = Vec::new();
+        let mut objects: Vec<NodeId> = Vec::new();
         for &a in alts {
             let node = &self.nodes[usize::from(a)];
             if matches!(node, Node::Any) {
@@ -594,12 +633,26 @@ impl Compiler<'_> {
                 n => kinds(n).into_iter().map(|k| (k, a)).collect(),
             };
             for (k, n) in members {
+                if k == Kind::Object {
+                    // Nested object alternatives join this level's.
+                    let inner = match &self.nodes[usize::from(n)] {
+                        Node::Variants { alts, .. } => alts.clone(),
+                        _ => vec![n],
+                    };
+                    for o in inner {
+                        if !objects.contains(&o) {
+                            objects.push(o);
+                        }
+                    }
+                    continue;
+                }
                 if by_kind.iter().any(|(x, m)| *x == k && *m != n) {
                     return Err(SchemaError::Shape {
                         path: path.into(),
                         problem: format!(
                             "two alternatives both allow {}; alternatives must differ in the kind of value \
-                             (object, array, string, number, boolean, null)",
+                             (object, array, string, number, boolean, null), or be objects told apart by their \
+                             first property",
                             k.name()
                         ),
                     });
@@ -609,7 +662,102 @@ impl Compiler<'_> {
                 }
             }
         }
+        match objects.len() {
+            0 => {}
+            1 => by_kind.insert(0, (Kind::Object, objects[0])),
+            _ => {
+                let variants = self.variants(&objects, path)?;
+                by_kind.insert(0, (Kind::Object, variants));
+            }
+        }
+        if by_kind.len() == 1 {
+            return Ok(by_kind[0].1);
+        }
         self.push(Node::Union(by_kind))
+    }
+
+    /// Object alternatives told apart by their first declared property: by its name, or where several begin with
+    /// the same name, by its `enum`/`const` value (which must then differ between them).
+    fn variants(&mut self, alts: &[NodeId], path: &str) -> Result<NodeId, SchemaError> {
+        let shape = |problem: String| SchemaError::Shape { path: path.into(), problem };
+        // Per first-property name, in the order first met: the alternatives that begin with it.
+        let mut groups: Vec<(Vec<u8>, Vec<NodeId>)> = Vec::new();
+        for &a in alts {
+            let first = match &self.nodes[usize::from(a)] {
+                Node::Object(props) => props.first().map(|p| p.key.clone()),
+                Node::Pending => {
+                    return Err(shape("an alternative that refers back to its own union is not supported".into()));
+                }
+                _ => None,
+            };
+            let Some(key) = first else {
+                return Err(shape(
+                    "an object alternative without declared properties beside other object alternatives: object \
+                     alternatives are told apart by their first property"
+                        .into(),
+                ));
+            };
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, list)) => list.push(a),
+                None => groups.push((key, vec![a])),
+            }
+        }
+        if groups.len() > 64 {
+            return Err(shape(format!(
+                "{} object alternatives with different first properties; at most 64",
+                groups.len()
+            )));
+        }
+        let mut keys = Vec::with_capacity(groups.len());
+        let mut picks = Vec::with_capacity(groups.len());
+        for (key, members) in groups {
+            let name = String::from_utf8_lossy(&key).into_owned();
+            let first_node = |c: &Compiler, a: NodeId| match &c.nodes[usize::from(a)] {
+                Node::Object(props) => props[0].node,
+                _ => unreachable!("variants are objects with properties"),
+            };
+            if let [alt] = members[..] {
+                keys.push(Property { key, node: first_node(self, alt), required: true });
+                picks.push(Pick::Alt(alt));
+                continue;
+            }
+            // Several begin with `name`: their values there tell them apart.
+            let mut tags: Vec<(Vec<u8>, NodeId)> = Vec::new();
+            for &alt in &members {
+                let Node::Values(texts) = &self.nodes[usize::from(first_node(self, alt))] else {
+                    return Err(shape(format!(
+                        "{} object alternatives begin with the property {name}, and not all of them fix its value \
+                         with `const` or `enum`, so nothing tells them apart",
+                        members.len()
+                    )));
+                };
+                tags.extend(texts.iter().map(|t| (t.clone(), alt)));
+            }
+            if tags.len() > MAX_ENUM_VALUES {
+                return Err(shape(format!(
+                    "the object alternatives give {name} {} values in all; at most {MAX_ENUM_VALUES}",
+                    tags.len()
+                )));
+            }
+            tags.sort();
+            if let Some(w) = tags.windows(2).find(|w| w[0].0 == w[1].0) {
+                return Err(shape(format!(
+                    "two object alternatives both begin with {name}: {}, so nothing tells them apart",
+                    String::from_utf8_lossy(&w[0].0)
+                )));
+            }
+            let kind = |t: &[u8]| Kind::of_first_byte(t[0]);
+            if tags.iter().any(|(t, _)| kind(t) != kind(&tags[0].0)) {
+                return Err(shape(format!(
+                    "the object alternatives' values of {name} are of different kinds; tags of one kind are supported"
+                )));
+            }
+            let (texts, owners): (Vec<Vec<u8>>, Vec<NodeId>) = tags.into_iter().unzip();
+            let node = self.push(Node::Values(texts))?;
+            keys.push(Property { key, node, required: true });
+            picks.push(Pick::Tags(owners));
+        }
+        self.push(Node::Variants { keys, picks, alts: alts.to_vec() })
     }
 
     fn object(&mut self, o: &Map<String, Value>, path: &str) -> Result<NodeId, SchemaError> {

@@ -10,7 +10,7 @@
 use super::json::{
     JsonMachine, LITERALS, MAX_NUMBER_LEN, NumAt, StrAt, StrStep, WsRun, is_ws, number_byte, string_byte,
 };
-use super::schema::{JsonSchema, Node, NodeId, Property};
+use super::schema::{JsonSchema, Node, NodeId, Pick, Property, variant_depth};
 
 /// Deepest nesting of the schema's own objects and arrays.
 pub const MAX_FRAMES: usize = 16;
@@ -181,14 +181,14 @@ impl SchemaMachine {
             At::InValues { node, lo, hi, pos } => {
                 let Node::Values(texts) = s.node(node) else { unreachable!() };
                 if let Some((lo2, hi2)) = narrow(texts, lo, hi, pos, b) {
-                    self.values_advanced(texts, node, lo2, hi2, pos + 1);
+                    self.values_advanced(s, texts, node, lo2, hi2, pos + 1);
                     return true;
                 }
                 // Only a number can be whole and still followed by more of the value text.
                 if texts[usize::from(lo)].len() != usize::from(pos) {
                     return false;
                 }
-                self.value_done();
+                self.values_done(s, lo);
             }
             At::InAny(m) => {
                 let mut next = m;
@@ -216,12 +216,14 @@ impl SchemaMachine {
         match self.at {
             At::Value(node) => self.value_start(s, node, b),
             At::Key { first } => {
-                let Node::Object(props) = s.node(self.top().node) else { unreachable!() };
-                let from = self.top().count as usize;
+                let (props, from) = keys_of(s, self.top());
                 if b == b'}' {
                     return first && !required_from(props, from) && self.close();
                 }
-                let cands = self.key_window(s, props, from);
+                let cands = match s.node(self.top().node) {
+                    Node::Variants { picks, .. } => self.variant_window(s, picks),
+                    _ => self.key_window(s, props, from),
+                };
                 if b != b'"' || cands == 0 {
                     return false;
                 }
@@ -292,7 +294,7 @@ impl SchemaMachine {
                 self.at = At::InAny(m);
                 true
             }
-            Node::Object(_) => self.open(node, At::Key { first: true }),
+            Node::Object(_) | Node::Variants { .. } => self.open(node, At::Key { first: true }),
             Node::Map { .. } => self.open(node, At::MapKey { first: true }),
             Node::Array { .. } => self.open(node, At::ItemOrClose),
             Node::String { .. } => {
@@ -321,7 +323,7 @@ impl SchemaMachine {
             }
             Node::Values(texts) => match narrow(texts, 0, texts.len() as u16, 0, b) {
                 Some((lo, hi)) => {
-                    self.values_advanced(texts, node, lo, hi, 1);
+                    self.values_advanced(s, texts, node, lo, hi, 1);
                     true
                 }
                 None => false,
@@ -332,19 +334,33 @@ impl SchemaMachine {
 
     /// After `pos` bytes of an `enum` value matched texts `lo..hi`: done if one of them is whole and nothing can
     /// follow it (anything but a number).
-    fn values_advanced(&mut self, texts: &[Vec<u8>], node: NodeId, lo: u16, hi: u16, pos: u16) {
+    fn values_advanced(&mut self, s: &JsonSchema, texts: &[Vec<u8>], node: NodeId, lo: u16, hi: u16, pos: u16) {
         let first = &texts[usize::from(lo)];
         let number = first[0] == b'-' || first[0].is_ascii_digit();
         if first.len() == usize::from(pos) && !number {
-            self.value_done();
+            self.values_done(s, lo);
         } else {
             self.at = At::InValues { node, lo, hi, pos };
         }
     }
 
+    /// Text `lo` of an `enum`/`const` value ended. In a [`Node::Variants`] still undecided it was the tag: the
+    /// frame becomes the alternative the tag names, past its first property.
+    fn values_done(&mut self, s: &JsonSchema, lo: u16) {
+        if self.depth > 0 {
+            let top = *self.top();
+            if let Node::Variants { picks, .. } = s.node(top.node) {
+                let Pick::Tags(owners) = &picks[top.count as usize] else {
+                    unreachable!("named variants switch at the key")
+                };
+                *self.top() = Frame { node: owners[usize::from(lo)], array: false, count: 1 };
+            }
+        }
+        self.value_done();
+    }
+
     fn key_byte(&mut self, s: &JsonSchema, cands: u64, pos: u16, b: u8) -> bool {
-        let Node::Object(props) = s.node(self.top().node) else { unreachable!() };
-        let from = self.top().count as usize;
+        let (props, from) = keys_of(s, self.top());
         let mut left = 0u64;
         let mut whole = None;
         let mut bits = cands;
@@ -365,8 +381,16 @@ impl SchemaMachine {
         // A quoted name is never a prefix of another, so a whole one is the only candidate left.
         match whole {
             Some(i) => {
-                self.top().count = i as u32 + 1;
                 self.at = At::Colon(props[i].node);
+                let top = self.top();
+                top.count = i as u32 + 1;
+                if let Node::Variants { picks, .. } = s.node(top.node) {
+                    // The name picks the alternative, or its value will (the frame keeps which name it was).
+                    *top = match picks[i] {
+                        Pick::Alt(alt) => Frame { node: alt, array: false, count: 1 },
+                        Pick::Tags(_) => Frame { count: i as u32, ..*top },
+                    };
+                }
             }
             None => self.at = At::InKey { cands: left, pos: pos + 1 },
         }
@@ -435,6 +459,25 @@ impl SchemaMachine {
         usize::from(self.depth) + usize::from(s.min_depth[usize::from(node)]) <= MAX_FRAMES
     }
 
+    /// The first-property names a [`Node::Variants`] just opened may take, as bits: those whose alternative
+    /// could be finished within [`MAX_FRAMES`] (one at least, or the object would not have been opened).
+    fn variant_window(&self, s: &JsonSchema, picks: &[Pick]) -> u64 {
+        let outside = u32::from(self.depth) - 1;
+        let of = |id: NodeId| u32::from(s.min_depth[usize::from(id)]);
+        let fits = |alt: NodeId| outside + variant_depth(&s.nodes, alt, of) <= MAX_FRAMES as u32;
+        let mut bits = 0u64;
+        for (i, pick) in picks.iter().enumerate() {
+            let ok = match pick {
+                Pick::Alt(alt) => fits(*alt),
+                Pick::Tags(owners) => owners.iter().any(|&a| fits(a)),
+            };
+            if ok {
+                bits |= 1 << i;
+            }
+        }
+        bits
+    }
+
     /// The keys that may come next in a declared object, as bits relative to `from`: each optional property up
     /// to and including the first required one (at most 64), leaving out optional ones whose value would not fit
     /// (a required one always fits: its object was opened only if it did).
@@ -449,6 +492,16 @@ impl SchemaMachine {
             }
         }
         bits
+    }
+}
+
+/// The declared keys of an object frame and the index of the first not yet passed; a [`Node::Variants`] frame's are
+/// its first-property names, all ahead of it.
+fn keys_of<'s>(s: &'s JsonSchema, frame: &Frame) -> (&'s [Property], usize) {
+    match s.node(frame.node) {
+        Node::Object(props) => (props, frame.count as usize),
+        Node::Variants { keys, .. } => (keys, 0),
+        _ => unreachable!("keys are read in declared objects"),
     }
 }
 
