@@ -23,5 +23,6 @@ pub mod stop;
 pub mod structured;
 pub mod timeline;
 pub mod tokenizer;
+pub mod tools;
 
 pub use infer_kernels as kernels;

@@ -27,7 +27,7 @@ fn completes(schema: &JsonSchema, text: &str) -> bool {
 }
 
 /// Whether `v` is an instance of `schema` (whose `$ref`s point into `root`), for the keywords the compiler takes.
-fn valid(schema: &Value, root: &Value, v: &Value) -> bool {
+pub fn valid(schema: &Value, root: &Value, v: &Value) -> bool {
     let o = match schema {
         Value::Bool(b) => return *b,
         Value::Object(o) => o,

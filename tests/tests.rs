@@ -32,4 +32,5 @@ mod speculative;
 mod structured;
 mod synthetic;
 mod tokenizer;
+mod tools;
 mod typical_mirostat;

@@ -35,6 +35,7 @@ use crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
 use crate::sampling::SamplingError;
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::chat::ChatTemplate;
+use crate::tools::{ResponseReader, ToolCall, ToolReply, ToolUse};
 
 use openai::{ApiError, GenerationRequest, Prompt, ResponseMeta, TokenLogprobs};
 
@@ -389,6 +390,7 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
             done: false,
             tail: Vec::new(),
             logprobs: req.logprobs.is_some(),
+            tools: req.tools.clone(),
         };
         let sse = futures_util::stream::unfold(events, |mut st| async move {
             let ev = st.next_event().await?;
@@ -422,7 +424,9 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
                     log.finish = Some(finish);
                     usage = Some(add_choice(usage, &done.usage));
                     let logprobs = req.logprobs.is_some().then(|| openai::logprobs_json(chat, &entries, 0));
-                    outs.push(openai::ChoiceOut { text, finish, logprobs });
+                    let (text, finish, tool_calls) = read_tool_reply(req.tools.as_deref(), text, finish);
+                    log.finish = Some(finish);
+                    outs.push(openai::ChoiceOut { text, finish, logprobs, tool_calls });
                     // A choice that ended before any token has nothing to rank it by: it comes last.
                     scores.push(if count == 0 { f64::NEG_INFINITY } else { sum / count as f64 });
                     break;
@@ -446,6 +450,26 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
     axum::Json(meta.full(&outs, &usage)).into_response()
 }
 
+/// A reply under `tools` read back: its calls (the finish reason becomes `tool_calls`) or its answer in words. Of a
+/// reply cut short (by `max_tokens`), words are given as far as they go, a call as it was written.
+fn read_tool_reply(
+    tools: Option<&ToolUse>,
+    text: String,
+    finish: &'static str,
+) -> (String, &'static str, Option<Vec<ToolCall>>) {
+    let Some(t) = tools else { return (text, finish, None) };
+    match t.read(&text) {
+        Some(ToolReply::Calls(calls)) => (String::new(), "tool_calls", Some(calls)),
+        Some(ToolReply::Text(words)) => (words, finish, None),
+        None => {
+            // Words cut short are still words; a call cut short is given as written.
+            let mut reader = ResponseReader::default();
+            let words = reader.push(&text);
+            if reader.is_response() { (words, finish, None) } else { (text, finish, None) }
+        }
+    }
+}
+
 /// The usage of a request of several choices so far, with one more choice's: the prompt counts once (the choices
 /// share it), the completions add up.
 fn add_choice(sum: Option<Usage>, one: &Usage) -> Usage {
@@ -465,6 +489,8 @@ struct ChoiceState {
     pending: Vec<TokenLogprobs>,
     /// Bytes of the tokens whose logprobs were sent (the completions endpoint's `text_offset`).
     offset: usize,
+    /// A tool reply so far: its words are sent as they come, its calls once whole.
+    reader: Option<ResponseReader>,
 }
 
 /// A streamed response in progress. Dropped early (the client went away), it logs the request as cut off; the
@@ -488,6 +514,8 @@ struct StreamState {
     tail: Vec<SseEvent>,
     /// The request asked for logprobs.
     logprobs: bool,
+    /// The request's tools, when calls are possible.
+    tools: Option<Arc<ToolUse>>,
 }
 
 /// One token's logprobs with the tokens' bytes, for a response.
@@ -563,6 +591,10 @@ impl StreamState {
                     if self.logprobs {
                         c.pending.push(token_logprobs(&self.state.tokenizer, id, logprob, &top_logprobs));
                     }
+                    let text = match (&self.tools, &mut c.reader) {
+                        (Some(_), reader) => reader.get_or_insert_with(ResponseReader::default).push(&text),
+                        (None, _) => text,
+                    };
                     if text.is_empty() {
                         continue;
                     }
@@ -575,18 +607,37 @@ impl StreamState {
                     c.done = true;
                     let usage = add_choice(self.usage, &done.usage);
                     self.usage = Some(usage);
+                    let (text, finish, calls) = match &self.tools {
+                        Some(t) => {
+                            let mut reader = c.reader.take().unwrap_or_default();
+                            let words = reader.push(&done.text);
+                            match read_tool_reply(Some(t), reader.raw().to_string(), finish) {
+                                // The words were sent as they came: the rest only.
+                                (_, finish, None) if reader.is_response() => (words, finish, None),
+                                other => other,
+                            }
+                        }
+                        None => (done.text, finish, None),
+                    };
                     self.log.finish = Some(finish);
-                    let text = (!done.text.is_empty()).then_some(done.text.as_str());
+                    let text = (!text.is_empty()).then_some(text.as_str());
                     let logprobs = Self::take_logprobs(self.logprobs, self.chat, c);
                     let first = !std::mem::replace(&mut c.sent, true);
+                    let with_calls = |mut chunk: Value| {
+                        if let Some(calls) = &calls {
+                            chunk["choices"][0]["delta"]["tool_calls"] = openai::tool_calls_json(calls, true);
+                        }
+                        chunk
+                    };
                     if !self.choices.iter().all(|c| c.done) {
-                        return Some(Self::data(&meta.chunk(i, text, first, Some(finish), None, logprobs)));
+                        let chunk = with_calls(meta.chunk(i, text, first, Some(finish), None, logprobs));
+                        return Some(Self::data(&chunk));
                     }
                     // The last choice to finish: its chunk carries the usage of all (unless a usage chunk follows).
                     self.log.usage = Some(usage);
                     self.done = true;
                     let in_chunk = (!self.include_usage).then_some(&usage);
-                    let last = Self::data(&meta.chunk(i, text, first, Some(finish), in_chunk, logprobs));
+                    let last = Self::data(&with_calls(meta.chunk(i, text, first, Some(finish), in_chunk, logprobs)));
                     if self.include_usage {
                         self.tail.push(Self::data(&meta.usage_chunk(&usage)));
                     }

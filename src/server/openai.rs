@@ -18,6 +18,7 @@ use crate::sampling::{
 use crate::structured::schema::json_kind as kind;
 use crate::structured::{Grammar, JsonSchema, OutputFormat};
 use crate::tokenizer::chat::ChatMessage;
+use crate::tools::{PastCall, Tool, ToolCall, ToolChoice, ToolResult, ToolUse};
 
 /// A client error: HTTP status, message, and the parameter at fault.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,6 +85,9 @@ pub struct GenerationRequest {
     /// `best_of` (completions): how many to generate, of which the `n` with the highest mean log-probability per
     /// token are returned; at least `n`.
     pub best_of: usize,
+    /// `tools` with a `tool_choice` that allows calls: the conversation already describes them and `format` holds
+    /// the reply to their schema; the reply is read back into calls.
+    pub tools: Option<Arc<ToolUse>>,
 }
 
 /// Most choices one request may ask for (OpenAI's limit); the server's `--parallel` bounds it further.
@@ -178,7 +182,7 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
     };
     let f = Fields(map);
 
-    let prompt = if chat { Prompt::Chat(parse_messages(&f)?) } else { parse_prompt(&f)? };
+    let mut prompt = if chat { Prompt::Chat(parse_messages(&f)?) } else { parse_prompt(&f)? };
 
     let max_tokens_field =
         if chat && f.get("max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
@@ -323,9 +327,23 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
     f.unsupported("suffix", |v| v.as_str() == Some(""), "suffix")?;
     let logprobs = parse_logprobs(&f, chat)?;
     let logit_bias = parse_logit_bias(&f)?;
-    f.unsupported("tools", |v| v.as_array().is_some_and(Vec::is_empty), "tool calling")?;
-    f.unsupported("functions", |v| v.as_array().is_some_and(Vec::is_empty), "function calling")?;
-    let format = parse_response_format(&f)?;
+    f.unsupported("functions", |v| v.as_array().is_some_and(Vec::is_empty), "the legacy `functions` (use `tools`)")?;
+    f.unsupported("function_call", |_| false, "the legacy `function_call` (use `tool_choice`)")?;
+    let mut format = parse_response_format(&f)?;
+    let tools = parse_tools(&f, chat)?;
+    if let Some(t) = &tools {
+        if format != OutputFormat::Text {
+            let field = if f.get("grammar").is_some() { "grammar" } else { "response_format" };
+            return Err(ApiError::bad(
+                field,
+                format!("`{field}` cannot be combined with `tools`: tool calls have their own format"),
+            ));
+        }
+        format = OutputFormat::JsonSchema(t.schema());
+        if let Prompt::Chat(messages) = &mut prompt {
+            t.prompt(messages);
+        }
+    }
     let stream = f.bool("stream")?.unwrap_or(false);
     if stream && best_of > n {
         // As OpenAI: the best are known only once all have finished.
@@ -359,7 +377,102 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
         dry_breakers,
         n,
         best_of,
+        tools,
     })
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls` (chat only): `None` when no call is possible.
+fn parse_tools(f: &Fields<'_>, chat: bool) -> Result<Option<Arc<ToolUse>>, ApiError> {
+    let list = match f.get("tools") {
+        None => &Vec::new(),
+        Some(Value::Array(items)) => items,
+        Some(v) => return Err(ApiError::bad("tools", format!("`tools` must be an array, not {}", kind(v)))),
+    };
+    if !chat {
+        if !list.is_empty() || f.get("tool_choice").is_some() {
+            let field = if list.is_empty() { "tool_choice" } else { "tools" };
+            return Err(ApiError::bad(field, format!("`{field}` is a chat field: use /v1/chat/completions")));
+        }
+        return Ok(None);
+    }
+    let mut tools = Vec::with_capacity(list.len());
+    for (i, item) in list.iter().enumerate() {
+        let param = format!("tools[{i}]");
+        let bad = |what: String| ApiError::bad(&param, what);
+        let Value::Object(o) = item else {
+            return Err(bad(format!("`{param}` must be an object, not {}", kind(item))));
+        };
+        match o.get("type") {
+            Some(Value::String(t)) if t == "function" => {}
+            Some(Value::String(t)) => {
+                return Err(bad(format!("`{param}.type` = \"{t}\": only \"function\" tools are supported")));
+            }
+            _ => return Err(bad(format!("`{param}.type` must be \"function\""))),
+        }
+        let Some(Value::Object(func)) = o.get("function") else {
+            return Err(bad(format!("`{param}.function` must be an object with a `name`")));
+        };
+        let func = Fields(func);
+        let field = |name: &str| format!("{param}.function.{name}");
+        let name = match func.get("name") {
+            Some(Value::String(n)) => n.clone(),
+            _ => return Err(bad(format!("`{}` must be a string", field("name")))),
+        };
+        let description = match func.get("description") {
+            None => None,
+            Some(Value::String(d)) => Some(d.clone()),
+            Some(v) => return Err(bad(format!("`{}` must be a string, not {}", field("description"), kind(v)))),
+        };
+        let parameters = match func.get("parameters") {
+            None => None,
+            Some(v @ Value::Object(_)) => Some(v.clone()),
+            Some(v) => {
+                return Err(bad(format!("`{}` must be a JSON schema object, not {}", field("parameters"), kind(v))));
+            }
+        };
+        func.bool("strict").map_err(|_| bad(format!("`{}` must be true or false", field("strict"))))?;
+        tools.push(Tool { name, description, parameters });
+    }
+    let choice = match f.get("tool_choice") {
+        None => ToolChoice::Auto,
+        Some(Value::String(c)) => match c.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::bad(
+                    "tool_choice",
+                    format!("`tool_choice` = \"{other}\": expected \"none\", \"auto\", \"required\" or a function"),
+                ));
+            }
+        },
+        Some(Value::Object(o)) => match o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) {
+            Some(name) if o.get("type").and_then(Value::as_str) == Some("function") => {
+                ToolChoice::Function(name.to_string())
+            }
+            _ => {
+                return Err(ApiError::bad(
+                    "tool_choice",
+                    "a `tool_choice` object is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                ));
+            }
+        },
+        Some(v) => {
+            return Err(ApiError::bad(
+                "tool_choice",
+                format!("`tool_choice` must be a string or an object, not {}", kind(v)),
+            ));
+        }
+    };
+    let parallel = f.bool("parallel_tool_calls")?.unwrap_or(true);
+    let param = |e: &crate::tools::ToolError| match e {
+        crate::tools::ToolError::BadName { index, .. }
+        | crate::tools::ToolError::Duplicate { second: index, .. }
+        | crate::tools::ToolError::Parameters { index, .. } => format!("tools[{index}]"),
+        crate::tools::ToolError::UnknownChoice { .. } | crate::tools::ToolError::NoTools { .. } => "tool_choice".into(),
+        _ => "tools".into(),
+    };
+    ToolUse::new(tools, choice, parallel).map(|t| t.map(Arc::new)).map_err(|e| ApiError::bad(&param(&e), e.to_string()))
 }
 
 /// `logit_bias`: OpenAI's object of token ids (as strings) to biases in [-100, 100], or llama-server's array of
@@ -608,6 +721,9 @@ fn parse_messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, ApiError> {
         Some(v) => return Err(ApiError::bad("messages", format!("`messages` must be an array, not {}", kind(v)))),
     };
     let mut out = Vec::with_capacity(items.len());
+    // Calls made so far (their results name them by id), and results waiting to become one user message.
+    let mut calls: Vec<PastCall> = Vec::new();
+    let mut results: Vec<ToolResult> = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let param = format!("messages[{i}]");
         let Value::Object(m) = item else {
@@ -622,6 +738,10 @@ fn parse_messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, ApiError> {
                 return Err(ApiError::bad(&format!("{param}.role"), format!("unknown role `{r}` in `{param}`")));
             }
             _ => return Err(ApiError::bad(&format!("{param}.role"), format!("`{param}.role` must be a string"))),
+        };
+        let past = match (role.as_str(), m.get("tool_calls")) {
+            ("assistant", Some(v)) if !v.is_null() => parse_past_calls(v, &format!("{param}.tool_calls"))?,
+            _ => Vec::new(),
         };
         let content = match m.get("content") {
             Some(Value::String(s)) => s.clone(),
@@ -648,7 +768,70 @@ fn parse_messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, ApiError> {
                 ));
             }
         };
-        out.push(ChatMessage { role, content });
+        if role == "tool" {
+            // A call's result: it joins the others that follow the same turn, written back as the tools
+            // protocol has them (one user message), which every template can render.
+            let call_id = match m.get("tool_call_id") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(id)) => Some(id.clone()),
+                Some(v) => {
+                    return Err(ApiError::bad(
+                        &format!("{param}.tool_call_id"),
+                        format!("`{param}.tool_call_id` must be a string, not {}", kind(v)),
+                    ));
+                }
+            };
+            let name = call_id
+                .as_ref()
+                .and_then(|id| calls.iter().rev().find(|c| &c.id == id))
+                .map(|c| c.name.clone())
+                .or_else(|| m.get("name").and_then(Value::as_str).map(str::to_string));
+            results.push(ToolResult { call_id, name, content });
+            continue;
+        }
+        if !results.is_empty() {
+            out.push(ChatMessage::new("user", crate::tools::results_text(&std::mem::take(&mut results))));
+        }
+        if past.is_empty() {
+            out.push(ChatMessage { role, content });
+        } else {
+            out.push(ChatMessage::new("assistant", crate::tools::calls_text(&content, &past)));
+            calls.extend(past);
+        }
+    }
+    if !results.is_empty() {
+        out.push(ChatMessage::new("user", crate::tools::results_text(&results)));
+    }
+    Ok(out)
+}
+
+/// An assistant message's `tool_calls`: `[{"id", "type": "function", "function": {"name", "arguments"}}]`, the
+/// arguments a JSON text (as OpenAI sends them back) or an object.
+fn parse_past_calls(v: &Value, param: &str) -> Result<Vec<PastCall>, ApiError> {
+    let bad = |what: String| ApiError::bad(param, what);
+    let Value::Array(items) = v else {
+        return Err(bad(format!("`{param}` must be an array, not {}", kind(v))));
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (j, item) in items.iter().enumerate() {
+        let at = format!("{param}[{j}]");
+        let func = item.get("function").filter(|f| f.is_object());
+        let name = func.and_then(|f| f.get("name")).and_then(Value::as_str);
+        let (Some(func), Some(name)) = (func, name) else {
+            return Err(bad(format!(
+                "`{at}` must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}"
+            )));
+        };
+        let arguments = match func.get("arguments") {
+            None | Some(Value::Null) => json!({}),
+            Some(Value::String(text)) => {
+                serde_json::from_str(text).map_err(|e| bad(format!("`{at}.function.arguments` is not JSON: {e}")))?
+            }
+            Some(o @ Value::Object(_)) => o.clone(),
+            Some(v) => return Err(bad(format!("`{at}.function.arguments` must be a JSON text, not {}", kind(v)))),
+        };
+        let id = item.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
+        out.push(PastCall { id, name: name.to_string(), arguments });
     }
     Ok(out)
 }
@@ -676,6 +859,27 @@ pub struct ChoiceOut {
     pub text: String,
     pub finish: &'static str,
     pub logprobs: Option<Value>,
+    /// The calls a tool reply made (chat); the text is then empty.
+    pub tool_calls: Option<Vec<ToolCall>>,
+}
+
+/// A tool reply's calls as OpenAI lists them (`arguments` a JSON text); streamed deltas carry their `index`.
+pub fn tool_calls_json(calls: &[ToolCall], streamed: bool) -> Value {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut v = json!({
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            });
+            if streamed {
+                v["index"] = json!(i);
+            }
+            v
+        })
+        .collect()
 }
 
 /// What identifies one response's chunks.
@@ -695,7 +899,12 @@ impl ResponseMeta<'_> {
             .map(|(index, c)| {
                 let logprobs = c.logprobs.clone().unwrap_or(Value::Null);
                 if self.chat {
-                    let message = json!({ "role": "assistant", "content": c.text });
+                    let message = match &c.tool_calls {
+                        Some(calls) => json!({
+                            "role": "assistant", "content": null, "tool_calls": tool_calls_json(calls, false),
+                        }),
+                        None => json!({ "role": "assistant", "content": c.text }),
+                    };
                     json!({ "index": index, "message": message, "logprobs": logprobs, "finish_reason": c.finish })
                 } else {
                     json!({ "index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish })
@@ -855,5 +1064,46 @@ mod tests {
         assert_eq!(r.logit_bias.entries(), &[(2, 0.5), (9, f32::NEG_INFINITY)]);
         let r = parse(br#"{"prompt": [[1, 2, 3]], "max_tokens": null}"#, false).unwrap();
         assert_eq!((r.prompt, r.max_tokens), (Prompt::Tokens(vec![1, 2, 3]), None));
+    }
+    #[test]
+    fn calls_and_results_in_the_conversation_are_written_back_in_the_tools_protocol() {
+        let r = parse(
+            br#"{"messages": [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{\"city\": \"Oslo\"}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "t", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "cold"},
+                {"role": "tool", "tool_call_id": "c2", "content": "noon"},
+                {"role": "assistant", "content": "Cold at noon."}],
+                "tools": [{"type": "function", "function": {"name": "w"}}], "tool_choice": "required"}"#,
+            true,
+        )
+        .unwrap();
+        let Prompt::Chat(m) = &r.prompt else { panic!() };
+        let roles: Vec<&str> = m.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "user", "assistant"]);
+        assert!(m[0].content.starts_with("be brief\n\nYou can call these tools:\n{\"name\":\"w\""), "{}", m[0].content);
+        assert_eq!(
+            m[2].content,
+            r#"{"tool_calls":[{"name":"w","arguments":{"city":"Oslo"}},{"name":"t","arguments":{}}]}"#
+        );
+        assert_eq!(
+            m[3].content,
+            r#"{"tool_results":[{"tool_call_id":"c1","name":"w","content":"cold"},{"tool_call_id":"c2","name":"t","content":"noon"}]}"#
+        );
+        let tools = r.tools.as_ref().unwrap();
+        assert_eq!(r.format, OutputFormat::JsonSchema(tools.schema()));
+        // Without tools the history is written the same way, and nothing is added to the system message.
+        let r = parse(br#"{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}"#, true);
+        let r = r.unwrap();
+        assert_eq!(
+            r.prompt,
+            Prompt::Chat(vec![
+                ChatMessage::new("user", "a"),
+                ChatMessage::new("user", r#"{"tool_results":[{"content":"b"}]}"#)
+            ])
+        );
+        assert!(r.tools.is_none() && r.format == OutputFormat::Text);
     }
 }

@@ -1,0 +1,599 @@
+//! Tool (function) calling that works with any chat template.
+//!
+//! Few GGUF chat templates describe tools, and those that do each want their own reply format, so this takes the
+//! one route every model can follow: the tools and a JSON reply format are described in the system message, and
+//! the reply is held to that format by a JSON schema ([`crate::structured`]), so a model of any size writes a call
+//! that parses, names a declared tool and carries arguments of that tool's `parameters` schema:
+//!
+//! - `{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}` to call tools;
+//! - `{"response": "..."}` to answer in words (unless the caller requires a call).
+//!
+//! The two shapes, and the tools within `tool_calls`, are object alternatives told apart by their first property
+//! (its name, then the `name` tag). Earlier calls and their results in the conversation are written back in the same
+//! shapes (the results as a user message), so the model sees one consistent protocol and templates that insist on
+//! alternating user and assistant turns (Gemma's) still render.
+//!
+//! Nothing here knows HTTP: the OpenAI layer ([`crate::server::openai`]) parses requests into [`ToolUse`] and turns
+//! [`ToolReply`] into its response shapes.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+
+use crate::structured::{JsonSchema, SchemaError};
+use crate::tokenizer::chat::ChatMessage;
+
+/// Most tools one request may declare (OpenAI's limit).
+pub const MAX_TOOLS: usize = 128;
+/// Most calls one reply may make when parallel calls are allowed.
+pub const MAX_CALLS: usize = 8;
+/// Longest tool name (OpenAI's limit).
+pub const MAX_NAME: usize = 64;
+
+/// A function the model may call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    /// Letters, digits, `_` and `-`, at most [`MAX_NAME`].
+    pub name: String,
+    pub description: Option<String>,
+    /// The JSON schema of its arguments (an object schema); `None`: it takes none.
+    pub parameters: Option<Value>,
+}
+
+/// Whether and which tools the model may or must call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolChoice {
+    /// No calls: the reply is free text (the tools are not described).
+    None,
+    /// A call or an answer in words, as the model chooses.
+    Auto,
+    /// At least one call, of any tool.
+    Required,
+    /// A call of this tool.
+    Function(String),
+}
+
+/// Why a request's tools cannot be used; `index` is the tool's place in the request's list.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ToolError {
+    #[error("tool {index} has the name \"{name}\": a name is 1 to {MAX_NAME} letters, digits, '_' or '-'")]
+    BadName { index: usize, name: String },
+    #[error("tools {first} and {second} are both named \"{name}\"")]
+    Duplicate { first: usize, second: usize, name: String },
+    #[error("{count} tools: at most {MAX_TOOLS}")]
+    TooMany { count: usize },
+    #[error("tool {index} (\"{name}\"): its parameters must be an object schema: {problem}")]
+    Parameters { index: usize, name: String, problem: String },
+    #[error("the tool choice names \"{name}\", which is not among the tools")]
+    UnknownChoice { name: String },
+    #[error("the tool choice {choice} needs tools, and none were given")]
+    NoTools { choice: &'static str },
+    #[error("the tools together: {0}")]
+    Schema(SchemaError),
+}
+
+/// A request's tools, with the reply schema they compile to. Exists only when calls are possible (a choice other
+/// than [`ToolChoice::None`], at least one tool).
+#[derive(Debug)]
+pub struct ToolUse {
+    tools: Vec<Tool>,
+    choice: ToolChoice,
+    parallel: bool,
+    schema: Arc<JsonSchema>,
+}
+
+impl PartialEq for ToolUse {
+    /// The same tools and choice (the schema follows from them).
+    fn eq(&self, other: &Self) -> bool {
+        self.tools == other.tools && self.choice == other.choice && self.parallel == other.parallel
+    }
+}
+
+/// One call the model made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    /// Fresh for each call (`call_` and 24 hex digits), for the caller to name its result by.
+    pub id: String,
+    pub name: String,
+    /// An object of the tool's `parameters` schema, as the model wrote it (JSON text: re-serializing could change
+    /// it, a long integer into a float).
+    pub arguments: String,
+}
+
+/// What a reply under [`ToolUse`] said.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolReply {
+    Calls(Vec<ToolCall>),
+    /// An answer in words.
+    Text(String),
+}
+
+/// A call made earlier in a conversation (an assistant message's `tool_calls`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PastCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: Value,
+}
+
+/// The result of an earlier call (a `tool` message).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolResult {
+    pub call_id: Option<String>,
+    /// The tool's name, from the call the result answers (or the message's own `name`).
+    pub name: Option<String>,
+    pub content: String,
+}
+
+impl ToolUse {
+    /// The tools and choice of a request; `None` when no call is possible (no tools, or the choice `none`).
+    pub fn new(tools: Vec<Tool>, choice: ToolChoice, parallel: bool) -> Result<Option<ToolUse>, ToolError> {
+        if tools.len() > MAX_TOOLS {
+            return Err(ToolError::TooMany { count: tools.len() });
+        }
+        for (index, t) in tools.iter().enumerate() {
+            let ok = !t.name.is_empty()
+                && t.name.len() <= MAX_NAME
+                && t.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            if !ok {
+                return Err(ToolError::BadName { index, name: t.name.clone() });
+            }
+            if let Some(first) = tools[..index].iter().position(|u| u.name == t.name) {
+                return Err(ToolError::Duplicate { first, second: index, name: t.name.clone() });
+            }
+            // Each tool's schema alone first, so that an error names the tool and a place inside its own schema.
+            let params = arguments_schema(t);
+            let problem = match JsonSchema::compile(&params) {
+                Err(e) => Some(e.to_string()),
+                Ok(_) if params.get("type").and_then(Value::as_str) != Some("object") => {
+                    Some(format!("`type` is {}, not \"object\"", params.get("type").unwrap_or(&Value::Null)))
+                }
+                Ok(_) => None,
+            };
+            if let Some(problem) = problem {
+                return Err(ToolError::Parameters { index, name: t.name.clone(), problem });
+            }
+        }
+        match &choice {
+            ToolChoice::None => return Ok(None),
+            ToolChoice::Function(name) if !tools.iter().any(|t| &t.name == name) => {
+                return Err(ToolError::UnknownChoice { name: name.clone() });
+            }
+            ToolChoice::Required | ToolChoice::Function(_) if tools.is_empty() => {
+                return Err(ToolError::NoTools { choice: choice_name(&choice) });
+            }
+            _ if tools.is_empty() => return Ok(None),
+            _ => {}
+        }
+        let source = reply_schema(&tools, &choice, parallel);
+        let schema = Arc::new(JsonSchema::compile(&source).map_err(ToolError::Schema)?);
+        Ok(Some(ToolUse { tools, choice, parallel, schema }))
+    }
+
+    /// The schema a reply follows.
+    pub fn schema(&self) -> Arc<JsonSchema> {
+        self.schema.clone()
+    }
+
+    pub fn choice(&self) -> &ToolChoice {
+        &self.choice
+    }
+
+    /// What the system message gains: the tools, then the reply format (last, so that requests with the same tools
+    /// and different choices still share the prefix cache's blocks of the list).
+    pub fn instruction(&self) -> String {
+        let mut out = String::from("You can call these tools:\n");
+        for t in &self.tools {
+            let mut entry = Map::new();
+            entry.insert("name".into(), json!(t.name));
+            if let Some(d) = &t.description {
+                entry.insert("description".into(), json!(d));
+            }
+            entry.insert("parameters".into(), arguments_schema(t));
+            out.push_str(&Value::Object(entry).to_string());
+            out.push('\n');
+        }
+        let calls = if self.parallel {
+            format!("one entry per call, at most {MAX_CALLS}")
+        } else {
+            "exactly one entry".to_string()
+        };
+        let call_shape =
+            format!("{{\"tool_calls\": [{{\"name\": <tool name>, \"arguments\": {{<its parameters>}}}}]}} ({calls})");
+        out.push_str("Reply with one JSON object and nothing else:\n");
+        match &self.choice {
+            ToolChoice::Auto | ToolChoice::None => {
+                out.push_str(&format!("- to call tools: {call_shape};\n"));
+                out.push_str("- to answer without a tool: {\"response\": <your answer as a string>}.\n");
+            }
+            ToolChoice::Required => out.push_str(&format!("- call one or more of the tools: {call_shape}.\n")),
+            ToolChoice::Function(name) => {
+                out.push_str(&format!("- call the tool \"{name}\": {call_shape}.\n"));
+            }
+        }
+        out.push_str("Results of calls come back as {\"tool_results\": [...]}.");
+        out
+    }
+
+    /// Adds [`instruction`](Self::instruction) to the conversation's system message (one is put first if there is
+    /// none).
+    pub fn prompt(&self, messages: &mut Vec<ChatMessage>) {
+        let text = self.instruction();
+        match messages.first_mut() {
+            Some(m) if m.role == "system" => {
+                m.content = format!("{}\n\n{text}", m.content.trim_end());
+            }
+            _ => messages.insert(0, ChatMessage::new("system", text)),
+        }
+    }
+
+    /// The reply's calls or answer; `None` when the text is not a whole reply (generation stopped early).
+    pub fn read(&self, text: &str) -> Option<ToolReply> {
+        #[derive(serde::Deserialize)]
+        struct Reply<'a> {
+            response: Option<String>,
+            #[serde(borrow)]
+            tool_calls: Option<Vec<Call<'a>>>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Call<'a> {
+            name: String,
+            #[serde(borrow)]
+            arguments: &'a serde_json::value::RawValue,
+        }
+        let reply: Reply = serde_json::from_str(text).ok()?;
+        if let Some(words) = reply.response {
+            return Some(ToolReply::Text(words));
+        }
+        let calls = reply.tool_calls?;
+        Some(ToolReply::Calls(
+            calls
+                .into_iter()
+                .map(|c| ToolCall { id: call_id(), name: c.name, arguments: compact(c.arguments.get()) })
+                .collect(),
+        ))
+    }
+}
+
+/// The name a tool choice has in requests.
+pub fn choice_name(c: &ToolChoice) -> &'static str {
+    match c {
+        ToolChoice::None => "\"none\"",
+        ToolChoice::Auto => "\"auto\"",
+        ToolChoice::Required => "\"required\"",
+        ToolChoice::Function(_) => "of a named function",
+    }
+}
+
+/// An earlier assistant turn's calls as the model is asked to write them (after any words it said).
+pub fn calls_text(content: &str, calls: &[PastCall]) -> String {
+    let list: Vec<Value> = calls.iter().map(|c| json!({"name": c.name, "arguments": c.arguments})).collect();
+    let json = json!({ "tool_calls": list }).to_string();
+    if content.trim().is_empty() { json } else { format!("{}\n{json}", content.trim_end()) }
+}
+
+/// Results of earlier calls as one user message.
+pub fn results_text(results: &[ToolResult]) -> String {
+    let list: Vec<Value> = results
+        .iter()
+        .map(|r| {
+            let mut o = Map::new();
+            if let Some(id) = &r.call_id {
+                o.insert("tool_call_id".into(), json!(id));
+            }
+            if let Some(name) = &r.name {
+                o.insert("name".into(), json!(name));
+            }
+            o.insert("content".into(), json!(r.content));
+            Value::Object(o)
+        })
+        .collect();
+    json!({ "tool_results": list }).to_string()
+}
+
+/// A tool's arguments schema: its `parameters`, or an object with no properties.
+fn arguments_schema(t: &Tool) -> Value {
+    t.parameters.clone().unwrap_or_else(|| json!({"type": "object", "properties": {}, "additionalProperties": false}))
+}
+
+/// The schema of a reply: `{"tool_calls": [...]}` with one alternative per allowed tool told apart by its `name`,
+/// and for `auto` also `{"response": "..."}`.
+fn reply_schema(tools: &[Tool], choice: &ToolChoice, parallel: bool) -> Value {
+    // Each tool's arguments schema sits under `$defs`, its local `$ref`s (written against its own root, as pydantic
+    // writes them) pointed at their new place.
+    let mut defs = Map::new();
+    let mut calls = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        if matches!(choice, ToolChoice::Function(n) if *n != t.name) {
+            continue;
+        }
+        let def = format!("tool{i}");
+        defs.insert(def.clone(), rebase_refs(arguments_schema(t), &format!("/$defs/{def}")));
+        calls.push(json!({
+            "type": "object",
+            "properties": {"name": {"const": t.name}, "arguments": {"$ref": format!("#/$defs/{def}")}},
+            "required": ["name", "arguments"],
+        }));
+    }
+    let max = if parallel { MAX_CALLS } else { 1 };
+    let call_list = json!({
+        "type": "object",
+        "properties": {"tool_calls": {"type": "array", "items": {"anyOf": calls}, "minItems": 1, "maxItems": max}},
+        "required": ["tool_calls"],
+    });
+    let mut root = match choice {
+        ToolChoice::Auto | ToolChoice::None => json!({"anyOf": [
+            call_list,
+            {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]},
+        ]}),
+        ToolChoice::Required | ToolChoice::Function(_) => call_list,
+    };
+    root["$defs"] = Value::Object(defs);
+    root
+}
+
+/// `schema` with every local `$ref` (`#...`, written against the schema's own root) moved under `base`, the JSON
+/// pointer where the schema now sits in a larger document.
+fn rebase_refs(schema: Value, base: &str) -> Value {
+    match schema {
+        Value::Object(o) => Value::Object(
+            o.into_iter()
+                .map(|(k, v)| match (k.as_str(), v) {
+                    ("$ref", Value::String(r)) if r.starts_with('#') => {
+                        let moved = format!("#{base}{}", &r[1..]);
+                        (k, Value::String(moved))
+                    }
+                    (_, v) => (k, rebase_refs(v, base)),
+                })
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(|v| rebase_refs(v, base)).collect()),
+        v => v,
+    }
+}
+
+/// JSON text without the whitespace between its tokens (inside strings it stays), every value as written.
+fn compact(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in json.chars() {
+        if in_string {
+            in_string = escaped || c != '"';
+            escaped = !escaped && c == '\\';
+        } else if c == '"' {
+            in_string = true;
+        } else if c.is_ascii_whitespace() {
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A fresh call id.
+fn call_id() -> String {
+    let a = crate::sampling::random_seed();
+    let b = crate::sampling::random_seed();
+    format!("call_{:016x}{:08x}", a, b as u32)
+}
+
+/// Reads the words of a `{"response": "..."}` reply while it is being written, so that they can be streamed as
+/// they come (a call is sent whole at the end). Escapes are decoded; one cut off by the end of a piece waits for
+/// the next.
+#[derive(Debug, Default)]
+pub struct ResponseReader {
+    raw: String,
+    /// Bytes of `raw` read so far.
+    pos: usize,
+    at: ReaderAt,
+    /// The first half of a surrogate pair (`\uD83D` before `\uDE00`).
+    high: Option<u16>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum ReaderAt {
+    /// Before the string: `{`, `"response"`, `:`, `"` still to come (with any whitespace).
+    #[default]
+    Opening,
+    Words,
+    /// The string closed.
+    Closed,
+    /// Not a `response` reply.
+    Other,
+}
+
+impl ResponseReader {
+    /// The reply so far, as written.
+    pub fn raw(&self) -> &str {
+        &self.raw
+    }
+
+    /// Whether the reply is (so far) an answer in words.
+    pub fn is_response(&self) -> bool {
+        matches!(self.at, ReaderAt::Words | ReaderAt::Closed)
+    }
+
+    /// Takes the next piece of the reply and returns the words it completes.
+    pub fn push(&mut self, piece: &str) -> String {
+        self.raw.push_str(piece);
+        let mut out = String::new();
+        if self.at == ReaderAt::Opening {
+            match opening_len(&self.raw) {
+                Some(Ok(n)) => {
+                    self.pos = n;
+                    self.at = ReaderAt::Words;
+                }
+                Some(Err(())) => self.at = ReaderAt::Other,
+                None => return out,
+            }
+        }
+        let bytes = self.raw.as_bytes();
+        while self.at == ReaderAt::Words && self.pos < bytes.len() {
+            let rest = &self.raw[self.pos..];
+            let Some(c) = rest.chars().next() else { break };
+            match c {
+                '"' => {
+                    self.at = ReaderAt::Closed;
+                    self.pos += 1;
+                }
+                '\\' => {
+                    let Some((decoded, used)) = unescape(rest) else { break };
+                    self.pos += used;
+                    match decoded {
+                        Escaped::Char(c) => out.push(c),
+                        Escaped::Unit(u) if (0xD800..0xDC00).contains(&u) => self.high = Some(u),
+                        Escaped::Unit(u) => {
+                            let c = match self.high.take() {
+                                Some(h) if (0xDC00..0xE000).contains(&u) => {
+                                    char::from_u32(0x10000 + ((u32::from(h) - 0xD800) << 10) + (u32::from(u) - 0xDC00))
+                                }
+                                _ => char::from_u32(u32::from(u)),
+                            };
+                            out.push(c.unwrap_or(char::REPLACEMENT_CHARACTER));
+                        }
+                    }
+                }
+                c => {
+                    out.push(c);
+                    self.pos += c.len_utf8();
+                }
+            }
+        }
+        out
+    }
+}
+
+enum Escaped {
+    Char(char),
+    /// A `\uXXXX` UTF-16 unit.
+    Unit(u16),
+}
+
+/// The escape at the start of `s` and its length in bytes; `None` if `s` ends before it does.
+fn unescape(s: &str) -> Option<(Escaped, usize)> {
+    let b = s.as_bytes();
+    let c = match *b.get(1)? {
+        b'n' => '\n',
+        b't' => '\t',
+        b'r' => '\r',
+        b'b' => '\u{8}',
+        b'f' => '\u{c}',
+        b'u' => {
+            let hex = s.get(2..6)?;
+            return Some((Escaped::Unit(u16::from_str_radix(hex, 16).ok()?), 6));
+        }
+        other => char::from(other),
+    };
+    Some((Escaped::Char(c), 2))
+}
+
+/// The length of `{"response": "` (whitespace allowed between), `Err` if `s` is something else, `None` if `s` ends
+/// before that is known.
+fn opening_len(s: &str) -> Option<Result<usize, ()>> {
+    let mut i = 0;
+    let b = s.as_bytes();
+    for part in ["{", "\"response\"", ":", "\""] {
+        while b.get(i).is_some_and(|c| c.is_ascii_whitespace()) {
+            i += 1;
+        }
+        let have = &b[i.min(b.len())..];
+        let n = have.len().min(part.len());
+        if have[..n] != part.as_bytes()[..n] {
+            return Some(Err(()));
+        }
+        if n < part.len() {
+            return None;
+        }
+        i += part.len();
+    }
+    Some(Ok(i))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weather() -> Tool {
+        Tool {
+            name: "get_weather".into(),
+            description: Some("The weather".into()),
+            parameters: Some(
+                json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+            ),
+        }
+    }
+
+    #[test]
+    fn words_are_read_across_every_split_of_the_reply() {
+        let reply = r#" { "response" : "a\"b\\c\n\u00e9\ud83d\ude00 é end" }"#;
+        let want = "a\"b\\c\né😀 é end";
+        for cut in 1..reply.len() {
+            let Some((a, b)) = reply.split_at_checked(cut) else { continue };
+            let mut r = ResponseReader::default();
+            let words = r.push(a) + &r.push(b);
+            assert_eq!(words, want, "split at {cut}");
+            assert!(r.is_response());
+        }
+        // Byte by byte as well (a token can be part of a character: pushed pieces are whole strings here).
+        let mut r = ResponseReader::default();
+        let words: String = reply.chars().map(|c| r.push(&c.to_string())).collect();
+        assert_eq!(words, want);
+        for other in [r#"{"tool_calls": []}"#, "[", r#"{"responses": "x"}"#, r#"{"response": 1}"#] {
+            let mut r = ResponseReader::default();
+            assert_eq!(r.push(other), "", "{other}");
+            assert!(!r.is_response(), "{other}");
+        }
+    }
+
+    #[test]
+    fn replies_read_back_into_calls_or_words() {
+        let t = ToolUse::new(vec![weather()], ToolChoice::Auto, true).unwrap().unwrap();
+        let calls = t.read("{\"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": {\"city\" : \"Oslo Nord\", \"n\": 123456789012345678901234567890}}]}");
+        let Some(ToolReply::Calls(calls)) = calls else { panic!("{calls:?}") };
+        assert_eq!(calls[0].name, "get_weather");
+        assert_eq!(calls[0].arguments, r#"{"city":"Oslo Nord","n":123456789012345678901234567890}"#);
+        assert!(calls[0].id.starts_with("call_") && calls[0].id.len() == 29);
+        assert_eq!(t.read(r#"{"response": "hi"}"#), Some(ToolReply::Text("hi".into())));
+        assert_eq!(t.read(r#"{"response": "hi"#), None);
+    }
+
+    #[test]
+    fn the_choice_shapes_the_schema_and_the_instruction() {
+        let time = Tool { name: "get_time".into(), description: None, parameters: None };
+        let auto = ToolUse::new(vec![weather(), time.clone()], ToolChoice::Auto, true).unwrap().unwrap();
+        assert!(auto.instruction().contains("{\"response\""));
+        assert!(auto.instruction().contains(
+            r#"{"name":"get_time","parameters":{"type":"object","properties":{},"additionalProperties":false}}"#
+        ));
+        let named = ToolUse::new(vec![weather(), time.clone()], ToolChoice::Function("get_time".into()), false);
+        let named = named.unwrap().unwrap();
+        assert!(!named.instruction().contains("{\"response\""));
+        assert!(
+            named.instruction().contains("call the tool \"get_time\"") && named.instruction().contains("exactly one")
+        );
+        let s = named.schema();
+        assert!(s.source()["properties"]["tool_calls"]["items"]["anyOf"].as_array().unwrap().len() == 1);
+        assert_eq!(s.source()["properties"]["tool_calls"]["maxItems"], json!(1));
+        assert!(ToolUse::new(vec![weather()], ToolChoice::None, true).unwrap().is_none());
+        assert!(ToolUse::new(vec![], ToolChoice::Auto, true).unwrap().is_none());
+        assert_eq!(
+            ToolUse::new(vec![], ToolChoice::Required, true).unwrap_err(),
+            ToolError::NoTools { choice: "\"required\"" }
+        );
+    }
+
+    #[test]
+    fn references_move_with_the_schema() {
+        let s = json!({"$defs": {"A": {"type": "string"}}, "type": "object",
+                       "properties": {"a": {"$ref": "#/$defs/A"}, "b": {"$ref": "#"}, "c": {"$ref": "other.json"}}});
+        let moved = rebase_refs(s, "/$defs/tool3");
+        assert_eq!(moved["properties"]["a"]["$ref"], "#/$defs/tool3/$defs/A");
+        assert_eq!(moved["properties"]["b"]["$ref"], "#/$defs/tool3");
+        assert_eq!(moved["properties"]["c"]["$ref"], "other.json");
+    }
+
+    #[test]
+    fn whitespace_between_tokens_goes_and_strings_keep_theirs() {
+        assert_eq!(compact("{ \"a b\" :\t[1 ,\n \"x \\\" y\" ] }"), r#"{"a b":[1,"x \" y"]}"#);
+    }
+}

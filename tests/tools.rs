@@ -1,0 +1,325 @@
+//! Tool calling in `serve` (`tools`, `tool_choice`, `parallel_tool_calls`): replies held to the declared tools on a
+//! random synthetic model (every call names an allowed tool and its arguments are an instance of that tool's
+//! schema, checked by the validator of `json_schema.rs`; whole and streamed replies agree), the refusals, and on
+//! the real models: SmolLM2 through the official `openai` client (a call, then its result sent back), and a
+//! conversation holding a call and its result on Gemma 3, whose own template insists on alternating turns.
+
+use serde_json::{Value, json};
+
+use crate::common::{real_model, tempdir};
+use crate::json_schema::valid;
+use crate::serve::{Server, post, stream, tiny_model};
+
+/// Three tools: plain parameters with an `enum`, none at all, and pydantic's shape (`$defs` and a `$ref` written
+/// against the parameters' own root).
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {
+            "name": "get_weather", "description": "The weather in a city now",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            }, "required": ["city"]},
+        }},
+        {"type": "function", "function": {"name": "get_time", "description": "The time now"}},
+        {"type": "function", "function": {
+            "name": "book",
+            "parameters": {
+                "$defs": {"Seat": {"type": "object", "properties": {"row": {"type": "integer"},
+                                                                    "aisle": {"type": "boolean"}},
+                                   "required": ["row", "aisle"]}},
+                "type": "object",
+                "properties": {"seats": {"type": "array", "items": {"$ref": "#/$defs/Seat"}, "minItems": 1,
+                                         "maxItems": 2}},
+                "required": ["seats"],
+            },
+        }},
+    ])
+}
+
+/// Fails unless `call` (an OpenAI `tool_calls` entry) names one of `allowed` and its arguments are an instance of
+/// that tool's parameters.
+fn check_call(call: &Value, allowed: &[&str]) {
+    assert_eq!(call["type"], "function", "{call}");
+    assert!(call["id"].as_str().is_some_and(|id| id.starts_with("call_") && id.len() > 10), "{call}");
+    let name = call["function"]["name"].as_str().unwrap();
+    assert!(allowed.contains(&name), "{name} is not among {allowed:?}");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    let tools = tools();
+    let tool = tools.as_array().unwrap().iter().find(|t| t["function"]["name"] == name).unwrap();
+    let none = json!({"type": "object", "properties": {}, "additionalProperties": false});
+    let params = tool["function"].get("parameters").unwrap_or(&none);
+    assert!(valid(params, params, &args), "{name}: {args} is not an instance of {params}");
+    if name == "get_time" {
+        assert_eq!(args, json!({}));
+    }
+}
+
+/// A whole reply: (content, calls, finish reason).
+fn whole(url: &str, body: &Value) -> (Option<String>, Vec<Value>, String) {
+    let (status, _, text) = post(url, body.to_string().as_bytes());
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let c = &v["choices"][0];
+    let calls = c["message"]["tool_calls"].as_array().cloned().unwrap_or_default();
+    if !calls.is_empty() {
+        assert!(c["message"]["content"].is_null(), "{v}");
+    }
+    (c["message"]["content"].as_str().map(str::to_string), calls, c["finish_reason"].as_str().unwrap().into())
+}
+
+/// A streamed reply, put together as a client does: (content, calls, finish reason).
+fn streamed(url: &str, body: &Value) -> (Option<String>, Vec<Value>, String) {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let events = stream(url, &body);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let (mut content, mut calls, mut finish) = (None::<String>, Vec::new(), String::new());
+    for e in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(e).unwrap();
+        let c = &v["choices"][0];
+        if let Some(t) = c["delta"]["content"].as_str() {
+            content.get_or_insert_with(String::new).push_str(t);
+        }
+        if let Some(list) = c["delta"]["tool_calls"].as_array() {
+            for (i, call) in list.iter().enumerate() {
+                assert_eq!(call["index"], json!(calls.len()), "{v}");
+                let mut call = call.clone();
+                call.as_object_mut().unwrap().remove("index");
+                calls.push(call);
+                let _ = i;
+            }
+        }
+        if let Some(f) = c["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    (content, calls, finish)
+}
+
+/// Calls without their ids (fresh for every reply).
+fn without_ids(calls: &[Value]) -> Vec<Value> {
+    calls.iter().map(|c| json!({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})).collect()
+}
+
+#[test]
+fn replies_call_only_declared_tools_with_arguments_of_their_schemas() {
+    let dir = tempdir();
+    let server = Server::start(&tiny_model(dir.path()), &["--chat-template", "chatml"]);
+    let url = format!("{}/v1/chat/completions", server.base);
+    let all = ["get_weather", "get_time", "book"];
+    let (mut calls_seen, mut words_seen, mut names_seen) = (0, 0, std::collections::BTreeSet::new());
+    for (choice, parallel, seeds) in [
+        (json!("required"), true, 0..6),
+        (json!("auto"), true, 0..6),
+        (json!({"type": "function", "function": {"name": "book"}}), false, 0..3),
+    ] {
+        for seed in seeds {
+            let body = json!({
+                "messages": [{"role": "user", "content": "Book me two seats, and what is the weather?"}],
+                "tools": tools(), "tool_choice": choice, "parallel_tool_calls": parallel,
+                "max_tokens": 3000, "seed": seed, "temperature": 1.0,
+            });
+            let (content, calls, finish) = whole(&url, &body);
+            eprintln!("{choice} seed {seed}: {finish} {content:?} {}", json!(without_ids(&calls)));
+            if finish == "tool_calls" {
+                assert!(!calls.is_empty() && content.is_none());
+                let allowed: &[&str] = if choice.is_object() { &["book"] } else { &all };
+                for call in &calls {
+                    check_call(call, allowed);
+                    names_seen.insert(call["function"]["name"].as_str().unwrap().to_string());
+                }
+                assert!(calls.len() <= if parallel { infer::tools::MAX_CALLS } else { 1 }, "{calls:?}");
+                // The arguments are the model's own text: a long integer stays an integer.
+                assert!(
+                    !calls.iter().any(|c| c["function"]["arguments"].as_str().unwrap().contains("e+")),
+                    "{calls:?}"
+                );
+                calls_seen += 1;
+            } else {
+                // Words are allowed only when the choice is `auto`; cut short by max_tokens they still are words,
+                // not the JSON around them.
+                assert_eq!(choice, json!("auto"), "{finish} {content:?}");
+                assert!(calls.is_empty());
+                let text = content.unwrap();
+                assert!(!text.starts_with("{\"response\""), "{text:?}");
+                words_seen += 1;
+            }
+            // The same seed streamed: the same words or the same calls (ids aside).
+            let (s_content, s_calls, s_finish) = streamed(&url, &body);
+            assert_eq!(s_finish, finish);
+            assert_eq!(without_ids(&s_calls), without_ids(&whole(&url, &body).1));
+            if finish != "tool_calls" {
+                assert_eq!(s_content.unwrap_or_default(), whole(&url, &body).0.unwrap_or_default());
+            }
+        }
+    }
+    // The random model takes the road of words under `auto`, and calls more than one tool.
+    eprintln!("replies with calls {calls_seen}, with words {words_seen}, tools called {names_seen:?}");
+    assert!(calls_seen >= 9 && words_seen >= 1, "calls {calls_seen}, words {words_seen}");
+    assert!(names_seen.len() >= 2, "{names_seen:?}");
+}
+
+#[test]
+fn bad_tool_requests_get_400s_naming_the_field() {
+    let dir = tempdir();
+    let server = Server::start(&tiny_model(dir.path()), &["--chat-template", "chatml"]);
+    let chat = format!("{}/v1/chat/completions", server.base);
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let tool =
+        |name: &str, params: Value| json!({"type": "function", "function": {"name": name, "parameters": params}});
+    let obj = json!({"type": "object", "properties": {"a": {"type": "string"}}});
+    for (body, param, needle) in [
+        (json!({"messages": user, "tools": {"a": 1}}), "tools", "`tools` must be an array"),
+        (json!({"messages": user, "tools": [{"type": "retrieval"}]}), "tools[0]", "only \"function\" tools"),
+        (
+            json!({"messages": user, "tools": [{"type": "function"}]}),
+            "tools[0]",
+            "`tools[0].function` must be an object",
+        ),
+        (
+            json!({"messages": user, "tools": [tool("get weather", obj.clone())]}),
+            "tools[0]",
+            "has the name \"get weather\"",
+        ),
+        (
+            json!({"messages": user, "tools": [tool("a", obj.clone()), tool("a", obj.clone())]}),
+            "tools[1]",
+            "both named \"a\"",
+        ),
+        (
+            json!({"messages": user, "tools": [tool("a", json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}))]}),
+            "tools[0]",
+            "tool 0 (\"a\"): its parameters must be an object schema: JSON schema at '/properties/n': keyword `minimum` is not supported",
+        ),
+        (
+            json!({"messages": user, "tools": [tool("a", json!({"type": "string"}))]}),
+            "tools[0]",
+            "`type` is \"string\", not \"object\"",
+        ),
+        (
+            json!({"messages": user, "tools": [tool("a", obj.clone())], "tool_choice": "always"}),
+            "tool_choice",
+            "expected \"none\", \"auto\"",
+        ),
+        (
+            json!({"messages": user, "tools": [tool("a", obj.clone())], "tool_choice": {"type": "function", "function": {"name": "b"}}}),
+            "tool_choice",
+            "names \"b\", which is not among the tools",
+        ),
+        (json!({"messages": user, "tool_choice": "required"}), "tool_choice", "needs tools, and none were given"),
+        (
+            json!({"messages": user, "tools": [tool("a", obj.clone())], "response_format": {"type": "json_object"}}),
+            "response_format",
+            "cannot be combined with `tools`",
+        ),
+        (
+            json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "x", "type": "function", "function": {"name": "a", "arguments": "{oops"}}]}, {"role": "user", "content": "hi"}]}),
+            "messages[0].tool_calls",
+            "`messages[0].tool_calls[0].function.arguments` is not JSON",
+        ),
+        (json!({"messages": user, "functions": [{"name": "a"}]}), "functions", "legacy `functions` (use `tools`)"),
+    ] {
+        let (status, _, text) = post(&chat, body.to_string().as_bytes());
+        assert_eq!(status, 400, "{body}: {text}");
+        let err: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(err["error"]["param"], json!(param), "{body}: {text}");
+        let message = err["error"]["message"].as_str().unwrap();
+        assert!(message.contains(needle), "{body}: {message}");
+    }
+    // Completions have no tools.
+    let (status, _, text) = post(
+        &format!("{}/v1/completions", server.base),
+        json!({"prompt": "a", "tools": [tool("a", obj.clone())]}).to_string().as_bytes(),
+    );
+    assert!(status == 400 && text.contains("`tools` is a chat field"), "{text}");
+    // `none` with tools is a plain reply, and the server is still up.
+    let (content, calls, _) =
+        whole(&chat, &json!({"messages": user, "tools": [tool("a", obj)], "tool_choice": "none", "max_tokens": 4}));
+    assert!(content.is_some() && calls.is_empty());
+}
+
+/// SmolLM2 through the official `openai` client: a call that is required, its result sent back as a `tool`
+/// message, and a reply in words after it.
+#[test]
+fn the_openai_client_calls_tools_on_smollm2() {
+    let Some(model) = real_model("smollm2") else { return };
+    let ci = std::env::var_os("CI").is_some() || std::env::var_os("INFER_REQUIRE_MODELS").is_some();
+    let probe = std::process::Command::new("python3").args(["-c", "import openai"]).output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        assert!(!ci, "the `openai` Python package is required under CI (pip install openai)");
+        eprintln!("note: skipping, python3 with the `openai` package is not available");
+        return;
+    }
+    let server = Server::start(&model, &[]);
+    let script = r#"
+import json, sys
+from openai import OpenAI
+client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused")
+tools = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+messages = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+r = client.chat.completions.create(model="smollm2", messages=messages, tools=tools, tool_choice="required",
+                                   parallel_tool_calls=False, temperature=0, max_tokens=60)
+choice = r.choices[0]
+assert choice.finish_reason == "tool_calls", choice
+call = choice.message.tool_calls[0]
+assert call.function.name == "get_weather", call
+city = json.loads(call.function.arguments)["city"]
+assert isinstance(city, str), call
+messages.append(choice.message)
+messages.append({"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"})
+parts, finish = [], None
+for chunk in client.chat.completions.create(model="smollm2", messages=messages, tools=tools, temperature=0,
+                                            max_tokens=60, stream=True):
+    d = chunk.choices[0].delta
+    if d.content:
+        parts.append(d.content)
+    assert not d.tool_calls or chunk.choices[0].finish_reason == "tool_calls", chunk
+    finish = chunk.choices[0].finish_reason or finish
+print("ok", json.dumps({"city": city, "then": finish, "words": "".join(parts)}))
+"#;
+    let out = std::process::Command::new("python3").args(["-c", script, &server.base]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("{stdout}");
+    let v: Value = serde_json::from_str(stdout.strip_prefix("ok ").unwrap().trim()).unwrap();
+    assert!(v["city"].as_str().unwrap().contains("Paris"), "{v}");
+}
+
+/// A call and its results (two `tool` messages) are written back as an assistant turn and one user turn, which
+/// Gemma's turn format (user and model only) can hold; the conversation renders on Gemma 3's own template and the
+/// model answers.
+#[test]
+fn a_conversation_with_calls_and_results_renders_on_gemma3() {
+    let Some(model) = real_model("gemma3") else { return };
+    let server = Server::start(&model, &[]);
+    let url = format!("{}/v1/chat/completions", server.base);
+    let calls = json!([
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}},
+        {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Rome\"}"}},
+    ]);
+    let mut messages = json!([
+        {"role": "system", "content": "You are brief."},
+        {"role": "user", "content": "Is it warmer in Oslo or in Rome?"},
+        {"role": "assistant", "content": null, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3 degrees"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "21 degrees"},
+    ]);
+    let body = json!({"messages": messages.clone(), "tools": tools(), "max_tokens": 40, "temperature": 0});
+    let (content, calls_made, finish) = whole(&url, &body);
+    eprintln!("{finish}: {content:?} {calls_made:?}");
+    assert!(finish == "stop" || finish == "length" || finish == "tool_calls");
+    if finish == "tool_calls" {
+        calls_made.iter().for_each(|c| check_call(c, &["get_weather", "get_time", "book"]));
+    } else {
+        let words = content.unwrap();
+        assert!(words.contains("Rome"), "{words}");
+    }
+    // Without tools in the request, the same history renders too (a plain reply).
+    messages.as_array_mut().unwrap().push(json!({"role": "user", "content": "Thanks."}));
+    messages.as_array_mut().unwrap().insert(5, json!({"role": "assistant", "content": "Rome is warmer."}));
+    let (content, calls_made, _) = whole(&url, &json!({"messages": messages, "max_tokens": 8, "temperature": 0}));
+    assert!(content.is_some() && calls_made.is_empty());
+}
