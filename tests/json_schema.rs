@@ -98,6 +98,16 @@ pub fn valid(schema: &Value, root: &Value, v: &Value) -> bool {
                     },
                 })
         }
+        Value::Number(n) => {
+            let x = n.as_f64().unwrap();
+            let bound = |k: &str| o.get(k).and_then(Value::as_f64);
+            // Draft 4's boolean `exclusiveMinimum`/`exclusiveMaximum` make `minimum`/`maximum` exclusive.
+            let flag = |k: &str| o.get(k) == Some(&Value::Bool(true));
+            bound("minimum").is_none_or(|m| if flag("exclusiveMinimum") { x > m } else { x >= m })
+                && bound("maximum").is_none_or(|m| if flag("exclusiveMaximum") { x < m } else { x <= m })
+                && bound("exclusiveMinimum").is_none_or(|m| x > m)
+                && bound("exclusiveMaximum").is_none_or(|m| x < m)
+        }
         _ => true,
     }
 }
@@ -156,7 +166,27 @@ fn schemas() -> Vec<Value> {
         json!({"enum": ["red", "green", "blue", "reddish"]}),
         json!({"type": ["integer", "string"], "maxLength": 3}),
         variants(),
+        bounded(),
     ]
+}
+
+/// Numbers and integers between bounds, inclusive and exclusive (and draft 4's boolean form), on both sides of
+/// zero, with bounds that are not integers, and one that only a prefix of ten digits can reach.
+fn bounded() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "count": {"type": "integer", "minimum": 1, "maximum": 100},
+            "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+            "offset": {"type": "integer", "exclusiveMinimum": -10.5, "exclusiveMaximum": 10},
+            "ratio": {"type": "number", "exclusiveMinimum": -1.5, "maximum": 0.5},
+            "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+            "big": {"type": "integer", "minimum": 1234567890},
+            "old": {"type": "number", "minimum": 0, "exclusiveMinimum": true, "maximum": 3},
+            "either": {"type": ["integer", "null"], "maximum": -3},
+        },
+        "required": ["count", "temperature", "offset", "ratio", "year", "big", "old", "either"],
+    })
 }
 
 /// Object alternatives told apart by their first property: by name (`response`, `level`, `level2`), by a string
@@ -187,7 +217,16 @@ fn variants() -> Value {
 fn refused_schemas_name_the_keyword_and_place() {
     for (schema, needle) in [
         (json!({"type": "string", "pattern": "a+"}), "at '': keyword `pattern` is not supported"),
-        (json!({"properties": {"a": {"type": "integer", "minimum": 0}}}), "at '/properties/a': keyword `minimum`"),
+        (
+            json!({"properties": {"a": {"type": "integer", "multipleOf": 2}}}),
+            "at '/properties/a': keyword `multipleOf`",
+        ),
+        (
+            json!({"properties": {"a": {"type": "number", "minimum": 0.2, "maximum": 0.8}}}),
+            "at '/properties/a': no number fits the bounds (>= 0.2, <= 0.8) that can be written here",
+        ),
+        (json!({"properties": {"a": {"type": "integer", "exclusiveMinimum": 1, "maximum": 1}}}), "no integer fits"),
+        (json!({"properties": {"a": {"type": "integer", "minimum": "1"}}}), "`minimum` must be a number, not a string"),
         (json!({"type": "integer"}), "the top level cannot be a number"),
         (json!({"enum": [1, 2]}), "the top level cannot be a number"),
         (json!({"type": "strin"}), "`type` names an unknown type \"strin\""),
@@ -309,6 +348,49 @@ fn the_machine_takes_what_the_schema_allows_and_nothing_else() {
     assert!(!completes(&s, r#"{"tree":{"label":"n"},"at":null,"level":3}"#));
     assert!(!completes(&s, r#"{"tree":{"label":"m"},"at":null}"#));
 
+    let s = compile(&bounded());
+    let doc = |count: &str, temperature: &str, offset: &str, ratio: &str, year: &str, big: &str, old: &str| {
+        format!(
+            r#"{{"count":{count},"temperature":{temperature},"offset":{offset},"ratio":{ratio},"year":{year},"big":{big},"old":{old},"either":null}}"#
+        )
+    };
+    let fine = doc("1", "0", "-10", "-0.4", "1900", "1234567890", "1.5");
+    assert!(completes(&s, &fine), "{fine}");
+    for text in [
+        doc("100", "1.999", "9", "0", "2100", "99999999999", "3"),
+        doc("42", "2", "0", "-0", "2026", "1234567891", "1"),
+        doc("7", "0.0", "-0", "-0.25", "1999", "2000000000", "2.75"),
+    ] {
+        assert!(completes(&s, &text), "{text}");
+    }
+    for text in [
+        doc("0", "0", "0", "0", "1900", "1234567890", "1"),
+        doc("101", "0", "0", "0", "1900", "1234567890", "1"),
+        doc("1", "2.5", "0", "0", "1900", "1234567890", "1"),
+        doc("1", "-0.5", "0", "0", "1900", "1234567890", "1"),
+        doc("1", "1e0", "0", "0", "1900", "1234567890", "1"),
+        doc("1", "0", "10", "0", "1900", "1234567890", "1"),
+        doc("1", "0", "-11", "0", "1900", "1234567890", "1"),
+        doc("1", "0", "1.0", "0", "1900", "1234567890", "1"),
+        doc("1", "0", "0", "0.6", "1900", "1234567890", "1"),
+        doc("1", "0", "0", "0", "1899", "1234567890", "1"),
+        doc("1", "0", "0", "0", "210", "1234567890", "1"),
+        doc("1", "0", "0", "0", "1900", "123456789", "1"),
+        doc("1", "0", "0", "0", "1900", "1234567890", "0"),
+        // Within the bounds, but outside what is generated: not every -1.x exceeds -1.5, not every 0.x exceeds 0.
+        doc("1", "0", "0", "-1.4", "1900", "1234567890", "1"),
+        doc("1", "0", "0", "0", "1900", "1234567890", "0.5"),
+        doc("01", "0", "0", "0", "1900", "1234567890", "1"),
+    ] {
+        assert!(!completes(&s, &text), "{text}");
+    }
+    // Only the subset whose integer part's every fraction fits: 0.75 is in bounds, but not every 0.x is.
+    let s2 = compile(
+        &json!({"type": "object", "properties": {"x": {"type": "number", "minimum": 0.5, "maximum": 2.5}}, "required": ["x"]}),
+    );
+    assert!(completes(&s2, r#"{"x":1.75}"#) && completes(&s2, r#"{"x":2}"#));
+    assert!(!completes(&s2, r#"{"x":0.75}"#) && !completes(&s2, r#"{"x":2.25}"#));
+
     let s = compile(&variants());
     for text in [
         r#"[{"name":"get_time","arguments":{}}]"#,
@@ -368,6 +450,62 @@ fn random_walks_always_finish_into_instances() {
     }
 }
 
+/// Random bounds (integer and fractional, inclusive, exclusive, one-sided, around zero, far out): every walk through
+/// a bounded number can be finished, and finishes within its bounds.
+#[test]
+fn bounded_numbers_never_reach_a_dead_end() {
+    let mut rng = Rng::new(11);
+    let pick = |rng: &mut Rng| -> Option<Value> {
+        let x = match rng.next_u64() % 6 {
+            0 => return None,
+            1 => (rng.next_u64() % 21) as f64 - 10.0,
+            2 => ((rng.next_u64() % 41) as f64 - 20.0) / 4.0,
+            3 => (rng.next_u64() % 2_000_000) as f64 - 1_000_000.0,
+            4 => ((rng.next_u64() % 2001) as f64 - 1000.0) / 1000.0,
+            _ => 1e20 * if rng.next_u64().is_multiple_of(2) { 1.0 } else { -1.0 },
+        };
+        Some(json!(x))
+    };
+    let (mut schemas, mut refused) = (0, 0);
+    for _ in 0..400 {
+        let mut x = serde_json::Map::new();
+        x.insert("type".into(), json!(if rng.next_u64().is_multiple_of(2) { "integer" } else { "number" }));
+        for k in ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"] {
+            if let Some(v) = pick(&mut rng).filter(|_| rng.next_u64().is_multiple_of(3)) {
+                x.insert(k.into(), v);
+            }
+        }
+        let source = json!({"type": "array", "items": Value::Object(x), "minItems": 1, "maxItems": 3});
+        let s = match JsonSchema::compile(&source) {
+            Ok(s) => s,
+            Err(e) => {
+                assert!(e.to_string().contains("fits the bounds"), "{source}: {e}");
+                refused += 1;
+                continue;
+            }
+        };
+        schemas += 1;
+        for _ in 0..20 {
+            let mut m = SchemaMachine::new(&s);
+            let mut text = Vec::new();
+            while !m.is_complete() {
+                let next: Vec<u8> = (0..=255u8).filter(|&b| m.clone().step(&s, b)).collect();
+                assert!(!next.is_empty(), "{source}: dead end after {:?}", String::from_utf8_lossy(&text));
+                let closers: Vec<u8> = next.iter().copied().filter(|b| b"],".contains(b)).collect();
+                let from = if !closers.is_empty() && rng.uniform() < 0.3 { &closers } else { &next };
+                let b = from[(rng.next_u64() % from.len() as u64) as usize];
+                assert!(m.step(&s, b));
+                text.push(b);
+                assert!(text.len() < 500, "{source}: {}", String::from_utf8_lossy(&text));
+            }
+            let v: Value = serde_json::from_slice(&text).unwrap();
+            assert!(valid(&source, &source, &v), "{source}: {v}");
+        }
+    }
+    eprintln!("{schemas} bounded schemas walked, {refused} refused as empty");
+    assert!(schemas > 250, "{schemas}");
+}
+
 /// States met while reading instances of the schemas byte by byte.
 fn sample_states() -> Vec<(Arc<JsonSchema>, SchemaMachine)> {
     let docs = [
@@ -379,6 +517,10 @@ fn sample_states() -> Vec<(Arc<JsonSchema>, SchemaMachine)> {
         ),
         (3, r#"["ab",{"k":[1]},null]"#),
         (6, r#"[{"name":"get_weather","arguments":{"city":"Oslo"}}, {"v":10,"w":1},{"level":1}]"#),
+        (
+            7,
+            r#"{"count":17,"temperature":1.25,"offset":-7,"ratio":-0.5,"year":1987,"big":31415926535,"old":2.5,"either":-4}"#,
+        ),
     ];
     let all = schemas();
     let mut out = Vec::new();

@@ -188,9 +188,9 @@ fn bad_tool_requests_get_400s_naming_the_field() {
             "both named \"a\"",
         ),
         (
-            json!({"messages": user, "tools": [tool("a", json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}))]}),
+            json!({"messages": user, "tools": [tool("a", json!({"type": "object", "properties": {"n": {"type": "string", "pattern": "a+"}}}))]}),
             "tools[0]",
-            "tool 0 (\"a\"): its parameters must be an object schema: JSON schema at '/properties/n': keyword `minimum` is not supported",
+            "tool 0 (\"a\"): its parameters must be an object schema: JSON schema at '/properties/n': keyword `pattern` is not supported",
         ),
         (
             json!({"messages": user, "tools": [tool("a", json!({"type": "string"}))]}),

@@ -2,7 +2,8 @@
 //!
 //! The subset is what generation can enforce byte by byte, and what tools send: `type` (one or a list), `properties`
 //! and `required`, `additionalProperties` (a schema for objects without `properties`, a dictionary), `items`,
-//! `minItems`/`maxItems`, `minLength`/`maxLength`, `enum`, `const`, `anyOf` (and `oneOf`, `allOf` of one schema),
+//! `minItems`/`maxItems`, `minLength`/`maxLength`, `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum`, `enum`,
+//! `const`, `anyOf` (and `oneOf`, `allOf` of one schema),
 //! `$ref` into the same document (`#`, `#/$defs/…`, `#/definitions/…`, recursion included), `nullable`, and the
 //! annotations that constrain nothing (`title`, `description`, `default`, `examples`, `format`, …). Any other
 //! keyword is refused by name rather than ignored, so a caller never gets text that breaks a rule it asked for.
@@ -10,6 +11,8 @@
 //! What is generated is a subset of what the schema allows, chosen so that every prefix has a valid continuation:
 //! - an object's properties come in the schema's order, each required one always and each optional one when the
 //!   model writes it, and no others (extra properties are allowed by a schema, never needed);
+//! - bounded numbers have no exponent, at most [`MAX_BOUNDED`]'s 15 digits before the point, and are integers
+//!   within the bounds or fractions of an integer part whose every fraction is within them ([`Range`]);
 //! - `enum` and `const` values, keys and dictionary keys aside, are written as serde_json writes them (no spaces, no
 //!   escapes it would not use);
 //! - alternatives (`anyOf`, type lists) must differ in the first byte of their values (object, array, string,
@@ -39,6 +42,9 @@ pub const MAX_SCHEMA_DEPTH: usize = 128;
 pub const MAX_ENUM_VALUES: usize = 4096;
 /// Longest `enum`/`const` value or property name as JSON text, in bytes.
 pub const MAX_VALUE_TEXT: usize = 4096;
+
+/// The numeric bounds, applied to `integer` and `number` values.
+const BOUNDS: [&str; 4] = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
 
 /// Keywords that annotate and constrain nothing, so they are accepted and ignored.
 const ANNOTATIONS: &[&str] = &[
@@ -148,8 +154,10 @@ pub(super) enum Node {
     AnyObject,
     Null,
     Boolean,
+    /// A number; between bounds when `range` is set (the number is then written without an exponent).
     Number {
         integer: bool,
+        range: Option<Range>,
     },
     /// A string of `min..=max` characters (Unicode scalar values; an escape is one character).
     String {
@@ -185,6 +193,92 @@ pub(super) enum Node {
     },
     /// A placeholder while a `$ref` target compiles (replaced before compilation ends).
     Pending,
+}
+
+/// Largest integer part a bounded number is written with (15 digits): the machine does exact integer arithmetic
+/// on it, and every value stays exact in an f64.
+pub(super) const MAX_BOUNDED: i64 = 999_999_999_999_999;
+
+/// `minimum`/`maximum` (and the exclusive ones) compiled into which integer parts each sign may be written with,
+/// as closed ranges of magnitudes (empty when the first exceeds the second). What is generated is the subset of the
+/// bounded numbers made of the integers within the bounds, and of the numbers with a fraction whose integer part's
+/// every fraction is within them (`1.x` for all x when 1 ≤ x < 2 fits): every prefix can be finished by checking
+/// ranges of integers only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Range {
+    /// Per sign (0 `+`, 1 `-`): magnitudes `n` with `±n` itself within the bounds.
+    pub points: [(i64, i64); 2],
+    /// Per sign: magnitudes `n` with every `±n.ddd` within the bounds (empty for integers).
+    pub cells: [(i64, i64); 2],
+}
+
+impl Range {
+    /// The range of `lo`/`hi` (each a bound and whether it is exclusive); `None` if no value fits.
+    fn new(integer: bool, lo: Option<(f64, bool)>, hi: Option<(f64, bool)>) -> Option<Range> {
+        let max = MAX_BOUNDED as f64;
+        let clamp = |x: f64| x.clamp(-max - 1.0, max + 1.0) as i64;
+        // The integers within the bounds, as values.
+        let vmin = clamp(lo.map_or(-max, |(x, excl)| if excl { x.floor() + 1.0 } else { x.ceil() }));
+        let vmax = clamp(hi.map_or(max, |(x, excl)| if excl { x.ceil() - 1.0 } else { x.floor() }));
+        let points = [(vmin.max(0), vmax), ((-vmax).max(0), -vmin)];
+        // `n.ddd` lies in [n, n + 1): it needs n within the low bound and n + 1 at most the high one; `-n.ddd` lies
+        // in (-n - 1, -n].
+        let cells = if integer {
+            [(1, 0); 2]
+        } else {
+            let top = clamp(hi.map_or(max, |(x, _)| x.floor() - 1.0));
+            let bottom = clamp(lo.map_or(max, |(x, _)| -x.ceil() - 1.0));
+            [(vmin.max(0), top), ((-vmax).max(0), bottom)]
+        };
+        let clip = |(a, b): (i64, i64)| (a.max(0), b.min(MAX_BOUNDED));
+        let r = Range { points: points.map(clip), cells: cells.map(clip) };
+        let some = |(a, b): (i64, i64)| a <= b;
+        (r.points.iter().chain(&r.cells).any(|&p| some(p))).then_some(r)
+    }
+
+    /// Whether some value of sign `neg` whose integer part is `mag` followed by `more` (a flag) or `0..` further
+    /// digits can be finished within the bounds: `mag` itself, a fraction of it, or a longer integer part.
+    pub(super) fn reachable(&self, integer: bool, neg: bool, mag: i64, more: bool) -> bool {
+        let s = usize::from(neg);
+        let hits = |lo: i64, hi: i64| {
+            let meet = |(a, b): (i64, i64)| a <= b && a <= hi && lo <= b;
+            meet(self.points[s]) || (!integer && meet(self.cells[s]))
+        };
+        if hits(mag, mag) {
+            return true;
+        }
+        if !more || mag == 0 {
+            return false;
+        }
+        // j more digits: mag·10^j ..= (mag + 1)·10^j − 1.
+        let (mut lo, mut hi) = (mag, mag);
+        loop {
+            lo = match lo.checked_mul(10) {
+                Some(x) if x <= MAX_BOUNDED => x,
+                _ => return false,
+            };
+            hi = (hi.saturating_mul(10) + 9).min(MAX_BOUNDED);
+            if hits(lo, hi) {
+                return true;
+            }
+        }
+    }
+
+    /// Whether a value of sign `neg` can be written at all (after a lone `-`, or before the first byte).
+    pub(super) fn any(&self, integer: bool, neg: bool) -> bool {
+        let s = usize::from(neg);
+        self.points[s].0 <= self.points[s].1 || (!integer && self.cells[s].0 <= self.cells[s].1)
+    }
+
+    pub(super) fn point(&self, neg: bool, mag: i64) -> bool {
+        let (a, b) = self.points[usize::from(neg)];
+        a <= mag && mag <= b
+    }
+
+    pub(super) fn cell(&self, neg: bool, mag: i64) -> bool {
+        let (a, b) = self.cells[usize::from(neg)];
+        a <= mag && mag <= b
+    }
 }
 
 /// How a [`Node::Variants`] picks its alternative after one of its first-property names.
@@ -402,6 +496,10 @@ impl Compiler<'_> {
                     "maxItems",
                     "minLength",
                     "maxLength",
+                    "minimum",
+                    "maximum",
+                    "exclusiveMinimum",
+                    "exclusiveMaximum",
                     "enum",
                     "const",
                     "anyOf",
@@ -463,6 +561,8 @@ impl Compiler<'_> {
                 alts.push(self.array(o, path)?);
             } else if o.contains_key("minLength") || o.contains_key("maxLength") {
                 alts.push(self.string(o, path)?);
+            } else if BOUNDS.iter().any(|k| o.contains_key(*k)) {
+                alts.push(self.number(o, false, path)?);
             } else {
                 alts.push(self.push(Node::Any)?);
             }
@@ -472,8 +572,8 @@ impl Compiler<'_> {
                 "object" => self.object(o, path)?,
                 "array" => self.array(o, path)?,
                 "string" => self.string(o, path)?,
-                "integer" => self.push(Node::Number { integer: true })?,
-                "number" => self.push(Node::Number { integer: false })?,
+                "integer" => self.number(o, true, path)?,
+                "number" => self.number(o, false, path)?,
                 "boolean" => self.push(Node::Boolean)?,
                 "null" => self.push(Node::Null)?,
                 other => return Err(invalid("type", format!("names an unknown type \"{other}\""))),
@@ -828,6 +928,57 @@ impl Compiler<'_> {
         let max = count(o, "maxItems", u32::MAX, path)?;
         bounds(min, max, "minItems", path)?;
         self.push(Node::Array { items, min, max })
+    }
+
+    /// `integer` or `number`, with its bounds if it has any.
+    fn number(&mut self, o: &Map<String, Value>, integer: bool, path: &str) -> Result<NodeId, SchemaError> {
+        let invalid = |keyword: &str, problem: String| SchemaError::Invalid {
+            path: path.into(),
+            keyword: keyword.into(),
+            problem,
+        };
+        let number = |k: &str| -> Result<Option<f64>, SchemaError> {
+            match o.get(k) {
+                None => Ok(None),
+                Some(Value::Number(n)) => Ok(n.as_f64()),
+                // Draft 4: `exclusiveMinimum: true` makes `minimum` exclusive.
+                Some(Value::Bool(_)) if k.starts_with("exclusive") => Ok(None),
+                Some(v) => Err(invalid(k, format!("must be a number, not {}", json_kind(v)))),
+            }
+        };
+        let flag = |k: &str| o.get(k) == Some(&Value::Bool(true));
+        // The tighter of an inclusive and an exclusive bound on each side.
+        let pick = |incl: Option<f64>, excl: Option<f64>, low: bool| match (incl, excl) {
+            (Some(a), Some(b)) if (low && b >= a) || (!low && b <= a) => Some((b, true)),
+            (Some(a), _) => Some((a, false)),
+            (None, Some(b)) => Some((b, true)),
+            (None, None) => None,
+        };
+        let lo = pick(number("minimum")?, number("exclusiveMinimum")?, true)
+            .map(|(x, e)| (x, e || flag("exclusiveMinimum")));
+        let hi = pick(number("maximum")?, number("exclusiveMaximum")?, false)
+            .map(|(x, e)| (x, e || flag("exclusiveMaximum")));
+        if lo.is_none() && hi.is_none() {
+            return self.push(Node::Number { integer, range: None });
+        }
+        let range = Range::new(integer, lo, hi).ok_or_else(|| {
+            let show = |b: Option<(f64, bool)>, op: [&str; 2]| {
+                b.map(|(x, e)| format!("{} {x}", op[usize::from(e)])).unwrap_or_default()
+            };
+            let what = if integer { "integer" } else { "number" };
+            SchemaError::Shape {
+                path: path.into(),
+                problem: format!(
+                    "no {what} fits the bounds ({}{}{}) that can be written here (integers, and numbers whose \
+                     integer part's every fraction fits; at most {} digits before the point)",
+                    show(lo, [">=", ">"]),
+                    if lo.is_some() && hi.is_some() { ", " } else { "" },
+                    show(hi, ["<=", "<"]),
+                    MAX_BOUNDED.to_string().len()
+                ),
+            }
+        })?;
+        self.push(Node::Number { integer, range: Some(range) })
     }
 
     fn string(&mut self, o: &Map<String, Value>, path: &str) -> Result<NodeId, SchemaError> {

@@ -60,6 +60,14 @@ enum At {
         at: NumAt,
         len: u8,
     },
+    /// Inside a bounded number of `node`: its sign and integer part so far (`mag`).
+    InRanged {
+        node: NodeId,
+        at: NumAt,
+        neg: bool,
+        mag: i64,
+        len: u8,
+    },
     /// Inside an `enum`/`const` value: texts `lo..hi` of the node still match after `pos` bytes.
     InValues {
         node: NodeId,
@@ -176,6 +184,41 @@ impl SchemaMachine {
                     return false;
                 }
                 // The number ended: the byte is whatever follows a value.
+                self.value_done();
+            }
+            At::InRanged { node, at, neg, mag, len } => {
+                let Node::Number { integer, range: Some(range) } = s.node(node) else { unreachable!() };
+                // No exponent: bounds are checked on the digits as they come.
+                let next = number_byte(at, b).filter(|n| !matches!(n, NumAt::E) && (!integer || *n != NumAt::Dot));
+                if let Some(next) = next {
+                    if len >= MAX_NUMBER_LEN {
+                        return false;
+                    }
+                    let mag = match next {
+                        NumAt::Zero | NumAt::Int => match mag.checked_mul(10).map(|m| m + i64::from(b - b'0')) {
+                            Some(m) if m <= super::schema::MAX_BOUNDED => m,
+                            _ => return false,
+                        },
+                        _ => mag,
+                    };
+                    let ok = match next {
+                        NumAt::Zero => range.reachable(*integer, neg, 0, false),
+                        NumAt::Int => range.reachable(*integer, neg, mag, true),
+                        // Every fraction of the integer part fits, or the point is not offered.
+                        NumAt::Dot => range.cell(neg, mag),
+                        _ => true,
+                    };
+                    if !ok {
+                        return false;
+                    }
+                    self.at = At::InRanged { node, at: next, neg, mag, len: len + 1 };
+                    return true;
+                }
+                // The number ends here: an integer part must itself be within the bounds (a fraction was checked
+                // at its point).
+                if !at.can_end() || (at != NumAt::Frac && !range.point(neg, mag)) {
+                    return false;
+                }
                 self.value_done();
             }
             At::InValues { node, lo, hi, pos } => {
@@ -301,7 +344,23 @@ impl SchemaMachine {
                 self.at = At::InString { node, chars: 0, at: StrAt::Plain };
                 true
             }
-            &Node::Number { integer } => {
+            Node::Number { integer, range: Some(range) } => {
+                let (neg, at, mag) = match b {
+                    b'-' => (true, NumAt::Minus, 0),
+                    b'0' => (false, NumAt::Zero, 0),
+                    _ => (false, NumAt::Int, i64::from(b - b'0')),
+                };
+                let ok = match at {
+                    NumAt::Minus => range.any(*integer, true),
+                    _ => range.reachable(*integer, false, mag, at == NumAt::Int),
+                };
+                if !ok {
+                    return false;
+                }
+                self.at = At::InRanged { node, at, neg, mag, len: 1 };
+                true
+            }
+            &Node::Number { integer, range: None } => {
                 let at = if b == b'-' {
                     NumAt::Minus
                 } else if b == b'0' {
