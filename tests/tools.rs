@@ -240,7 +240,8 @@ fn bad_tool_requests_get_400s_naming_the_field() {
 }
 
 /// SmolLM2 through the official `openai` client: a call that is required, its result sent back as a `tool`
-/// message, and a reply in words after it.
+/// message, and a reply in words after it; then tools made from pydantic models (`$defs`, enums, numeric bounds, a
+/// tagged union), whose arguments the client parses and validates with pydantic.
 #[test]
 fn the_openai_client_calls_tools_on_smollm2() {
     let Some(model) = real_model("smollm2") else { return };
@@ -278,7 +279,40 @@ for chunk in client.chat.completions.create(model="smollm2", messages=messages, 
         parts.append(d.content)
     assert not d.tool_calls or chunk.choices[0].finish_reason == "tool_calls", chunk
     finish = chunk.choices[0].finish_reason or finish
-print("ok", json.dumps({"city": city, "then": finish, "words": "".join(parts)}))
+# pydantic's schemas, as `openai.pydantic_function_tool` writes them ($defs, an enum by $ref, numeric bounds, a
+# union of models told apart by a Literal tag), parsed and validated by the client itself.
+from enum import Enum
+from typing import List, Literal, Union
+from pydantic import BaseModel, Field
+import openai
+class Unit(str, Enum):
+    c = "celsius"
+    f = "fahrenheit"
+class GetWeather(BaseModel):
+    """The weather in a city for the next days"""
+    city: str
+    unit: Unit
+    days: int = Field(ge=1, le=7)
+class Circle(BaseModel):
+    kind: Literal["circle"]
+    radius: float = Field(gt=0, le=100)
+class Square(BaseModel):
+    kind: Literal["square"]
+    side: float
+class Draw(BaseModel):
+    """Draw shapes"""
+    shapes: List[Union[Circle, Square]]
+typed = [openai.pydantic_function_tool(GetWeather), openai.pydantic_function_tool(Draw)]
+parsed = []
+for ask, name, seed in [("Weather in Paris for three days?", "GetWeather", 1), ("Draw a circle and a square.", "Draw", 0),
+                        ("Draw a circle and a square.", "Draw", 1)]:
+    r = client.chat.completions.parse(model="smollm2", messages=[{"role": "user", "content": ask}], tools=typed,
+                                      tool_choice={"type": "function", "function": {"name": name}},
+                                      parallel_tool_calls=False, temperature=0.7, seed=seed, max_tokens=300)
+    (call,) = r.choices[0].message.tool_calls
+    assert type(call.function.parsed_arguments).__name__ == name, call
+    parsed.append(repr(call.function.parsed_arguments))
+print("ok", json.dumps({"city": city, "then": finish, "words": "".join(parts), "parsed": parsed}))
 "#;
     let out = std::process::Command::new("python3").args(["-c", script, &server.base]).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
