@@ -31,6 +31,16 @@ pub fn missing(what: &str) {
     eprintln!("note: skipping, {what} is missing");
 }
 
+/// Whether `python3` can import `module`; under CI its absence fails the test instead.
+pub fn python_module(module: &str) -> bool {
+    let probe = std::process::Command::new("python3").args(["-c", &format!("import {module}")]).output();
+    if probe.is_ok_and(|o| o.status.success()) {
+        return true;
+    }
+    missing(&format!("python3 with the `{module}` package (pip install {module})"));
+    false
+}
+
 /// A real model from the registry, fetched on first use through `infer pull` (so `cargo test` works on a fresh
 /// machine). Returns `None`, with a note, only when fetching is impossible here and `INFER_REQUIRE_MODELS` is
 /// unset; CI sets it so that a missing model fails loudly instead of skipping.

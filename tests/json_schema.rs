@@ -418,6 +418,30 @@ fn the_machine_takes_what_the_schema_allows_and_nothing_else() {
     }
 }
 
+/// One random walk over the bytes the machine accepts, up to `limit` bytes, taking one of `closers` with
+/// probability `close` where it can (so that walks end); fails at a point where no byte can follow.
+fn walk_bytes(
+    s: &JsonSchema,
+    source: &Value,
+    rng: &mut Rng,
+    closers: &[u8],
+    close: f32,
+    limit: usize,
+) -> (SchemaMachine, Vec<u8>) {
+    let mut m = SchemaMachine::new(s);
+    let mut text = Vec::new();
+    while !m.is_complete() && text.len() < limit {
+        let next: Vec<u8> = (0..=255u8).filter(|&b| m.clone().step(s, b)).collect();
+        assert!(!next.is_empty(), "{source}: dead end after {:?}", String::from_utf8_lossy(&text));
+        let ends: Vec<u8> = next.iter().copied().filter(|b| closers.contains(b)).collect();
+        let pick = if !ends.is_empty() && rng.uniform() < close { &ends } else { &next };
+        let b = pick[(rng.next_u64() % pick.len() as u64) as usize];
+        assert!(m.step(s, b));
+        text.push(b);
+    }
+    (m, text)
+}
+
 /// Random walks over the bytes the machine accepts: it never leaves the walk without a next byte before the value
 /// is complete, and every complete text parses and is an instance of the schema.
 #[test]
@@ -427,18 +451,7 @@ fn random_walks_always_finish_into_instances() {
         let s = compile(&source);
         let mut finished = 0;
         for walk in 0..300 {
-            let mut m = SchemaMachine::new(&s);
-            let mut text = Vec::new();
-            while !m.is_complete() && text.len() < 3000 {
-                let next: Vec<u8> = (0..=255u8).filter(|&b| m.clone().step(&s, b)).collect();
-                assert!(!next.is_empty(), "{source}: dead end after {:?}", String::from_utf8_lossy(&text));
-                // Closing bytes often, so that walks end.
-                let closers: Vec<u8> = next.iter().copied().filter(|b| b"\"}],".contains(b)).collect();
-                let pick = if !closers.is_empty() && rng.uniform() < 0.4 { &closers } else { &next };
-                let b = pick[(rng.next_u64() % pick.len() as u64) as usize];
-                assert!(m.step(&s, b));
-                text.push(b);
-            }
+            let (m, text) = walk_bytes(&s, &source, &mut rng, b"\"}],", 0.4, 3000);
             if m.is_complete() {
                 finished += 1;
                 let v: Value = serde_json::from_slice(&text)
@@ -486,18 +499,8 @@ fn bounded_numbers_never_reach_a_dead_end() {
         };
         schemas += 1;
         for _ in 0..20 {
-            let mut m = SchemaMachine::new(&s);
-            let mut text = Vec::new();
-            while !m.is_complete() {
-                let next: Vec<u8> = (0..=255u8).filter(|&b| m.clone().step(&s, b)).collect();
-                assert!(!next.is_empty(), "{source}: dead end after {:?}", String::from_utf8_lossy(&text));
-                let closers: Vec<u8> = next.iter().copied().filter(|b| b"],".contains(b)).collect();
-                let from = if !closers.is_empty() && rng.uniform() < 0.3 { &closers } else { &next };
-                let b = from[(rng.next_u64() % from.len() as u64) as usize];
-                assert!(m.step(&s, b));
-                text.push(b);
-                assert!(text.len() < 500, "{source}: {}", String::from_utf8_lossy(&text));
-            }
+            let (m, text) = walk_bytes(&s, &source, &mut rng, b"],", 0.3, 500);
+            assert!(m.is_complete(), "{source}: {}", String::from_utf8_lossy(&text));
             let v: Value = serde_json::from_slice(&text).unwrap();
             assert!(valid(&source, &source, &v), "{source}: {v}");
         }

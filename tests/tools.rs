@@ -245,11 +245,7 @@ fn bad_tool_requests_get_400s_naming_the_field() {
 #[test]
 fn the_openai_client_calls_tools_on_smollm2() {
     let Some(model) = real_model("smollm2") else { return };
-    let ci = std::env::var_os("CI").is_some() || std::env::var_os("INFER_REQUIRE_MODELS").is_some();
-    let probe = std::process::Command::new("python3").args(["-c", "import openai"]).output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        assert!(!ci, "the `openai` Python package is required under CI (pip install openai)");
-        eprintln!("note: skipping, python3 with the `openai` package is not available");
+    if !crate::common::python_module("openai") {
         return;
     }
     let server = Server::start(&model, &[]);
