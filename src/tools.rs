@@ -377,32 +377,62 @@ fn call_id() -> String {
     format!("call_{:016x}{:08x}", a, b as u32)
 }
 
-/// Reads the words of a `{"response": "..."}` reply while it is being written, so that they can be streamed as
-/// they come (a call is sent whole at the end). Escapes are decoded; one cut off by the end of a piece waits for
-/// the next.
+/// What a reply under [`ToolUse`] has said since the last piece, as [`ReplyReader`] finds it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReplyPiece {
+    /// More words of a `{"response": ...}` reply.
+    Words(String),
+    /// Call `index` begins: its fresh id and the tool's name.
+    CallStart { index: usize, id: String, name: String },
+    /// More of call `index`'s arguments (JSON text, whitespace between tokens left out).
+    Arguments { index: usize, text: String },
+}
+
+/// Reads a reply under [`ToolUse`] while it is being written, so that it can be streamed as OpenAI streams: the
+/// words of an answer as they come, each call's name once known and its arguments piece by piece. It follows the
+/// shapes the reply schema allows (any whitespace between tokens); on anything else it stops reading.
 #[derive(Debug, Default)]
-pub struct ResponseReader {
+pub struct ReplyReader {
     raw: String,
     /// Bytes of `raw` read so far.
     pos: usize,
-    at: ReaderAt,
-    /// The first half of a surrogate pair (`\uD83D` before `\uDE00`).
+    at: ReplyAt,
+    /// The first half of a surrogate pair in the words (`\uD83D` before `\uDE00`).
     high: Option<u16>,
+    /// Calls begun so far.
+    calls: usize,
+    /// Inside the arguments: open brackets, and where in a string.
+    depth: u32,
+    in_string: bool,
+    escaped: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum ReaderAt {
-    /// Before the string: `{`, `"response"`, `:`, `"` still to come (with any whitespace).
+enum ReplyAt {
+    /// Before the first key.
     #[default]
     Opening,
+    /// Inside the words of `{"response": "`.
     Words,
-    /// The string closed.
-    Closed,
-    /// Not a `response` reply.
+    /// After `"tool_calls"`: `:` and `[`.
+    CallList,
+    /// Before a call: `{"name": "`.
+    CallOpen,
+    /// Inside the name.
+    Name,
+    /// After the name: `, "arguments":`.
+    ArgumentsKey,
+    /// Inside the arguments.
+    Arguments,
+    /// After the arguments: `}`, then `,` or `]`.
+    CallClose,
+    AfterCall,
+    /// Read to its end, or not a reply of these shapes.
+    Done,
     Other,
 }
 
-impl ResponseReader {
+impl ReplyReader {
     /// The reply so far, as written.
     pub fn raw(&self) -> &str {
         &self.raw
@@ -410,34 +440,135 @@ impl ResponseReader {
 
     /// Whether the reply is (so far) an answer in words.
     pub fn is_response(&self) -> bool {
-        matches!(self.at, ReaderAt::Words | ReaderAt::Closed)
+        self.at == ReplyAt::Words || (self.at == ReplyAt::Done && self.calls == 0)
     }
 
-    /// Takes the next piece of the reply and returns the words it completes.
-    pub fn push(&mut self, piece: &str) -> String {
+    /// Takes the next piece of the reply and returns what it completes.
+    pub fn push(&mut self, piece: &str) -> Vec<ReplyPiece> {
         self.raw.push_str(piece);
-        let mut out = String::new();
-        if self.at == ReaderAt::Opening {
-            match opening_len(&self.raw) {
-                Some(Ok(n)) => {
-                    self.pos = n;
-                    self.at = ReaderAt::Words;
-                }
-                Some(Err(())) => self.at = ReaderAt::Other,
-                None => return out,
+        let mut out = Vec::new();
+        let mut words = String::new();
+        let mut args = String::new();
+        loop {
+            let step = match self.at {
+                ReplyAt::Opening => self.opening(),
+                ReplyAt::Words => self.words(&mut words),
+                ReplyAt::CallList => self.expect(&[":", "["]).map(|_| ReplyAt::CallOpen),
+                ReplyAt::CallOpen => self.expect(&["{", "\"name\"", ":", "\""]).map(|_| ReplyAt::Name),
+                ReplyAt::Name => self.raw[self.pos..].find('"').map(|end| {
+                    let name = self.raw[self.pos..self.pos + end].to_string();
+                    self.pos += end + 1;
+                    out.push(ReplyPiece::CallStart { index: self.calls, id: call_id(), name });
+                    self.calls += 1;
+                    ReplyAt::ArgumentsKey
+                }),
+                ReplyAt::ArgumentsKey => self.expect(&[",", "\"arguments\"", ":"]).map(|_| ReplyAt::Arguments),
+                ReplyAt::Arguments => self.arguments(&mut args),
+                ReplyAt::CallClose => self.expect(&["}"]).map(|_| ReplyAt::AfterCall),
+                ReplyAt::AfterCall => match self.keys_ws(&[",", "]"]) {
+                    Some(Some(0)) => Some(ReplyAt::CallOpen),
+                    Some(Some(_)) => Some(ReplyAt::Done),
+                    Some(None) => Some(ReplyAt::Other),
+                    None => None,
+                },
+                ReplyAt::Done | ReplyAt::Other => None,
+            };
+            if !args.is_empty() && (step.is_none() || step == Some(ReplyAt::CallClose)) {
+                out.push(ReplyPiece::Arguments { index: self.calls - 1, text: std::mem::take(&mut args) });
+            }
+            match step {
+                Some(next) => self.at = next,
+                None => break,
             }
         }
-        let bytes = self.raw.as_bytes();
-        while self.at == ReaderAt::Words && self.pos < bytes.len() {
-            let rest = &self.raw[self.pos..];
-            let Some(c) = rest.chars().next() else { break };
+        if !words.is_empty() {
+            out.insert(0, ReplyPiece::Words(words));
+        }
+        out
+    }
+
+    /// Whether the reply is not of the shapes read here (nothing of it is then given as pieces).
+    pub fn is_other(&self) -> bool {
+        self.at == ReplyAt::Other
+    }
+
+    /// `{"response": "` or `{"tool_calls"`: the state after it, `None` (nothing taken) if the text ends first.
+    fn opening(&mut self) -> Option<ReplyAt> {
+        let start = self.pos;
+        self.expect(&["{", "\""])?;
+        let next = match self.keys(&["response\"", "tool_calls\""]) {
+            Some(Some(0)) => self.expect(&[":", "\""]).map(|_| ReplyAt::Words),
+            Some(Some(_)) => Some(ReplyAt::CallList),
+            Some(None) => Some(ReplyAt::Other),
+            None => None,
+        };
+        if next.is_none() && self.at != ReplyAt::Other {
+            self.pos = start;
+        }
+        next
+    }
+
+    /// Skips whitespace and takes each of `parts` in turn (whitespace allowed between them): `Some` once all are
+    /// taken, `None` if the text ends first (nothing is taken then). Anything else ends the reading.
+    fn expect(&mut self, parts: &[&str]) -> Option<()> {
+        let start = self.pos;
+        for part in parts {
+            match self.keys_ws(&[part]) {
+                Some(Some(_)) => {}
+                Some(None) => {
+                    self.at = ReplyAt::Other;
+                    return None;
+                }
+                None => {
+                    self.pos = start;
+                    return None;
+                }
+            }
+        }
+        Some(())
+    }
+
+    /// [`keys`](Self::keys) after whitespace.
+    fn keys_ws(&mut self, options: &[&str]) -> Option<Option<usize>> {
+        let start = self.pos;
+        while self.raw.as_bytes().get(self.pos).is_some_and(|b| b.is_ascii_whitespace()) {
+            self.pos += 1;
+        }
+        let r = self.keys(options);
+        if r.is_none() {
+            self.pos = start;
+        }
+        r
+    }
+
+    /// Which of `options` the text goes on with (taking it): `Some(None)` for none of them, `None` if the text ends
+    /// before that is known.
+    fn keys(&mut self, options: &[&str]) -> Option<Option<usize>> {
+        let have = &self.raw.as_bytes()[self.pos..];
+        let mut waiting = false;
+        for (i, o) in options.iter().enumerate() {
+            let n = have.len().min(o.len());
+            if have[..n] == o.as_bytes()[..n] {
+                if n == o.len() {
+                    self.pos += n;
+                    return Some(Some(i));
+                }
+                waiting = true;
+            }
+        }
+        if waiting { None } else { Some(None) }
+    }
+
+    /// Words up to the closing quote (decoded into `out`); `Some(Done)` there, `None` when the text ends first.
+    fn words(&mut self, out: &mut String) -> Option<ReplyAt> {
+        while let Some(c) = self.raw[self.pos..].chars().next() {
             match c {
                 '"' => {
-                    self.at = ReaderAt::Closed;
                     self.pos += 1;
+                    return Some(ReplyAt::Done);
                 }
                 '\\' => {
-                    let Some((decoded, used)) = unescape(rest) else { break };
+                    let (decoded, used) = unescape(&self.raw[self.pos..])?;
                     self.pos += used;
                     match decoded {
                         Escaped::Char(c) => out.push(c),
@@ -459,7 +590,32 @@ impl ResponseReader {
                 }
             }
         }
-        out
+        None
+    }
+
+    /// The arguments' text into `out` (whitespace between tokens left out) up to the bracket that closes them;
+    /// `Some(CallClose)` there, `None` when the text ends first.
+    fn arguments(&mut self, out: &mut String) -> Option<ReplyAt> {
+        while let Some(c) = self.raw[self.pos..].chars().next() {
+            self.pos += c.len_utf8();
+            if self.in_string {
+                self.in_string = self.escaped || c != '"';
+                self.escaped = !self.escaped && c == '\\';
+            } else if c.is_ascii_whitespace() {
+                continue;
+            } else if c == '"' {
+                self.in_string = true;
+            } else if c == '{' || c == '[' {
+                self.depth += 1;
+            } else if c == '}' || c == ']' {
+                self.depth = self.depth.saturating_sub(1);
+            }
+            out.push(c);
+            if self.depth == 0 && !self.in_string {
+                return Some(ReplyAt::CallClose);
+            }
+        }
+        None
     }
 }
 
@@ -487,28 +643,6 @@ fn unescape(s: &str) -> Option<(Escaped, usize)> {
     Some((Escaped::Char(c), 2))
 }
 
-/// The length of `{"response": "` (whitespace allowed between), `Err` if `s` is something else, `None` if `s` ends
-/// before that is known.
-fn opening_len(s: &str) -> Option<Result<usize, ()>> {
-    let mut i = 0;
-    let b = s.as_bytes();
-    for part in ["{", "\"response\"", ":", "\""] {
-        while b.get(i).is_some_and(|c| c.is_ascii_whitespace()) {
-            i += 1;
-        }
-        let have = &b[i.min(b.len())..];
-        let n = have.len().min(part.len());
-        if have[..n] != part.as_bytes()[..n] {
-            return Some(Err(()));
-        }
-        if n < part.len() {
-            return None;
-        }
-        i += part.len();
-    }
-    Some(Ok(i))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -523,25 +657,54 @@ mod tests {
         }
     }
 
-    #[test]
-    fn words_are_read_across_every_split_of_the_reply() {
-        let reply = r#" { "response" : "a\"b\\c\n\u00e9\ud83d\ude00 é end" }"#;
-        let want = "a\"b\\c\né😀 é end";
-        for cut in 1..reply.len() {
-            let Some((a, b)) = reply.split_at_checked(cut) else { continue };
-            let mut r = ResponseReader::default();
-            let words = r.push(a) + &r.push(b);
-            assert_eq!(words, want, "split at {cut}");
-            assert!(r.is_response());
+    /// Every piece a reader gives for `reply` pushed in the pieces `cuts` makes, joined: (words, calls as
+    /// (name, arguments)).
+    fn read_in_pieces(reply: &str, cuts: &[usize]) -> (String, Vec<(String, String)>, ReplyReader) {
+        let mut r = ReplyReader::default();
+        let (mut words, mut calls) = (String::new(), Vec::<(String, String)>::new());
+        let mut from = 0;
+        for &cut in cuts.iter().chain([&reply.len()]) {
+            for p in r.push(&reply[from..cut]) {
+                match p {
+                    ReplyPiece::Words(w) => words.push_str(&w),
+                    ReplyPiece::CallStart { index, id, name } => {
+                        assert_eq!(index, calls.len());
+                        assert!(id.starts_with("call_"));
+                        calls.push((name, String::new()));
+                    }
+                    ReplyPiece::Arguments { index, text } => calls[index].1.push_str(&text),
+                }
+            }
+            from = cut;
         }
-        // Byte by byte as well (a token can be part of a character: pushed pieces are whole strings here).
-        let mut r = ResponseReader::default();
-        let words: String = reply.chars().map(|c| r.push(&c.to_string())).collect();
-        assert_eq!(words, want);
-        for other in [r#"{"tool_calls": []}"#, "[", r#"{"responses": "x"}"#, r#"{"response": 1}"#] {
-            let mut r = ResponseReader::default();
-            assert_eq!(r.push(other), "", "{other}");
-            assert!(!r.is_response(), "{other}");
+        (words, calls, r)
+    }
+
+    #[test]
+    fn replies_are_read_across_every_split() {
+        let reply = " { \"response\" : \"a\\\"b\\\\c\\n\\u00e9\\ud83d\\ude00 é end\" }";
+        let want = "a\"b\\c\né😀 é end";
+        let calls = "{\n \"tool_calls\" : [ {\"name\": \"get_weather\", \"arguments\" : {\"city\": \"Oslo \\\" N\", \
+                     \"days\": [1, {\"a\": []}]}} ,\n{ \"name\":\"t\",\"arguments\":{}}]}";
+        let want_calls = vec![
+            ("get_weather".to_string(), r#"{"city":"Oslo \" N","days":[1,{"a":[]}]}"#.to_string()),
+            ("t".to_string(), "{}".to_string()),
+        ];
+        for (text, words, list) in [(reply, want, vec![]), (calls, "", want_calls)] {
+            let whole = read_in_pieces(text, &[]);
+            assert_eq!((whole.0.as_str(), &whole.1), (words, &list));
+            for cut in (1..text.len()).filter(|&c| text.is_char_boundary(c)) {
+                let (w, c, r) = read_in_pieces(text, &[cut]);
+                assert_eq!((w.as_str(), &c), (words, &list), "split at {cut}");
+                assert_eq!(r.is_response(), list.is_empty());
+            }
+            let every: Vec<usize> = (1..text.len()).filter(|&c| text.is_char_boundary(c)).collect();
+            let (w, c, _) = read_in_pieces(text, &every);
+            assert_eq!((w.as_str(), &c), (words, &list), "char by char");
+        }
+        for other in ["[", r#"{"responses": "x"}"#, r#"{"response": 1}"#] {
+            let (w, c, r) = read_in_pieces(other, &[]);
+            assert!(w.is_empty() && c.is_empty() && !r.is_response() && r.is_other(), "{other}");
         }
     }
 

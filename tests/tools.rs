@@ -68,33 +68,43 @@ fn whole(url: &str, body: &Value) -> (Option<String>, Vec<Value>, String) {
     (c["message"]["content"].as_str().map(str::to_string), calls, c["finish_reason"].as_str().unwrap().into())
 }
 
-/// A streamed reply, put together as a client does: (content, calls, finish reason).
-fn streamed(url: &str, body: &Value) -> (Option<String>, Vec<Value>, String) {
+/// A streamed reply, put together as a client does: (content, calls, finish reason), and how many chunks carried
+/// parts of calls.
+fn streamed(url: &str, body: &Value) -> ((Option<String>, Vec<Value>, String), usize) {
     let mut body = body.clone();
     body["stream"] = json!(true);
     let events = stream(url, &body);
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
     let (mut content, mut calls, mut finish) = (None::<String>, Vec::new(), String::new());
+    let mut call_chunks = 0;
     for e in &events[..events.len() - 1] {
         let v: Value = serde_json::from_str(e).unwrap();
         let c = &v["choices"][0];
         if let Some(t) = c["delta"]["content"].as_str() {
             content.get_or_insert_with(String::new).push_str(t);
         }
-        if let Some(list) = c["delta"]["tool_calls"].as_array() {
-            for (i, call) in list.iter().enumerate() {
-                assert_eq!(call["index"], json!(calls.len()), "{v}");
-                let mut call = call.clone();
+        call_chunks += usize::from(c["delta"]["tool_calls"].is_array());
+        // A call's first entry has its id and name; later ones add to its arguments (OpenAI's stream shape).
+        for part in c["delta"]["tool_calls"].as_array().into_iter().flatten() {
+            let index = part["index"].as_u64().unwrap() as usize;
+            let piece = part["function"]["arguments"].as_str().unwrap();
+            if index == calls.len() {
+                assert!(part["id"].is_string() && part["function"]["name"].is_string(), "{v}");
+                let mut call = part.clone();
                 call.as_object_mut().unwrap().remove("index");
                 calls.push(call);
-                let _ = i;
+            } else {
+                assert_eq!(index + 1, calls.len(), "{v}");
+                assert!(part.get("id").is_none(), "{v}");
+                let joined = calls[index]["function"]["arguments"].as_str().unwrap().to_string() + piece;
+                calls[index]["function"]["arguments"] = json!(joined);
             }
         }
         if let Some(f) = c["finish_reason"].as_str() {
             finish = f.to_string();
         }
     }
-    (content, calls, finish)
+    ((content, calls, finish), call_chunks)
 }
 
 /// Calls without their ids (fresh for every reply).
@@ -109,6 +119,7 @@ fn replies_call_only_declared_tools_with_arguments_of_their_schemas() {
     let url = format!("{}/v1/chat/completions", server.base);
     let all = ["get_weather", "get_time", "book"];
     let (mut calls_seen, mut words_seen, mut names_seen) = (0, 0, std::collections::BTreeSet::new());
+    let mut most_chunks = 0;
     for (choice, parallel, seeds) in [
         (json!("required"), true, 0..6),
         (json!("auto"), true, 0..6),
@@ -146,7 +157,8 @@ fn replies_call_only_declared_tools_with_arguments_of_their_schemas() {
                 words_seen += 1;
             }
             // The same seed streamed: the same words or the same calls (ids aside).
-            let (s_content, s_calls, s_finish) = streamed(&url, &body);
+            let ((s_content, s_calls, s_finish), chunks) = streamed(&url, &body);
+            most_chunks = most_chunks.max(chunks);
             assert_eq!(s_finish, finish);
             assert_eq!(without_ids(&s_calls), without_ids(&whole(&url, &body).1));
             if finish != "tool_calls" {
@@ -158,6 +170,8 @@ fn replies_call_only_declared_tools_with_arguments_of_their_schemas() {
     eprintln!("replies with calls {calls_seen}, with words {words_seen}, tools called {names_seen:?}");
     assert!(calls_seen >= 9 && words_seen >= 1, "calls {calls_seen}, words {words_seen}");
     assert!(names_seen.len() >= 2, "{names_seen:?}");
+    // Calls stream as they are written: a name first, then the arguments piece by piece.
+    assert!(most_chunks >= 5, "calls came in at most {most_chunks} chunks");
 }
 
 #[test]
@@ -267,14 +281,19 @@ city = json.loads(call.function.arguments)["city"]
 assert isinstance(city, str), call
 messages.append(choice.message)
 messages.append({"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"})
-parts, finish = [], None
+parts, finish, acc = [], None, {}
 for chunk in client.chat.completions.create(model="smollm2", messages=messages, tools=tools, temperature=0,
                                             max_tokens=60, stream=True):
     d = chunk.choices[0].delta
     if d.content:
         parts.append(d.content)
-    assert not d.tool_calls or chunk.choices[0].finish_reason == "tool_calls", chunk
+    for tc in d.tool_calls or []:
+        e = acc.setdefault(tc.index, {"name": None, "arguments": ""})
+        e["name"] = tc.function.name or e["name"]
+        e["arguments"] += tc.function.arguments or ""
     finish = chunk.choices[0].finish_reason or finish
+if finish == "tool_calls":
+    assert acc and all(e["name"] == "get_weather" and "city" in json.loads(e["arguments"]) for e in acc.values()), acc
 # pydantic's schemas, as `openai.pydantic_function_tool` writes them ($defs, an enum by $ref, numeric bounds, a
 # union of models told apart by a Literal tag), parsed and validated by the client itself.
 from enum import Enum
@@ -308,6 +327,13 @@ for ask, name, seed in [("Weather in Paris for three days?", "GetWeather", 1), (
     (call,) = r.choices[0].message.tool_calls
     assert type(call.function.parsed_arguments).__name__ == name, call
     parsed.append(repr(call.function.parsed_arguments))
+    # The same request streamed, put together by the client's own stream helper.
+    with client.chat.completions.stream(model="smollm2", messages=[{"role": "user", "content": ask}], tools=typed,
+                                        tool_choice={"type": "function", "function": {"name": name}},
+                                        parallel_tool_calls=False, temperature=0.7, seed=seed, max_tokens=300) as s:
+        final = s.get_final_completion()
+    (again,) = final.choices[0].message.tool_calls
+    assert again.function.parsed_arguments == call.function.parsed_arguments, (again, call)
 print("ok", json.dumps({"city": city, "then": finish, "words": "".join(parts), "parsed": parsed}))
 "#;
     let out = std::process::Command::new("python3").args(["-c", script, &server.base]).output().unwrap();

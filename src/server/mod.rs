@@ -35,7 +35,7 @@ use crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
 use crate::sampling::SamplingError;
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::chat::ChatTemplate;
-use crate::tools::{ResponseReader, ToolCall, ToolReply, ToolUse};
+use crate::tools::{ReplyPiece, ReplyReader, ToolCall, ToolReply, ToolUse};
 
 use openai::{ApiError, GenerationRequest, Prompt, ResponseMeta, TokenLogprobs};
 
@@ -463,11 +463,35 @@ fn read_tool_reply(
         Some(ToolReply::Text(words)) => (words, finish, None),
         None => {
             // Words cut short are still words; a call cut short is given as written.
-            let mut reader = ResponseReader::default();
-            let words = reader.push(&text);
-            if reader.is_response() { (words, finish, None) } else { (text, finish, None) }
+            let mut reader = ReplyReader::default();
+            let (words, _) = stream_pieces(reader.push(&text));
+            if reader.is_response() { (words.unwrap_or_default(), finish, None) } else { (text, finish, None) }
         }
     }
+}
+
+/// A reply's pieces as a streamed delta has them: the words (`content`), and the calls' parts (`tool_calls`
+/// entries, one per call: its id and name when it begins, then pieces of its arguments).
+fn stream_pieces(pieces: Vec<ReplyPiece>) -> (Option<String>, Vec<Value>) {
+    let mut words: Option<String> = None;
+    let mut calls: Vec<Value> = Vec::new();
+    for p in pieces {
+        match p {
+            ReplyPiece::Words(w) => words.get_or_insert_with(String::new).push_str(&w),
+            ReplyPiece::CallStart { index, id, name } => calls.push(json!({
+                "index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""},
+            })),
+            ReplyPiece::Arguments { index, text } => match calls.last_mut() {
+                Some(last) if last["index"] == json!(index) => {
+                    let mut joined = last["function"]["arguments"].as_str().unwrap_or_default().to_string();
+                    joined.push_str(&text);
+                    last["function"]["arguments"] = json!(joined);
+                }
+                _ => calls.push(json!({"index": index, "function": {"arguments": text}})),
+            },
+        }
+    }
+    (words, calls)
 }
 
 /// The usage of a request of several choices so far, with one more choice's: the prompt counts once (the choices
@@ -489,8 +513,8 @@ struct ChoiceState {
     pending: Vec<TokenLogprobs>,
     /// Bytes of the tokens whose logprobs were sent (the completions endpoint's `text_offset`).
     offset: usize,
-    /// A tool reply so far: its words are sent as they come, its calls once whole.
-    reader: Option<ResponseReader>,
+    /// A tool reply so far: its words, and its calls' names and arguments, are sent as they come.
+    reader: Option<ReplyReader>,
 }
 
 /// A streamed response in progress. Dropped early (the client went away), it logs the request as cut off; the
@@ -591,15 +615,20 @@ impl StreamState {
                     if self.logprobs {
                         c.pending.push(token_logprobs(&self.state.tokenizer, id, logprob, &top_logprobs));
                     }
-                    let text = match (&self.tools, &mut c.reader) {
-                        (Some(_), reader) => reader.get_or_insert_with(ResponseReader::default).push(&text),
-                        (None, _) => text,
+                    let (text, calls) = match (&self.tools, &mut c.reader) {
+                        (Some(_), reader) => stream_pieces(reader.get_or_insert_with(ReplyReader::default).push(&text)),
+                        (None, _) => (Some(text), Vec::new()),
                     };
-                    if text.is_empty() {
+                    let text = text.filter(|t| !t.is_empty());
+                    if text.is_none() && calls.is_empty() {
                         continue;
                     }
                     let logprobs = Self::take_logprobs(self.logprobs, self.chat, c);
-                    let chunk = meta.chunk(i, Some(&text), !std::mem::replace(&mut c.sent, true), None, None, logprobs);
+                    let first = !std::mem::replace(&mut c.sent, true);
+                    let mut chunk = meta.chunk(i, text.as_deref(), first, None, None, logprobs);
+                    if !calls.is_empty() {
+                        chunk["choices"][0]["delta"]["tool_calls"] = Value::Array(calls);
+                    }
                     return Some(Self::data(&chunk));
                 }
                 Event::Done(done) => {
@@ -607,25 +636,27 @@ impl StreamState {
                     c.done = true;
                     let usage = add_choice(self.usage, &done.usage);
                     self.usage = Some(usage);
+                    // A tool reply's last pieces, and whether it made calls; one its reader could not follow goes out
+                    // whole as text.
                     let (text, finish, calls) = match &self.tools {
                         Some(t) => {
                             let mut reader = c.reader.take().unwrap_or_default();
-                            let words = reader.push(&done.text);
+                            let (words, calls) = stream_pieces(reader.push(&done.text));
                             match read_tool_reply(Some(t), reader.raw().to_string(), finish) {
-                                // The words were sent as they came: the rest only.
-                                (_, finish, None) if reader.is_response() => (words, finish, None),
-                                other => other,
+                                (_, "tool_calls", Some(_)) => (words.unwrap_or_default(), "tool_calls", calls),
+                                (raw, finish, _) if reader.is_other() => (raw, finish, Vec::new()),
+                                (_, finish, _) => (words.unwrap_or_default(), finish, calls),
                             }
                         }
-                        None => (done.text, finish, None),
+                        None => (done.text, finish, Vec::new()),
                     };
                     self.log.finish = Some(finish);
                     let text = (!text.is_empty()).then_some(text.as_str());
                     let logprobs = Self::take_logprobs(self.logprobs, self.chat, c);
                     let first = !std::mem::replace(&mut c.sent, true);
                     let with_calls = |mut chunk: Value| {
-                        if let Some(calls) = &calls {
-                            chunk["choices"][0]["delta"]["tool_calls"] = openai::tool_calls_json(calls, true);
+                        if !calls.is_empty() {
+                            chunk["choices"][0]["delta"]["tool_calls"] = Value::Array(calls.clone());
                         }
                         chunk
                     };

@@ -863,22 +863,11 @@ pub struct ChoiceOut {
     pub tool_calls: Option<Vec<ToolCall>>,
 }
 
-/// A tool reply's calls as OpenAI lists them (`arguments` a JSON text); streamed deltas carry their `index`.
-pub fn tool_calls_json(calls: &[ToolCall], streamed: bool) -> Value {
+/// A whole reply's calls as OpenAI lists them (`arguments` a JSON text).
+pub fn tool_calls_json(calls: &[ToolCall]) -> Value {
     calls
         .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let mut v = json!({
-                "id": c.id,
-                "type": "function",
-                "function": {"name": c.name, "arguments": c.arguments},
-            });
-            if streamed {
-                v["index"] = json!(i);
-            }
-            v
-        })
+        .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
         .collect()
 }
 
@@ -901,7 +890,7 @@ impl ResponseMeta<'_> {
                 if self.chat {
                     let message = match &c.tool_calls {
                         Some(calls) => json!({
-                            "role": "assistant", "content": null, "tool_calls": tool_calls_json(calls, false),
+                            "role": "assistant", "content": null, "tool_calls": tool_calls_json(calls),
                         }),
                         None => json!({ "role": "assistant", "content": c.text }),
                     };
