@@ -345,11 +345,8 @@ impl SchemaMachine {
                 true
             }
             Node::Number { integer, range: Some(range) } => {
-                let (neg, at, mag) = match b {
-                    b'-' => (true, NumAt::Minus, 0),
-                    b'0' => (false, NumAt::Zero, 0),
-                    _ => (false, NumAt::Int, i64::from(b - b'0')),
-                };
+                let at = number_start(b);
+                let (neg, mag) = (at == NumAt::Minus, if at == NumAt::Int { i64::from(b - b'0') } else { 0 });
                 let ok = match at {
                     NumAt::Minus => range.any(*integer, true),
                     _ => range.reachable(*integer, false, mag, at == NumAt::Int),
@@ -361,14 +358,7 @@ impl SchemaMachine {
                 true
             }
             &Node::Number { integer, range: None } => {
-                let at = if b == b'-' {
-                    NumAt::Minus
-                } else if b == b'0' {
-                    NumAt::Zero
-                } else {
-                    NumAt::Int
-                };
-                self.at = At::InNumber { integer, at, len: 1 };
+                self.at = At::InNumber { integer, at: number_start(b), len: 1 };
                 true
             }
             Node::Boolean | Node::Null => {
@@ -561,6 +551,15 @@ fn keys_of<'s>(s: &'s JsonSchema, frame: &Frame) -> (&'s [Property], usize) {
         Node::Object(props) => (props, frame.count as usize),
         Node::Variants { keys, .. } => (keys, 0),
         _ => unreachable!("keys are read in declared objects"),
+    }
+}
+
+/// Where a number is after its first byte (`-` or a digit).
+fn number_start(b: u8) -> NumAt {
+    match b {
+        b'-' => NumAt::Minus,
+        b'0' => NumAt::Zero,
+        _ => NumAt::Int,
     }
 }
 
