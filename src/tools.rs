@@ -175,10 +175,6 @@ impl ToolUse {
         self.schema.clone()
     }
 
-    pub fn choice(&self) -> &ToolChoice {
-        &self.choice
-    }
-
     /// What the system message gains: the tools, then the reply format (last, so that requests with the same tools
     /// and different choices still share the prefix cache's blocks of the list).
     pub fn instruction(&self) -> String {
@@ -229,29 +225,25 @@ impl ToolUse {
 
     /// The reply's calls or answer; `None` when the text is not a whole reply (generation stopped early).
     pub fn read(&self, text: &str) -> Option<ToolReply> {
-        #[derive(serde::Deserialize)]
-        struct Reply<'a> {
-            response: Option<String>,
-            #[serde(borrow)]
-            tool_calls: Option<Vec<Call<'a>>>,
+        let mut reader = ReplyReader::default();
+        let pieces = reader.push(text);
+        reader.is_complete().then(|| ToolReply::of(pieces))
+    }
+}
+
+impl ToolReply {
+    /// What `pieces` (all a [`ReplyReader`] gave for one reply) say: the calls, if any began, else the words.
+    pub fn of(pieces: Vec<ReplyPiece>) -> ToolReply {
+        let mut words = String::new();
+        let mut calls: Vec<ToolCall> = Vec::new();
+        for p in pieces {
+            match p {
+                ReplyPiece::Words(w) => words.push_str(&w),
+                ReplyPiece::CallStart { id, name, .. } => calls.push(ToolCall { id, name, arguments: String::new() }),
+                ReplyPiece::Arguments { index, text } => calls[index].arguments.push_str(&text),
+            }
         }
-        #[derive(serde::Deserialize)]
-        struct Call<'a> {
-            name: String,
-            #[serde(borrow)]
-            arguments: &'a serde_json::value::RawValue,
-        }
-        let reply: Reply = serde_json::from_str(text).ok()?;
-        if let Some(words) = reply.response {
-            return Some(ToolReply::Text(words));
-        }
-        let calls = reply.tool_calls?;
-        Some(ToolReply::Calls(
-            calls
-                .into_iter()
-                .map(|c| ToolCall { id: call_id(), name: c.name, arguments: compact(c.arguments.get()) })
-                .collect(),
-        ))
+        if calls.is_empty() { ToolReply::Text(words) } else { ToolReply::Calls(calls) }
     }
 }
 
@@ -352,24 +344,6 @@ fn rebase_refs(schema: Value, base: &str) -> Value {
     }
 }
 
-/// JSON text without the whitespace between its tokens (inside strings it stays), every value as written.
-fn compact(json: &str) -> String {
-    let mut out = String::with_capacity(json.len());
-    let (mut in_string, mut escaped) = (false, false);
-    for c in json.chars() {
-        if in_string {
-            in_string = escaped || c != '"';
-            escaped = !escaped && c == '\\';
-        } else if c == '"' {
-            in_string = true;
-        } else if c.is_ascii_whitespace() {
-            continue;
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// A fresh call id.
 fn call_id() -> String {
     let a = crate::sampling::random_seed();
@@ -427,8 +401,11 @@ enum ReplyAt {
     /// After the arguments: `}`, then `,` or `]`.
     CallClose,
     AfterCall,
-    /// Read to its end, or not a reply of these shapes.
+    /// After the words or the list of calls: the reply's closing `}`.
+    Closing,
+    /// Read to its end.
     Done,
+    /// Not a reply of these shapes.
     Other,
 }
 
@@ -440,7 +417,17 @@ impl ReplyReader {
 
     /// Whether the reply is (so far) an answer in words.
     pub fn is_response(&self) -> bool {
-        self.at == ReplyAt::Words || (self.at == ReplyAt::Done && self.calls == 0)
+        self.calls == 0 && matches!(self.at, ReplyAt::Words | ReplyAt::Closing | ReplyAt::Done)
+    }
+
+    /// Whether the reply has been read to its closing brace.
+    pub fn is_complete(&self) -> bool {
+        self.at == ReplyAt::Done
+    }
+
+    /// Calls begun so far.
+    pub fn calls(&self) -> usize {
+        self.calls
     }
 
     /// Takes the next piece of the reply and returns what it completes.
@@ -467,10 +454,11 @@ impl ReplyReader {
                 ReplyAt::CallClose => self.expect(&["}"]).map(|_| ReplyAt::AfterCall),
                 ReplyAt::AfterCall => match self.keys_ws(&[",", "]"]) {
                     Some(Some(0)) => Some(ReplyAt::CallOpen),
-                    Some(Some(_)) => Some(ReplyAt::Done),
+                    Some(Some(_)) => Some(ReplyAt::Closing),
                     Some(None) => Some(ReplyAt::Other),
                     None => None,
                 },
+                ReplyAt::Closing => self.expect(&["}"]).map(|_| ReplyAt::Done),
                 ReplyAt::Done | ReplyAt::Other => None,
             };
             if !args.is_empty() && (step.is_none() || step == Some(ReplyAt::CallClose)) {
@@ -559,13 +547,13 @@ impl ReplyReader {
         if waiting { None } else { Some(None) }
     }
 
-    /// Words up to the closing quote (decoded into `out`); `Some(Done)` there, `None` when the text ends first.
+    /// Words up to the closing quote (decoded into `out`); `Some(Closing)` there, `None` when the text ends first.
     fn words(&mut self, out: &mut String) -> Option<ReplyAt> {
         while let Some(c) = self.raw[self.pos..].chars().next() {
             match c {
                 '"' => {
                     self.pos += 1;
-                    return Some(ReplyAt::Done);
+                    return Some(ReplyAt::Closing);
                 }
                 '\\' => {
                     let (decoded, used) = unescape(&self.raw[self.pos..])?;
@@ -757,6 +745,9 @@ mod tests {
 
     #[test]
     fn whitespace_between_tokens_goes_and_strings_keep_theirs() {
-        assert_eq!(compact("{ \"a b\" :\t[1 ,\n \"x \\\" y\" ] }"), r#"{"a b":[1,"x \" y"]}"#);
+        let t = ToolUse::new(vec![weather()], ToolChoice::Auto, true).unwrap().unwrap();
+        let reply = "{\"tool_calls\": [{\"name\": \"w\", \"arguments\": { \"a b\" :\t[1 ,\n \"x \\\" y\" ] }}]}";
+        let Some(ToolReply::Calls(calls)) = t.read(reply) else { panic!("{reply}") };
+        assert_eq!(calls[0].arguments, r#"{"a b":[1,"x \" y"]}"#);
     }
 }

@@ -421,7 +421,6 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
                 Some(Event::Done(done)) => {
                     text.push_str(&done.text);
                     let finish = openai::finish_reason(done.finish);
-                    log.finish = Some(finish);
                     usage = Some(add_choice(usage, &done.usage));
                     let logprobs = req.logprobs.is_some().then(|| openai::logprobs_json(chat, &entries, 0));
                     let (text, finish, tool_calls) = read_tool_reply(req.tools.as_deref(), text, finish);
@@ -457,16 +456,15 @@ fn read_tool_reply(
     text: String,
     finish: &'static str,
 ) -> (String, &'static str, Option<Vec<ToolCall>>) {
-    let Some(t) = tools else { return (text, finish, None) };
-    match t.read(&text) {
-        Some(ToolReply::Calls(calls)) => (String::new(), "tool_calls", Some(calls)),
-        Some(ToolReply::Text(words)) => (words, finish, None),
-        None => {
-            // Words cut short are still words; a call cut short is given as written.
-            let mut reader = ReplyReader::default();
-            let (words, _) = stream_pieces(reader.push(&text));
-            if reader.is_response() { (words.unwrap_or_default(), finish, None) } else { (text, finish, None) }
-        }
+    if tools.is_none() {
+        return (text, finish, None);
+    }
+    let mut reader = ReplyReader::default();
+    let reply = ToolReply::of(reader.push(&text));
+    match reply {
+        ToolReply::Calls(calls) if reader.is_complete() => (String::new(), "tool_calls", Some(calls)),
+        ToolReply::Text(words) if reader.is_response() => (words, finish, None),
+        _ => (text, finish, None),
     }
 }
 
@@ -639,13 +637,15 @@ impl StreamState {
                     // A tool reply's last pieces, and whether it made calls; one its reader could not follow goes out
                     // whole as text.
                     let (text, finish, calls) = match &self.tools {
-                        Some(t) => {
+                        Some(_) => {
                             let mut reader = c.reader.take().unwrap_or_default();
                             let (words, calls) = stream_pieces(reader.push(&done.text));
-                            match read_tool_reply(Some(t), reader.raw().to_string(), finish) {
-                                (_, "tool_calls", Some(_)) => (words.unwrap_or_default(), "tool_calls", calls),
-                                (raw, finish, _) if reader.is_other() => (raw, finish, Vec::new()),
-                                (_, finish, _) => (words.unwrap_or_default(), finish, calls),
+                            if reader.is_other() {
+                                (reader.raw().to_string(), finish, Vec::new())
+                            } else if reader.is_complete() && reader.calls() > 0 {
+                                (words.unwrap_or_default(), "tool_calls", calls)
+                            } else {
+                                (words.unwrap_or_default(), finish, calls)
                             }
                         }
                         None => (done.text, finish, Vec::new()),

@@ -2,8 +2,8 @@
 //! naming the field, and responses in the shapes the official clients expect.
 //!
 //! Fields a client may send that do not change the result (`user`, `stream_options` without usage, a `model` name)
-//! are accepted; unknown fields are ignored, as the OpenAI API does; features this server does not have (tools,
-//! `echo`, `best_of` on chat, a JSON schema keyword the output cannot be held to, ...) are refused by name rather
+//! are accepted; unknown fields are ignored, as the OpenAI API does; features this server does not have (`echo`,
+//! `best_of` on chat, the legacy `functions`, a JSON schema keyword the output cannot be held to, ...) are refused by name rather
 //! than silently dropped.
 
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use crate::sampling::{
 use crate::structured::schema::json_kind as kind;
 use crate::structured::{Grammar, JsonSchema, OutputFormat};
 use crate::tokenizer::chat::ChatMessage;
-use crate::tools::{PastCall, Tool, ToolCall, ToolChoice, ToolResult, ToolUse};
+use crate::tools::{PastCall, Tool, ToolCall, ToolChoice, ToolError, ToolResult, ToolUse};
 
 /// A client error: HTTP status, message, and the parameter at fault.
 #[derive(Debug, Clone, PartialEq)]
@@ -465,11 +465,13 @@ fn parse_tools(f: &Fields<'_>, chat: bool) -> Result<Option<Arc<ToolUse>>, ApiEr
         }
     };
     let parallel = f.bool("parallel_tool_calls")?.unwrap_or(true);
-    let param = |e: &crate::tools::ToolError| match e {
-        crate::tools::ToolError::BadName { index, .. }
-        | crate::tools::ToolError::Duplicate { second: index, .. }
-        | crate::tools::ToolError::Parameters { index, .. } => format!("tools[{index}]"),
-        crate::tools::ToolError::UnknownChoice { .. } | crate::tools::ToolError::NoTools { .. } => "tool_choice".into(),
+    let param = |e: &ToolError| match e {
+        ToolError::BadName { index, .. }
+        | ToolError::Duplicate { second: index, .. }
+        | ToolError::Parameters { index, .. } => {
+            format!("tools[{index}]")
+        }
+        ToolError::UnknownChoice { .. } | ToolError::NoTools { .. } => "tool_choice".into(),
         _ => "tools".into(),
     };
     ToolUse::new(tools, choice, parallel).map(|t| t.map(Arc::new)).map_err(|e| ApiError::bad(&param(&e), e.to_string()))
@@ -1054,6 +1056,7 @@ mod tests {
         let r = parse(br#"{"prompt": [[1, 2, 3]], "max_tokens": null}"#, false).unwrap();
         assert_eq!((r.prompt, r.max_tokens), (Prompt::Tokens(vec![1, 2, 3]), None));
     }
+
     #[test]
     fn calls_and_results_in_the_conversation_are_written_back_in_the_tools_protocol() {
         let r = parse(
