@@ -414,10 +414,11 @@ fn n_choices_share_one_prompt_and_each_is_its_seed_s_text() {
         assert_eq!(first["choices"][0]["delta"]["role"], "assistant", "choice {i}");
     }
     assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 8);
-    let log = server.log_when("for the n = 3 request", Duration::from_secs(30), |log| {
-        log.iter().any(|l| l.contains(" n=3") && l.contains("completion=30"))
+    // A request's line is written after its last chunk went out, so the client may read [DONE] first: wait for
+    // the streamed request's own line (waiting for the earlier n = 3 request's line raced it).
+    server.log_when("for the streamed n = 3 request", Duration::from_secs(30), |log| {
+        log.iter().any(|l| l.contains(" n=3 stream") && l.contains("completion=30"))
     });
-    assert!(log.iter().any(|l| l.contains(" n=3 stream")), "{log:#?}");
 }
 
 /// `--trace`: a line per engine step. In JSON, the steps of one request of two choices carry its prompt once and
