@@ -17,6 +17,7 @@ pub mod grammar_machine;
 pub mod json;
 pub mod schema;
 pub mod schema_machine;
+pub mod tagged_calls;
 pub mod vocab;
 
 use std::sync::{Arc, OnceLock};
@@ -28,6 +29,7 @@ pub use grammar_machine::{GrammarConstraint, GrammarMachine};
 pub use json::JsonMachine;
 pub use schema::{JsonSchema, SchemaError};
 pub use schema_machine::SchemaMachine;
+pub use tagged_calls::{TaggedCalls, TaggedCallsConstraint};
 pub use vocab::SortedVocab;
 
 /// What shape the generated text must have.
@@ -43,6 +45,10 @@ pub enum OutputFormat {
     JsonSchema(Arc<JsonSchema>),
     /// Text of this GBNF grammar (from its rule `root`).
     Grammar(Arc<Grammar>),
+    /// Tool calls in the tagged format of Hermes-style templates (set by [`crate::tools`] for a request's tools;
+    /// no command line or file names it).
+    #[serde(skip)]
+    TaggedCalls(Arc<TaggedCalls>),
 }
 
 impl OutputFormat {
@@ -54,13 +60,14 @@ impl OutputFormat {
             OutputFormat::JsonObject => "json",
             OutputFormat::JsonSchema(_) => "json-schema",
             OutputFormat::Grammar(_) => "grammar",
+            OutputFormat::TaggedCalls(_) => "tool-calls",
         }
     }
 
     /// The schema generation follows, if the text must be JSON.
     pub fn schema(&self) -> Option<Arc<JsonSchema>> {
         match self {
-            OutputFormat::Text | OutputFormat::Grammar(_) => None,
+            OutputFormat::Text | OutputFormat::Grammar(_) | OutputFormat::TaggedCalls(_) => None,
             OutputFormat::JsonObject => Some(JsonSchema::any_object()),
             OutputFormat::JsonSchema(s) => Some(s.clone()),
         }
@@ -73,7 +80,7 @@ impl OutputFormat {
 }
 
 /// Masks kept per constraint: the states of a string's inside, of the places between values, and a spare.
-const CACHED_MASKS: usize = 4;
+pub(crate) const CACHED_MASKS: usize = 4;
 
 /// One sequence's JSON constraint: the schema, the machine, and masks of the states it met recently.
 #[derive(Debug)]
@@ -98,6 +105,7 @@ pub struct Refused {
 pub enum Constraint {
     Json(JsonConstraint),
     Grammar(GrammarConstraint),
+    Tagged(TaggedCallsConstraint),
 }
 
 impl Constraint {
@@ -112,6 +120,7 @@ impl Constraint {
         match format {
             OutputFormat::Text => None,
             OutputFormat::Grammar(g) => Some(Constraint::Grammar(GrammarConstraint::new(vocab(), g.clone()))),
+            OutputFormat::TaggedCalls(t) => Some(Constraint::Tagged(TaggedCallsConstraint::new(vocab(), t.clone()))),
             _ => format.schema().map(|schema| Constraint::Json(JsonConstraint::new(vocab(), schema))),
         }
     }
@@ -121,6 +130,7 @@ impl Constraint {
         match self {
             Constraint::Json(c) => c.mask(),
             Constraint::Grammar(c) => c.mask(),
+            Constraint::Tagged(c) => c.mask(),
         }
     }
 
@@ -129,6 +139,7 @@ impl Constraint {
         match self {
             Constraint::Json(c) => c.accept(token, bytes),
             Constraint::Grammar(c) => c.accept(token, bytes),
+            Constraint::Tagged(c) => c.accept(token, bytes),
         }
     }
 
@@ -137,6 +148,7 @@ impl Constraint {
         match self {
             Constraint::Json(c) => c.is_complete(),
             Constraint::Grammar(c) => c.is_complete(),
+            Constraint::Tagged(c) => c.is_complete(),
         }
     }
 
