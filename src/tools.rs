@@ -1,7 +1,11 @@
 //! Tool (function) calling that works with any chat template.
 //!
-//! Few GGUF chat templates describe tools, and those that do each want their own reply format, so this takes the
-//! one route every model can follow: the tools and a JSON reply format are described in the system message, and
+//! Few GGUF chat templates describe tools, and those that do each want their own reply format. Where the template
+//! is of the Hermes kind ([`ToolStyle::Tagged`]: Qwen 2.5 and 3, Hermes 2 and 3 and their fine-tunes), the tools go
+//! to the template, which lists them as the model was trained to read them, and the reply is held to that
+//! template's `<tool_call>` format ([`crate::structured::tagged_calls`]): under `auto` the model writes words
+//! freely and a call wherever it opens the tag. Every other template gets the one route every model can follow
+//! ([`ToolStyle::Json`]): the tools and a JSON reply format are described in the system message, and
 //! the reply is held to that format by a JSON schema ([`crate::structured`]), so a model of any size writes a call
 //! that parses, names a declared tool and carries arguments of that tool's `parameters` schema:
 //!
@@ -20,7 +24,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
-use crate::structured::{JsonSchema, SchemaError};
+use crate::structured::tagged_calls::{CLOSE, OPEN};
+use crate::structured::{JsonSchema, OutputFormat, SchemaError, TaggedCalls};
 use crate::tokenizer::chat::ChatMessage;
 
 /// Most tools one request may declare (OpenAI's limit).
@@ -72,20 +77,47 @@ pub enum ToolError {
     Schema(SchemaError),
 }
 
-/// A request's tools, with the reply schema they compile to. Exists only when calls are possible (a choice other
+/// How the model is asked to call tools: in the template's own format, or in this module's JSON protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ToolStyle {
+    /// The JSON protocol, described in the system message: for any template.
+    #[default]
+    Json,
+    /// The template lists the tools itself (it is given them as `tools`) and teaches the model to answer with
+    /// `<tool_call>` tags around `{"name": ..., "arguments": ...}` (Hermes 2 Pro's format, which Qwen took over).
+    /// Earlier calls and results reach the template as its own messages (`tool_calls`, role `tool`).
+    Tagged,
+}
+
+impl ToolStyle {
+    /// The style a chat template's source teaches: tagged where it writes both tags, lists `tools` and names the
+    /// `arguments` (as Qwen's and Hermes' templates do); JSON for every other template.
+    pub fn of_template(source: &str) -> ToolStyle {
+        let tagged = [OPEN, CLOSE, "tools", "arguments"].iter().all(|w| source.contains(w));
+        if tagged { ToolStyle::Tagged } else { ToolStyle::Json }
+    }
+}
+
+/// A request's tools, with the reply format they compile to. Exists only when calls are possible (a choice other
 /// than [`ToolChoice::None`], at least one tool).
 #[derive(Debug)]
 pub struct ToolUse {
     tools: Vec<Tool>,
     choice: ToolChoice,
     parallel: bool,
+    /// The JSON protocol's reply schema.
     schema: Arc<JsonSchema>,
+    /// The tagged format's, when the template has it ([`ToolUse::in_style`]).
+    tagged: Option<Arc<TaggedCalls>>,
 }
 
 impl PartialEq for ToolUse {
     /// The same tools and choice (the schema follows from them).
     fn eq(&self, other: &Self) -> bool {
-        self.tools == other.tools && self.choice == other.choice && self.parallel == other.parallel
+        self.tools == other.tools
+            && self.choice == other.choice
+            && self.parallel == other.parallel
+            && self.style() == other.style()
     }
 }
 
@@ -167,12 +199,68 @@ impl ToolUse {
         }
         let source = reply_schema(&tools, &choice, parallel);
         let schema = Arc::new(JsonSchema::compile(&source).map_err(ToolError::Schema)?);
-        Ok(Some(ToolUse { tools, choice, parallel, schema }))
+        Ok(Some(ToolUse { tools, choice, parallel, schema, tagged: None }))
     }
 
-    /// The schema a reply follows.
+    /// The same tools asked for in `style`.
+    pub fn in_style(mut self, style: ToolStyle) -> Result<ToolUse, ToolError> {
+        self.tagged = match style {
+            ToolStyle::Json => None,
+            ToolStyle::Tagged => {
+                let call = call_alternatives(&self.tools, &self.choice);
+                let call = Arc::new(JsonSchema::compile(&call).map_err(ToolError::Schema)?);
+                let lazy = self.choice == ToolChoice::Auto;
+                let max_calls = if self.parallel { MAX_CALLS as u8 } else { 1 };
+                Some(Arc::new(TaggedCalls { call, lazy, max_calls }))
+            }
+        };
+        Ok(self)
+    }
+
+    /// The style the calls are asked for in.
+    pub fn style(&self) -> ToolStyle {
+        if self.tagged.is_some() { ToolStyle::Tagged } else { ToolStyle::Json }
+    }
+
+    /// The schema a reply in the JSON protocol follows.
     pub fn schema(&self) -> Arc<JsonSchema> {
         self.schema.clone()
+    }
+
+    /// The format a reply is held to.
+    pub fn format(&self) -> OutputFormat {
+        match &self.tagged {
+            Some(t) => OutputFormat::TaggedCalls(t.clone()),
+            None => OutputFormat::JsonSchema(self.schema.clone()),
+        }
+    }
+
+    /// The tools as a tagged template takes them (`tools`: OpenAI's request shape); `None` in the JSON style,
+    /// whose tools are in the system message.
+    pub fn template_tools(&self) -> Option<Value> {
+        self.tagged.as_ref()?;
+        let list = self
+            .tools
+            .iter()
+            .map(|t| {
+                let mut f = Map::new();
+                f.insert("name".into(), json!(t.name));
+                if let Some(d) = &t.description {
+                    f.insert("description".into(), json!(d));
+                }
+                f.insert("parameters".into(), arguments_schema(t));
+                json!({"type": "function", "function": f})
+            })
+            .collect();
+        Some(Value::Array(list))
+    }
+
+    /// A reader of replies in this style.
+    pub fn reader(&self) -> CallReader {
+        match self.tagged {
+            Some(_) => CallReader::Tagged(TaggedReader::default()),
+            None => CallReader::Json(ReplyReader::default()),
+        }
     }
 
     /// What the system message gains: the tools, then the reply format (last, so that requests with the same tools
@@ -212,8 +300,11 @@ impl ToolUse {
     }
 
     /// Adds [`instruction`](Self::instruction) to the conversation's system message (one is put first if there is
-    /// none).
+    /// none), in the JSON style; in the tagged style the template lists the tools.
     pub fn prompt(&self, messages: &mut Vec<ChatMessage>) {
+        if self.tagged.is_some() {
+            return;
+        }
         let text = self.instruction();
         match messages.first_mut() {
             Some(m) if m.role == "system" => {
@@ -225,26 +316,47 @@ impl ToolUse {
 
     /// The reply's calls or answer; `None` when the text is not a whole reply (generation stopped early).
     pub fn read(&self, text: &str) -> Option<ToolReply> {
-        let mut reader = ReplyReader::default();
-        let pieces = reader.push(text);
-        reader.is_complete().then(|| ToolReply::of(pieces))
+        let mut reader = self.reader();
+        let mut pieces = reader.push(text);
+        pieces.extend(reader.finish());
+        let whole = match &reader {
+            CallReader::Json(r) => r.is_complete(),
+            // Words are a whole reply once the text ends.
+            CallReader::Tagged(_) => reader.is_complete() || reader.is_response(),
+        };
+        whole.then(|| ToolReply::of(pieces))
     }
 }
 
 impl ToolReply {
-    /// What `pieces` (all a [`ReplyReader`] gave for one reply) say: the calls, if any began, else the words.
+    /// What `pieces` (all a reader gave for one reply) say: the calls, if any began, else the words.
     pub fn of(pieces: Vec<ReplyPiece>) -> ToolReply {
-        let mut words = String::new();
-        let mut calls: Vec<ToolCall> = Vec::new();
-        for p in pieces {
-            match p {
-                ReplyPiece::Words(w) => words.push_str(&w),
-                ReplyPiece::CallStart { id, name, .. } => calls.push(ToolCall { id, name, arguments: String::new() }),
-                ReplyPiece::Arguments { index, text } => calls[index].arguments.push_str(&text),
-            }
-        }
+        let (words, calls) = words_and_calls(pieces);
         if calls.is_empty() { ToolReply::Text(words) } else { ToolReply::Calls(calls) }
     }
+}
+
+/// The words and the calls of `pieces` (all a reader gave for one reply).
+pub fn words_and_calls(pieces: Vec<ReplyPiece>) -> (String, Vec<ToolCall>) {
+    let mut words = String::new();
+    let mut calls: Vec<ToolCall> = Vec::new();
+    for p in pieces {
+        match p {
+            ReplyPiece::Words(w) => words.push_str(&w),
+            ReplyPiece::CallStart { id, name, .. } => calls.push(ToolCall { id, name, arguments: String::new() }),
+            ReplyPiece::Arguments { index, text } => calls[index].arguments.push_str(&text),
+        }
+    }
+    (words, calls)
+}
+
+/// An assistant message's earlier calls as tagged templates take them (`tool_calls` in OpenAI's shape, with the
+/// arguments as an object, which the templates write out with `tojson`).
+pub fn past_calls_json(calls: &[PastCall]) -> Value {
+    calls
+        .iter()
+        .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+        .collect()
 }
 
 /// The name a tool choice has in requests.
@@ -288,11 +400,10 @@ fn arguments_schema(t: &Tool) -> Value {
     t.parameters.clone().unwrap_or_else(|| json!({"type": "object", "properties": {}, "additionalProperties": false}))
 }
 
-/// The schema of a reply: `{"tool_calls": [...]}` with one alternative per allowed tool told apart by its `name`,
-/// and for `auto` also `{"response": "..."}`.
-fn reply_schema(tools: &[Tool], choice: &ToolChoice, parallel: bool) -> Value {
-    // Each tool's arguments schema sits under `$defs`, its local `$ref`s (written against its own root, as pydantic
-    // writes them) pointed at their new place.
+/// The schema of one call, `{"name": ..., "arguments": {...}}`: one alternative per allowed tool, told apart by its
+/// `name`, under `anyOf`; each tool's arguments schema sits under the returned `$defs`, its local `$ref`s (written
+/// against its own root, as pydantic writes them) pointed at their new place.
+fn call_alternatives(tools: &[Tool], choice: &ToolChoice) -> Value {
     let mut defs = Map::new();
     let mut calls = Vec::new();
     for (i, t) in tools.iter().enumerate() {
@@ -307,10 +418,18 @@ fn reply_schema(tools: &[Tool], choice: &ToolChoice, parallel: bool) -> Value {
             "required": ["name", "arguments"],
         }));
     }
+    json!({"anyOf": calls, "$defs": defs})
+}
+
+/// The schema of a reply in the JSON protocol: `{"tool_calls": [...]}` of [`call_alternatives`], and for `auto`
+/// also `{"response": "..."}`.
+fn reply_schema(tools: &[Tool], choice: &ToolChoice, parallel: bool) -> Value {
+    let mut call = call_alternatives(tools, choice);
+    let defs = call.as_object_mut().and_then(|o| o.remove("$defs")).unwrap_or_default();
     let max = if parallel { MAX_CALLS } else { 1 };
     let call_list = json!({
         "type": "object",
-        "properties": {"tool_calls": {"type": "array", "items": {"anyOf": calls}, "minItems": 1, "maxItems": max}},
+        "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1, "maxItems": max}},
         "required": ["tool_calls"],
     });
     let mut root = match choice {
@@ -320,7 +439,7 @@ fn reply_schema(tools: &[Tool], choice: &ToolChoice, parallel: bool) -> Value {
         ]}),
         ToolChoice::Required | ToolChoice::Function(_) => call_list,
     };
-    root["$defs"] = Value::Object(defs);
+    root["$defs"] = defs;
     root
 }
 
@@ -480,6 +599,11 @@ impl ReplyReader {
         self.at == ReplyAt::Other
     }
 
+    /// Whether a call's object has just closed (a `,` or the list's `]` comes next).
+    fn after_call(&self) -> bool {
+        self.at == ReplyAt::AfterCall
+    }
+
     /// `{"response": "` or `{"tool_calls"`: the state after it, `None` (nothing taken) if the text ends first.
     fn opening(&mut self) -> Option<ReplyAt> {
         let start = self.pos;
@@ -607,6 +731,205 @@ impl ReplyReader {
     }
 }
 
+/// Reads a reply in the tagged format ([`ToolStyle::Tagged`]) as [`ReplyReader`] reads one in the JSON protocol:
+/// the words before the first `<tool_call>` as they come (holding back what may be the start of the tag), then
+/// each call's name and arguments. The calls are handed to a [`ReplyReader`] as the protocol's `tool_calls` list
+/// they amount to, so both styles read calls the same way.
+#[derive(Debug, Default)]
+pub struct TaggedReader {
+    raw: String,
+    /// Bytes of `raw` read so far.
+    pos: usize,
+    at: TaggedAt,
+    calls: ReplyReader,
+    /// Calls whose closing tag was read.
+    closed: usize,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum TaggedAt {
+    /// Words, before any call.
+    #[default]
+    Words,
+    /// Inside a call's object (after its opening tag).
+    Call,
+    /// After a call's object: its closing tag.
+    Closing,
+    /// After a closing tag: another call's opening tag, or the end.
+    Between,
+    /// Something else followed the calls: it is not read.
+    Trailing,
+}
+
+impl TaggedReader {
+    /// Takes the next piece of the reply and returns what it completes.
+    pub fn push(&mut self, piece: &str) -> Vec<ReplyPiece> {
+        self.raw.push_str(piece);
+        let mut out = Vec::new();
+        loop {
+            let rest = &self.raw[self.pos..];
+            let next = match self.at {
+                TaggedAt::Words => match rest.find(OPEN) {
+                    Some(i) => {
+                        if i > 0 {
+                            out.push(ReplyPiece::Words(rest[..i].to_string()));
+                        }
+                        self.pos += i + OPEN.len();
+                        out.extend(self.calls.push("{\"tool_calls\": ["));
+                        Some(TaggedAt::Call)
+                    }
+                    None => {
+                        // Everything but a tail that may begin the tag.
+                        let keep = (1..OPEN.len().min(rest.len() + 1))
+                            .rev()
+                            .find(|&k| {
+                                rest.is_char_boundary(rest.len() - k) && OPEN.starts_with(&rest[rest.len() - k..])
+                            })
+                            .unwrap_or(0);
+                        let words = rest.len() - keep;
+                        if words > 0 {
+                            out.push(ReplyPiece::Words(rest[..words].to_string()));
+                            self.pos += words;
+                        }
+                        None
+                    }
+                },
+                TaggedAt::Call => {
+                    // A character at a time, so that the object's end is where the reader stops.
+                    let mut next = None;
+                    while let Some(c) = self.raw[self.pos..].chars().next() {
+                        self.pos += c.len_utf8();
+                        let mut buf = [0u8; 4];
+                        out.extend(self.calls.push(c.encode_utf8(&mut buf)));
+                        if self.calls.after_call() {
+                            next = Some(TaggedAt::Closing);
+                            break;
+                        }
+                        if self.calls.is_other() {
+                            next = Some(TaggedAt::Trailing);
+                            break;
+                        }
+                    }
+                    next
+                }
+                TaggedAt::Closing => match tag_after_space(rest, CLOSE) {
+                    Some(Some(n)) => {
+                        self.pos += n;
+                        self.closed += 1;
+                        Some(TaggedAt::Between)
+                    }
+                    Some(None) => Some(TaggedAt::Trailing),
+                    None => None,
+                },
+                TaggedAt::Between => match tag_after_space(rest, OPEN) {
+                    Some(Some(n)) => {
+                        self.pos += n;
+                        out.extend(self.calls.push(","));
+                        Some(TaggedAt::Call)
+                    }
+                    Some(None) => Some(TaggedAt::Trailing),
+                    None => None,
+                },
+                TaggedAt::Trailing => None,
+            };
+            match next {
+                Some(at) => self.at = at,
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// The words held back at the end of the reply (they did not begin a tag after all).
+    pub fn finish(&mut self) -> Vec<ReplyPiece> {
+        if self.at != TaggedAt::Words || self.pos == self.raw.len() {
+            return Vec::new();
+        }
+        let words = self.raw[self.pos..].to_string();
+        self.pos = self.raw.len();
+        vec![ReplyPiece::Words(words)]
+    }
+
+    /// Whether every call begun was closed, and there was one.
+    pub fn is_complete(&self) -> bool {
+        self.closed > 0
+            && self.closed == self.calls.calls()
+            && matches!(self.at, TaggedAt::Between | TaggedAt::Trailing)
+    }
+}
+
+/// `tag` after any whitespace at the start of `text`: `Some(Some(bytes taken))`, `Some(None)` if something else
+/// comes, `None` if the text ends before that is known.
+fn tag_after_space(text: &str, tag: &str) -> Option<Option<usize>> {
+    let space = text.len() - text.trim_start().len();
+    let rest = &text[space..];
+    if rest.starts_with(tag) {
+        Some(Some(space + tag.len()))
+    } else if tag.starts_with(rest) {
+        None
+    } else {
+        Some(None)
+    }
+}
+
+/// A reader of replies in either style ([`ToolUse::reader`]).
+#[derive(Debug)]
+pub enum CallReader {
+    Json(ReplyReader),
+    Tagged(TaggedReader),
+}
+
+impl CallReader {
+    /// Takes the next piece of the reply and returns what it completes.
+    pub fn push(&mut self, piece: &str) -> Vec<ReplyPiece> {
+        match self {
+            CallReader::Json(r) => r.push(piece),
+            CallReader::Tagged(r) => r.push(piece),
+        }
+    }
+
+    /// What the reader held back, at the reply's end.
+    pub fn finish(&mut self) -> Vec<ReplyPiece> {
+        match self {
+            CallReader::Json(_) => Vec::new(),
+            CallReader::Tagged(r) => r.finish(),
+        }
+    }
+
+    /// The reply so far, as written.
+    pub fn raw(&self) -> &str {
+        match self {
+            CallReader::Json(r) => r.raw(),
+            CallReader::Tagged(r) => &r.raw,
+        }
+    }
+
+    /// Whether the reply made calls and was read to their end.
+    pub fn is_complete(&self) -> bool {
+        match self {
+            CallReader::Json(r) => r.is_complete() && r.calls() > 0,
+            CallReader::Tagged(r) => r.is_complete(),
+        }
+    }
+
+    /// Whether the reply is (so far) an answer in words.
+    pub fn is_response(&self) -> bool {
+        match self {
+            CallReader::Json(r) => r.is_response(),
+            CallReader::Tagged(r) => r.calls.calls() == 0 && r.at == TaggedAt::Words,
+        }
+    }
+
+    /// Whether the reply is not of the shapes read (nothing of it is then given as pieces): only in the JSON
+    /// style, where the whole reply is one object (a tagged reply's words are words).
+    pub fn is_other(&self) -> bool {
+        match self {
+            CallReader::Json(r) => r.is_other(),
+            CallReader::Tagged(_) => false,
+        }
+    }
+}
+
 enum Escaped {
     Char(char),
     /// A `\uXXXX` UTF-16 unit.
@@ -647,12 +970,18 @@ mod tests {
 
     /// Every piece a reader gives for `reply` pushed in the pieces `cuts` makes, joined: (words, calls as
     /// (name, arguments)).
-    fn read_in_pieces(reply: &str, cuts: &[usize]) -> (String, Vec<(String, String)>, ReplyReader) {
-        let mut r = ReplyReader::default();
+    fn read_in_pieces(reply: &str, cuts: &[usize]) -> (String, Vec<(String, String)>, CallReader) {
+        read_with(CallReader::Json(ReplyReader::default()), reply, cuts)
+    }
+
+    /// [`read_in_pieces`] with reader `r`, which is then told the reply ended.
+    fn read_with(mut r: CallReader, reply: &str, cuts: &[usize]) -> (String, Vec<(String, String)>, CallReader) {
         let (mut words, mut calls) = (String::new(), Vec::<(String, String)>::new());
         let mut from = 0;
-        for &cut in cuts.iter().chain([&reply.len()]) {
-            for p in r.push(&reply[from..cut]) {
+        let ends = [reply.len(), usize::MAX];
+        for &cut in cuts.iter().chain(&ends) {
+            let pieces = if cut == usize::MAX { r.finish() } else { r.push(&reply[from..cut]) };
+            for p in pieces {
                 match p {
                     ReplyPiece::Words(w) => words.push_str(&w),
                     ReplyPiece::CallStart { index, id, name } => {
@@ -666,6 +995,60 @@ mod tests {
             from = cut;
         }
         (words, calls, r)
+    }
+
+    #[test]
+    fn tagged_replies_are_read_across_every_split() {
+        let tagged = || CallReader::Tagged(TaggedReader::default());
+        let calls = "Let me see: <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"<Oslo>\"}}\n</tool_call>\n\
+                     <tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+        let want = vec![
+            ("get_weather".to_string(), r#"{"city":"<Oslo>"}"#.to_string()),
+            ("get_time".to_string(), "{}".to_string()),
+        ];
+        let words = "a < b, <tool_call ends with <tool";
+        for (text, want_words, want_calls) in [(calls, "Let me see: ", want), (words, words, vec![])] {
+            let every: Vec<usize> = (1..text.len()).filter(|&c| text.is_char_boundary(c)).collect();
+            let mut splits: Vec<Vec<usize>> = every.iter().map(|&c| vec![c]).collect();
+            splits.extend([vec![], every]);
+            for cuts in splits {
+                let (w, c, r) = read_with(tagged(), text, &cuts);
+                assert_eq!((w.as_str(), &c), (want_words, &want_calls), "split at {cuts:?}");
+                assert_eq!(r.is_complete(), !want_calls.is_empty(), "{cuts:?}");
+                assert_eq!(r.is_response(), want_calls.is_empty(), "{cuts:?}");
+            }
+        }
+        // Cut short inside a call: the call as far as it goes, not complete.
+        let (w, c, r) = read_with(tagged(), &calls[..60], &[]);
+        assert_eq!((w.as_str(), c.len()), ("Let me see: ", 1));
+        assert!(!r.is_complete() && !r.is_response());
+    }
+
+    #[test]
+    fn the_template_decides_the_style() {
+        let tagged = include_str!("../tests/data/tagged-tools.jinja");
+        assert_eq!(ToolStyle::of_template(tagged), ToolStyle::Tagged);
+        for plain in [crate::tokenizer::chat::CHATML, crate::tokenizer::chat::GEMMA] {
+            assert_eq!(ToolStyle::of_template(plain), ToolStyle::Json);
+        }
+        let t = ToolUse::new(vec![weather()], ToolChoice::Auto, true).unwrap().unwrap();
+        assert!(t.template_tools().is_none() && matches!(t.format(), OutputFormat::JsonSchema(_)));
+        let t = t.in_style(ToolStyle::Tagged).unwrap();
+        assert_eq!(t.template_tools().unwrap()[0]["function"]["name"], "get_weather");
+        let OutputFormat::TaggedCalls(spec) = t.format() else { panic!("{:?}", t.format()) };
+        assert!(spec.lazy && usize::from(spec.max_calls) == MAX_CALLS);
+        let mut messages = vec![ChatMessage::new("user", "hi")];
+        t.prompt(&mut messages);
+        assert_eq!(messages, [ChatMessage::new("user", "hi")], "the template lists the tools");
+        let reply = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        let Some(ToolReply::Calls(calls)) = t.read(reply) else { panic!("{reply}") };
+        assert_eq!((calls[0].name.as_str(), calls[0].arguments.as_str()), ("get_weather", r#"{"city":"Oslo"}"#));
+        assert_eq!(t.read("It is sunny."), Some(ToolReply::Text("It is sunny.".into())));
+        assert_eq!(t.read("<tool_call>\n{\"name\""), None);
+        let named = ToolUse::new(vec![weather()], ToolChoice::Function("get_weather".into()), false);
+        let named = named.unwrap().unwrap().in_style(ToolStyle::Tagged).unwrap();
+        let OutputFormat::TaggedCalls(spec) = named.format() else { panic!() };
+        assert!(!spec.lazy && spec.max_calls == 1);
     }
 
     #[test]

@@ -379,3 +379,227 @@ fn a_conversation_with_calls_and_results_renders_on_gemma3() {
     let (content, calls_made, _) = whole(&url, &json!({"messages": messages, "max_tokens": 8, "temperature": 0}));
     assert!(content.is_some() && calls_made.is_empty());
 }
+
+/// The tools of [`tools`] asked for in the tagged style under `choice`.
+fn tagged_use(choice: infer::tools::ToolChoice, parallel: bool) -> infer::tools::ToolUse {
+    use infer::tools::{Tool, ToolStyle, ToolUse};
+    let list: Vec<Tool> = tools()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| Tool {
+            name: t["function"]["name"].as_str().unwrap().into(),
+            description: t["function"]["description"].as_str().map(str::to_string),
+            parameters: t["function"].get("parameters").cloned(),
+        })
+        .collect();
+    ToolUse::new(list, choice, parallel).unwrap().unwrap().in_style(ToolStyle::Tagged).unwrap()
+}
+
+/// One reply drawn token by token through the tagged format's constraint on `tok`'s vocabulary. Under `auto`, the
+/// reply begins with free tokens (none with a '<'): with `words = Some(k)`, k of them and then the walk steers into
+/// the opening tag, the longest token that goes on with it at a time; with `None`, words to the end (each step
+/// ends the reply with odds 1 in 10). In the calls it draws random allowed tokens, leaning towards those that close
+/// strings and objects, and ends the reply where it may with even odds. Every mask is checked against feeding each
+/// token to the machine itself (every token for the first `check` steps, every 97th after). Returns the text, and
+/// whether it ended (rather than ran into `limit` tokens).
+fn tagged_walk(
+    t: &infer::tools::ToolUse,
+    tok: &infer::tokenizer::Tokenizer,
+    rng: &mut crate::synthetic::Rng,
+    words: Option<usize>,
+    check: usize,
+    limit: usize,
+) -> (String, bool) {
+    use infer::structured::tagged_calls::{OPEN, TaggedCallsMachine};
+    use infer::structured::{Constraint, OutputFormat, vocab::allows};
+    use infer::tokenizer::TokenType;
+    let OutputFormat::TaggedCalls(spec) = t.format() else { panic!("not tagged") };
+    let vocab = std::sync::OnceLock::new();
+    let mut c = Constraint::new(&t.format(), &vocab, tok).unwrap();
+    let mut machine = TaggedCallsMachine::new(&spec);
+    let mut text: Vec<u8> = Vec::new();
+    let lossy = |t: &[u8]| String::from_utf8_lossy(t).into_owned();
+    let steer = format!("{OPEN}\n");
+    let piece = |id: u32| tok.token_bytes(id, true);
+    let pick = |from: &[u32], rng: &mut crate::synthetic::Rng| from[(rng.next_u64() % from.len() as u64) as usize];
+    for step in 0..limit {
+        if c.is_complete() {
+            return (lossy(&text), true);
+        }
+        let mask = c.mask().to_vec();
+        let allowed: Vec<u32> = (0..tok.n_vocab() as u32).filter(|&id| allows(&mask, id)).collect();
+        assert!(!allowed.is_empty(), "a dead end after {:?}", lossy(&text));
+        for id in (0..tok.n_vocab() as u32).step_by(if step < check { 1 } else { 97 }) {
+            let expected = if tok.is_eog(id) {
+                machine.is_accepting()
+            } else {
+                !piece(id).is_empty()
+                    && !matches!(tok.token_type(id), Some(TokenType::Control | TokenType::Unknown))
+                    && machine.clone().feed(&spec, piece(id))
+            };
+            let shown = String::from_utf8_lossy(piece(id));
+            assert_eq!(allows(&mask, id), expected, "token {id} {shown:?} after {:?}", lossy(&text));
+        }
+        let eog: Vec<u32> = allowed.iter().copied().filter(|&id| tok.is_eog(id)).collect();
+        let in_words = spec.lazy && !lossy(&text).contains(OPEN);
+        let id = if in_words && words.is_none_or(|k| step < k) {
+            let plain: Vec<u32> =
+                allowed.iter().copied().filter(|&id| !tok.is_eog(id) && !piece(id).contains(&b'<')).collect();
+            if words.is_none() && rng.uniform() < 0.1 { pick(&eog, rng) } else { pick(&plain, rng) }
+        } else if in_words {
+            let done = (0..steer.len()).rev().find(|&k| text.ends_with(&steer.as_bytes()[..k])).unwrap_or(0);
+            let rest = &steer.as_bytes()[done..];
+            *allowed
+                .iter()
+                .filter(|&&id| !piece(id).is_empty() && rest.starts_with(piece(id)))
+                .max_by_key(|&&id| piece(id).len())
+                .unwrap_or_else(|| panic!("no token goes on with {:?}", String::from_utf8_lossy(rest)))
+        } else if !eog.is_empty() && rng.uniform() < 0.5 {
+            pick(&eog, rng)
+        } else {
+            let closers: Vec<u32> = allowed
+                .iter()
+                .copied()
+                .filter(|&id| !tok.is_eog(id) && piece(id).iter().any(|b| b"\"}]".contains(b)))
+                .collect();
+            if !closers.is_empty() && rng.uniform() < 0.4 { pick(&closers, rng) } else { pick(&allowed, rng) }
+        };
+        c.accept(id, piece(id)).unwrap_or_else(|e| panic!("{e}"));
+        if !tok.is_eog(id) {
+            assert!(machine.feed(&spec, piece(id)));
+            text.extend_from_slice(piece(id));
+        }
+    }
+    (lossy(&text), false)
+}
+
+/// The tagged format's constraint on the synthetic and SmolLM2 vocabularies: every mask equals a token-by-token
+/// check against the machine, no walk meets a dead end, and every finished reply reads back into calls that name
+/// an allowed tool with arguments of its schema (under `auto`, after the words the walk wrote first), or into the
+/// words alone; read a token at a time, it gives the same words and calls.
+#[test]
+fn tagged_replies_hold_to_the_tools_on_real_and_synthetic_vocabularies() {
+    use infer::tools::{ToolChoice, ToolReply};
+    let (_, synthetic) = crate::engine::load(crate::synthetic::Spec::llama(infer::kernels::GgmlType::Q8_0));
+    let mut vocabularies = vec![(synthetic, 400)];
+    if let Some(path) = real_model("smollm2") {
+        let file = infer::gguf::GgufFile::open(&path).unwrap();
+        vocabularies.push((infer::tokenizer::Tokenizer::from_gguf(&file).unwrap(), 3));
+    }
+    let all = ["get_weather", "get_time", "book"];
+    let mut rng = crate::synthetic::Rng::new(11);
+    let (mut finished, mut with_words, mut words_only) = (0, 0, 0);
+    for (tok, check) in &vocabularies {
+        let (tok, check) = (tok, *check);
+        for (choice, parallel, words) in [
+            (ToolChoice::Required, true, None),
+            (ToolChoice::Function("book".into()), false, None),
+            (ToolChoice::Auto, true, Some(6)),
+            (ToolChoice::Auto, false, None),
+        ] {
+            let t = tagged_use(choice.clone(), parallel);
+            for _ in 0..4 {
+                let (text, ended) = tagged_walk(&t, tok, &mut rng, words, check, 400);
+                if !ended {
+                    continue;
+                }
+                finished += 1;
+                let mut reader = t.reader();
+                let mut pieces = Vec::new();
+                // A token's worth at a time would do; a character at a time is harder.
+                for ch in text.chars() {
+                    pieces.extend(reader.push(&ch.to_string()));
+                }
+                pieces.extend(reader.finish());
+                let (streamed_words, streamed_calls) = infer::tools::words_and_calls(pieces);
+                match t.read(&text) {
+                    Some(ToolReply::Calls(calls)) => {
+                        let allowed: &[&str] =
+                            if choice == ToolChoice::Auto || choice == ToolChoice::Required { &all } else { &["book"] };
+                        assert!(calls.len() <= if parallel { infer::tools::MAX_CALLS } else { 1 }, "{text}");
+                        for call in &calls {
+                            let v = json!({"id": call.id, "type": "function",
+                                           "function": {"name": call.name, "arguments": call.arguments}});
+                            check_call(&v, allowed);
+                        }
+                        let got: Vec<_> = streamed_calls.iter().map(|c| (&c.name, &c.arguments)).collect();
+                        let want: Vec<_> = calls.iter().map(|c| (&c.name, &c.arguments)).collect();
+                        assert_eq!(got, want, "{text:?}");
+                        let before = &text[..text.find("<tool_call>").unwrap()];
+                        assert_eq!(streamed_words, before);
+                        with_words += usize::from(!before.is_empty());
+                    }
+                    Some(ToolReply::Text(words)) => {
+                        assert_eq!(choice, ToolChoice::Auto, "{text:?}");
+                        assert_eq!((words.as_str(), streamed_words.as_str()), (text.as_str(), text.as_str()));
+                        assert!(streamed_calls.is_empty());
+                        words_only += 1;
+                    }
+                    None => panic!("{choice:?}: a finished reply that does not read back: {text:?}"),
+                }
+            }
+        }
+    }
+    eprintln!("finished {finished}, calls after words {with_words}, words alone {words_only}");
+    assert!(finished >= 20 && with_words >= 4 && words_only >= 4, "{finished} {with_words} {words_only}");
+}
+
+/// `serve` with a template of the tagged style (`tests/data/tagged-tools.jinja`, written like Hermes' and Qwen's):
+/// the template lists the tools (so the prompt grows by the list and `/tokenize` counts it as a request does),
+/// replies that must call are written in `<tool_call>` tags and read back into calls of the declared tools with
+/// arguments of their schemas, `auto` leaves the random model its words, and streamed replies equal whole ones.
+#[test]
+fn a_tagged_template_takes_the_tools_and_replies_call_in_its_tags() {
+    let dir = tempdir();
+    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tagged-tools.jinja");
+    let server = Server::start(&tiny_model(dir.path()), &["--chat-template", template]);
+    let url = format!("{}/v1/chat/completions", server.base);
+    let all = ["get_weather", "get_time", "book"];
+    let messages = json!([{"role": "user", "content": "Book me two seats, and what is the weather?"}]);
+    let count = |body: &Value| {
+        let (status, _, text) = post(&format!("{}/tokenize", server.base), body.to_string().as_bytes());
+        assert_eq!(status, 200, "{text}");
+        serde_json::from_str::<Value>(&text).unwrap()["tokens"].as_array().unwrap().len()
+    };
+    let plain = count(&json!({"messages": messages}));
+    let listed = count(&json!({"messages": messages, "tools": tools()}));
+    assert!(listed > plain + tools().to_string().len() / 2, "{plain} → {listed} tokens");
+    let mut names_seen = std::collections::BTreeSet::new();
+    for (choice, parallel, seeds) in [
+        (json!("required"), true, 0..4),
+        (json!({"type": "function", "function": {"name": "book"}}), false, 0..2),
+        (json!("auto"), true, 0..3),
+    ] {
+        for seed in seeds {
+            // Hot, so that the random model's calls differ; its words are cut short.
+            let max_tokens = if choice == json!("auto") { 64 } else { 3000 };
+            let body = json!({"messages": messages, "tools": tools(), "tool_choice": choice,
+                              "parallel_tool_calls": parallel, "max_tokens": max_tokens, "seed": seed,
+                              "temperature": 3.0, "top_k": 0, "top_p": 1, "min_p": 0});
+            let (status, _, text) = post(&url, body.to_string().as_bytes());
+            assert_eq!(status, 200, "{text}");
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["usage"]["prompt_tokens"], listed, "the prompt is the one /tokenize counts");
+            let (content, calls, finish) = whole(&url, &body);
+            eprintln!("{choice} seed {seed}: {finish} {content:?} {}", json!(without_ids(&calls)));
+            if choice == json!("auto") {
+                // The random model never writes the tag's eleven bytes: words, whole.
+                assert!(calls.is_empty() && finish != "tool_calls");
+                assert!(!content.as_deref().unwrap().contains("<tool_call>"));
+            } else {
+                assert_eq!(finish, "tool_calls", "{content:?}");
+                let allowed: &[&str] = if choice.is_object() { &["book"] } else { &all };
+                assert!(!calls.is_empty() && calls.len() <= if parallel { infer::tools::MAX_CALLS } else { 1 });
+                for call in &calls {
+                    check_call(call, allowed);
+                    names_seen.insert(call["function"]["name"].as_str().unwrap().to_string());
+                }
+            }
+            let ((s_content, s_calls, s_finish), _) = streamed(&url, &body);
+            assert_eq!((s_finish.as_str(), without_ids(&s_calls)), (finish.as_str(), without_ids(&calls)));
+            assert_eq!(s_content, content);
+        }
+    }
+    assert!(names_seen.len() >= 2, "{names_seen:?}");
+}

@@ -3,8 +3,8 @@
 //! parsing and validation, the chat template, the tokenizer, the engine's admission checks, generation and the
 //! response, streamed or whole) on a tiny model with a real engine behind it.
 //!
-//! The first byte picks the route and the `Content-Length` header (none, the true one, or one over the limit);
-//! the rest is the body. What may not happen: a panic (in a handler, the engine thread or a blocking task), a 5xx,
+//! The first byte picks the route, the `Content-Length` header (none, the true one, or one over the limit) and the
+//! chat template (chatml, or one of the tagged tool style); the rest is the body. What may not happen: a panic (in a handler, the engine thread or a blocking task), a 5xx,
 //! an error that is not an OpenAI error body, a 200 that is not a whole response or a stream ending in `[DONE]`.
 #![no_main]
 
@@ -29,7 +29,9 @@ const MAX_BODY: usize = 4096;
 
 struct App {
     runtime: tokio::runtime::Runtime,
-    router: axum::Router,
+    /// With the built-in chatml template (tools in the JSON protocol), and with a template of the tagged tool style
+    /// (`tests/data/tagged-tools.jinja`: the tools, calls and results go to the template, replies in its tags).
+    routers: [axum::Router; 2],
 }
 
 fn app() -> &'static App {
@@ -53,9 +55,12 @@ fn app() -> &'static App {
         };
         let engine = Arc::new(Engine::start(Arc::new(model), tokenizer.clone(), config).expect("the engine starts"));
         let config = ServerConfig { model_name: "fuzz".into(), max_body_bytes: MAX_BODY, log_format: LogFormat::Json };
-        let state = AppState::new(engine, tokenizer, Some(template), config);
+        let tagged = ChatTemplate::new("tagged", include_str!("../../tests/data/tagged-tools.jinja"), "", "")
+            .expect("the tagged test template");
+        let state = AppState::new(engine.clone(), tokenizer.clone(), Some(template), config.clone());
+        let tagged = AppState::new(engine, tokenizer, Some(tagged), config);
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
-        App { runtime, router: router(state) }
+        App { runtime, routers: [router(state), router(tagged)] }
     })
 }
 
@@ -82,7 +87,8 @@ fuzz_target!(
     let Ok(req) = req.body(Body::from(body.to_vec())) else { return };
     let app = app();
     let (status, content_type, bytes) = app.runtime.block_on(async {
-        let resp = app.router.clone().oneshot(req).await.expect("the router is infallible");
+        let routed = &app.routers[usize::from(sel >> 4 & 1)];
+        let resp = routed.clone().oneshot(req).await.expect("the router is infallible");
         let status = resp.status().as_u16();
         let ct = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
         let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.expect("the response body is read");

@@ -94,9 +94,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             super::template_notes(model, tokenizer, args.chat_template.as_deref(), &template, &args.stop.stop);
         let mut messages = Vec::new();
         if let Some(sys) = &args.system {
-            messages.push(ChatMessage { role: "system".into(), content: sys.clone() });
+            messages.push(ChatMessage::new("system", sys.clone()));
         }
-        messages.push(ChatMessage { role: "user".into(), content: prompt_text });
+        messages.push(ChatMessage::new("user", prompt_text));
         template.render(&messages, true).context("rendering the chat template")?
     } else {
         prompt_text

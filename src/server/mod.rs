@@ -35,7 +35,7 @@ use crate::model::kv_cache::DEFAULT_BLOCK_SIZE;
 use crate::sampling::SamplingError;
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::chat::ChatTemplate;
-use crate::tools::{ReplyPiece, ReplyReader, ToolCall, ToolReply, ToolUse};
+use crate::tools::{CallReader, ReplyPiece, ToolCall, ToolStyle, ToolUse};
 
 use openai::{ApiError, GenerationRequest, Prompt, ResponseMeta, TokenLogprobs};
 
@@ -62,6 +62,8 @@ pub struct AppState {
     pub tokenizer: Arc<Tokenizer>,
     /// The chat template (`None`: the chat endpoint answers 400).
     pub template: Option<ChatTemplate>,
+    /// How the template has the model call tools.
+    pub tool_style: ToolStyle,
     pub config: ServerConfig,
     /// Set when a shutdown signal arrives: `/health` turns 503.
     pub shutting_down: AtomicBool,
@@ -76,10 +78,12 @@ impl AppState {
         template: Option<ChatTemplate>,
         config: ServerConfig,
     ) -> Arc<AppState> {
+        let tool_style = template.as_ref().map_or(ToolStyle::Json, |t| ToolStyle::of_template(t.source()));
         Arc::new(AppState {
             engine,
             tokenizer,
             template,
+            tool_style,
             config,
             shutting_down: AtomicBool::new(false),
             started: unix_now(),
@@ -282,8 +286,9 @@ async fn chat_completions(State(state): State<Arc<AppState>>, req: HttpRequest) 
     generate(state, req, true).await
 }
 
-/// Turns a prompt into token ids (rendering the chat template for a conversation).
-fn encode(state: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+/// Turns a prompt into token ids (rendering the chat template for a conversation, with the tools where the
+/// template lists them).
+fn encode(state: &AppState, prompt: &Prompt, tools: Option<&ToolUse>) -> Result<Vec<u32>, ApiError> {
     let tok = &state.tokenizer;
     match prompt {
         Prompt::Text(text) => Ok(tok.encode(text, true, true)),
@@ -293,7 +298,8 @@ fn encode(state: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
                 .template
                 .as_ref()
                 .ok_or_else(|| ApiError::new(400, "this model has no chat template: use /v1/completions"))?;
-            let rendered = template.render(messages, true).map_err(|e| {
+            let rendered = template.render_with_tools(messages, tools.and_then(ToolUse::template_tools), true);
+            let rendered = rendered.map_err(|e| {
                 ApiError::bad("messages", format!("the chat template could not render these messages: {e}"))
             })?;
             Ok(tok.encode_prompt(&rendered))
@@ -340,8 +346,8 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
     // Parsing, tokenizing and rendering templates take CPU time: off the async workers.
     let st = state.clone();
     let prepared = tokio::task::spawn_blocking(move || -> Result<(GenerationRequest, Vec<u32>), ApiError> {
-        let req = openai::parse(&body, chat)?;
-        let tokens = encode(&st, &req.prompt)?;
+        let req = openai::parse_in(&body, chat, st.tool_style)?;
+        let tokens = encode(&st, &req.prompt, req.tools.as_deref())?;
         Ok((req, tokens))
     })
     .await
@@ -449,22 +455,27 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
     axum::Json(meta.full(&outs, &usage)).into_response()
 }
 
-/// A reply under `tools` read back: its calls (the finish reason becomes `tool_calls`) or its answer in words. Of a
-/// reply cut short (by `max_tokens`), words are given as far as they go, a call as it was written.
+/// A reply under `tools` read back: its calls (the finish reason becomes `tool_calls`; in the tagged style with the
+/// words written before them) or its answer in words. Of a reply cut short (by `max_tokens`), words are given as far
+/// as they go, a call as it was written.
 fn read_tool_reply(
     tools: Option<&ToolUse>,
     text: String,
     finish: &'static str,
 ) -> (String, &'static str, Option<Vec<ToolCall>>) {
-    if tools.is_none() {
+    let Some(tools) = tools else {
         return (text, finish, None);
-    }
-    let mut reader = ReplyReader::default();
-    let reply = ToolReply::of(reader.push(&text));
-    match reply {
-        ToolReply::Calls(calls) if reader.is_complete() => (String::new(), "tool_calls", Some(calls)),
-        ToolReply::Text(words) if reader.is_response() => (words, finish, None),
-        _ => (text, finish, None),
+    };
+    let mut reader = tools.reader();
+    let mut pieces = reader.push(&text);
+    pieces.extend(reader.finish());
+    let (words, calls) = crate::tools::words_and_calls(pieces);
+    if reader.is_complete() {
+        (words, "tool_calls", Some(calls))
+    } else if reader.is_response() {
+        (words, finish, None)
+    } else {
+        (text, finish, None)
     }
 }
 
@@ -512,7 +523,7 @@ struct ChoiceState {
     /// Bytes of the tokens whose logprobs were sent (the completions endpoint's `text_offset`).
     offset: usize,
     /// A tool reply so far: its words, and its calls' names and arguments, are sent as they come.
-    reader: Option<ReplyReader>,
+    reader: Option<CallReader>,
 }
 
 /// A streamed response in progress. Dropped early (the client went away), it logs the request as cut off; the
@@ -614,7 +625,7 @@ impl StreamState {
                         c.pending.push(token_logprobs(&self.state.tokenizer, id, logprob, &top_logprobs));
                     }
                     let (text, calls) = match (&self.tools, &mut c.reader) {
-                        (Some(_), reader) => stream_pieces(reader.get_or_insert_with(ReplyReader::default).push(&text)),
+                        (Some(t), reader) => stream_pieces(reader.get_or_insert_with(|| t.reader()).push(&text)),
                         (None, _) => (Some(text), Vec::new()),
                     };
                     let text = text.filter(|t| !t.is_empty());
@@ -637,12 +648,14 @@ impl StreamState {
                     // A tool reply's last pieces, and whether it made calls; one its reader could not follow goes out
                     // whole as text.
                     let (text, finish, calls) = match &self.tools {
-                        Some(_) => {
-                            let mut reader = c.reader.take().unwrap_or_default();
-                            let (words, calls) = stream_pieces(reader.push(&done.text));
+                        Some(t) => {
+                            let mut reader = c.reader.take().unwrap_or_else(|| t.reader());
+                            let mut pieces = reader.push(&done.text);
+                            pieces.extend(reader.finish());
+                            let (words, calls) = stream_pieces(pieces);
                             if reader.is_other() {
                                 (reader.raw().to_string(), finish, Vec::new())
-                            } else if reader.is_complete() && reader.calls() > 0 {
+                            } else if reader.is_complete() {
                                 (words.unwrap_or_default(), "tool_calls", calls)
                             } else {
                                 (words.unwrap_or_default(), finish, calls)
@@ -730,12 +743,15 @@ async fn tokenize(State(state): State<Arc<AppState>>, req: HttpRequest) -> Respo
     let result = tokio::task::spawn_blocking(move || -> Result<Vec<u32>, ApiError> {
         let v: Value = serde_json::from_slice(&body)
             .map_err(|e| ApiError::new(400, format!("the request body is not valid JSON: {e}")))?;
-        let prompt = match (v.get("content").or_else(|| v.get("prompt")), v.get("messages")) {
-            (Some(Value::String(s)), _) => Prompt::Text(s.clone()),
-            (_, Some(_)) => openai::parse(&serde_json::to_vec(&v).unwrap_or_default(), true)?.prompt,
-            _ => return Err(ApiError::bad("content", "give `content` (a string) or `messages` (a conversation)")),
-        };
-        encode(&st, &prompt)
+        match (v.get("content").or_else(|| v.get("prompt")), v.get("messages")) {
+            (Some(Value::String(s)), _) => encode(&st, &Prompt::Text(s.clone()), None),
+            (_, Some(_)) => {
+                // As a chat request renders it, tools included, so that the prefix hashes are its blocks'.
+                let req = openai::parse_in(&serde_json::to_vec(&v).unwrap_or_default(), true, st.tool_style)?;
+                encode(&st, &req.prompt, req.tools.as_deref())
+            }
+            _ => Err(ApiError::bad("content", "give `content` (a string) or `messages` (a conversation)")),
+        }
     })
     .await
     .unwrap_or_else(|e| Err(ApiError::new(500, format!("tokenizing: {e}"))));

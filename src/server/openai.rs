@@ -18,7 +18,7 @@ use crate::sampling::{
 use crate::structured::schema::json_kind as kind;
 use crate::structured::{Grammar, JsonSchema, OutputFormat};
 use crate::tokenizer::chat::ChatMessage;
-use crate::tools::{PastCall, Tool, ToolCall, ToolChoice, ToolError, ToolResult, ToolUse};
+use crate::tools::{PastCall, Tool, ToolCall, ToolChoice, ToolError, ToolResult, ToolStyle, ToolUse};
 
 /// A client error: HTTP status, message, and the parameter at fault.
 #[derive(Debug, Clone, PartialEq)]
@@ -175,6 +175,12 @@ impl Fields<'_> {
 
 /// Parses a request body. `chat` selects the chat endpoint's fields.
 pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
+    parse_in(body, chat, ToolStyle::Json)
+}
+
+/// [`parse`] for a chat template whose tool style is `style`: the tools, earlier calls and their results are
+/// prepared as that style has them.
+pub fn parse_in(body: &[u8], chat: bool, style: ToolStyle) -> Result<GenerationRequest, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::new(400, format!("the request body is not valid JSON: {e}")))?;
     let Value::Object(map) = &value else {
@@ -182,7 +188,7 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
     };
     let f = Fields(map);
 
-    let mut prompt = if chat { Prompt::Chat(parse_messages(&f)?) } else { parse_prompt(&f)? };
+    let mut prompt = if chat { Prompt::Chat(parse_messages(&f, style)?) } else { parse_prompt(&f)? };
 
     let max_tokens_field =
         if chat && f.get("max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
@@ -330,7 +336,7 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
     f.unsupported("functions", |v| v.as_array().is_some_and(Vec::is_empty), "the legacy `functions` (use `tools`)")?;
     f.unsupported("function_call", |_| false, "the legacy `function_call` (use `tool_choice`)")?;
     let mut format = parse_response_format(&f)?;
-    let tools = parse_tools(&f, chat)?;
+    let tools = parse_tools(&f, chat, style)?;
     if let Some(t) = &tools {
         if format != OutputFormat::Text {
             let field = if f.get("grammar").is_some() { "grammar" } else { "response_format" };
@@ -339,7 +345,7 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
                 format!("`{field}` cannot be combined with `tools`: tool calls have their own format"),
             ));
         }
-        format = OutputFormat::JsonSchema(t.schema());
+        format = t.format();
         if let Prompt::Chat(messages) = &mut prompt {
             t.prompt(messages);
         }
@@ -382,7 +388,7 @@ pub fn parse(body: &[u8], chat: bool) -> Result<GenerationRequest, ApiError> {
 }
 
 /// `tools`, `tool_choice` and `parallel_tool_calls` (chat only): `None` when no call is possible.
-fn parse_tools(f: &Fields<'_>, chat: bool) -> Result<Option<Arc<ToolUse>>, ApiError> {
+fn parse_tools(f: &Fields<'_>, chat: bool, style: ToolStyle) -> Result<Option<Arc<ToolUse>>, ApiError> {
     let list = match f.get("tools") {
         None => &Vec::new(),
         Some(Value::Array(items)) => items,
@@ -474,7 +480,8 @@ fn parse_tools(f: &Fields<'_>, chat: bool) -> Result<Option<Arc<ToolUse>>, ApiEr
         ToolError::UnknownChoice { .. } | ToolError::NoTools { .. } => "tool_choice".into(),
         _ => "tools".into(),
     };
-    ToolUse::new(tools, choice, parallel).map(|t| t.map(Arc::new)).map_err(|e| ApiError::bad(&param(&e), e.to_string()))
+    let tools = ToolUse::new(tools, choice, parallel).and_then(|t| t.map(|t| t.in_style(style)).transpose());
+    tools.map(|t| t.map(Arc::new)).map_err(|e| ApiError::bad(&param(&e), e.to_string()))
 }
 
 /// `logit_bias`: OpenAI's object of token ids (as strings) to biases in [-100, 100], or llama-server's array of
@@ -715,7 +722,9 @@ fn parse_prompt(f: &Fields<'_>) -> Result<Prompt, ApiError> {
     }
 }
 
-fn parse_messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, ApiError> {
+/// The conversation. Earlier calls and results are kept as the template's own messages in the tagged style, and
+/// written in the JSON protocol's shapes otherwise.
+fn parse_messages(f: &Fields<'_>, style: ToolStyle) -> Result<Vec<ChatMessage>, ApiError> {
     let items = match f.get("messages") {
         None => return Err(ApiError::bad("messages", "`messages` is required")),
         Some(Value::Array(items)) if !items.is_empty() => items,
@@ -783,6 +792,10 @@ fn parse_messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, ApiError> {
                     ));
                 }
             };
+            if style == ToolStyle::Tagged {
+                out.push(ChatMessage { tool_call_id: call_id, ..ChatMessage::new("tool", content) });
+                continue;
+            }
             let name = call_id
                 .as_ref()
                 .and_then(|id| calls.iter().rev().find(|c| &c.id == id))
@@ -795,7 +808,10 @@ fn parse_messages(f: &Fields<'_>) -> Result<Vec<ChatMessage>, ApiError> {
             out.push(ChatMessage::new("user", crate::tools::results_text(&std::mem::take(&mut results))));
         }
         if past.is_empty() {
-            out.push(ChatMessage { role, content });
+            out.push(ChatMessage::new(role, content));
+        } else if style == ToolStyle::Tagged {
+            let tool_calls = Some(crate::tools::past_calls_json(&past));
+            out.push(ChatMessage { tool_calls, ..ChatMessage::new("assistant", content) });
         } else {
             out.push(ChatMessage::new("assistant", crate::tools::calls_text(&content, &past)));
             calls.extend(past);
@@ -861,7 +877,7 @@ pub struct ChoiceOut {
     pub text: String,
     pub finish: &'static str,
     pub logprobs: Option<Value>,
-    /// The calls a tool reply made (chat); the text is then empty.
+    /// The calls a tool reply made (chat); the text is then what was said before them (in the JSON style, nothing).
     pub tool_calls: Option<Vec<ToolCall>>,
 }
 
@@ -892,7 +908,10 @@ impl ResponseMeta<'_> {
                 if self.chat {
                     let message = match &c.tool_calls {
                         Some(calls) => json!({
-                            "role": "assistant", "content": null, "tool_calls": tool_calls_json(calls),
+                            "role": "assistant",
+                            // Words said before the calls (the tagged style lets a model write some).
+                            "content": if c.text.is_empty() { Value::Null } else { json!(c.text) },
+                            "tool_calls": tool_calls_json(calls),
                         }),
                         None => json!({ "role": "assistant", "content": c.text }),
                     };
@@ -1097,5 +1116,45 @@ mod tests {
             ])
         );
         assert!(r.tools.is_none() && r.format == OutputFormat::Text);
+    }
+
+    #[test]
+    fn a_tagged_template_gets_the_tools_calls_and_results_as_its_own() {
+        let body = br#"{"messages": [{"role": "system", "content": "be brief"},
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{\"city\": \"Oslo\"}"}},
+                {"id": "c2", "type": "function", "function": {"name": "t", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "cold"},
+            {"role": "tool", "tool_call_id": "c2", "content": "noon"}],
+            "tools": [{"type": "function", "function": {"name": "w", "description": "The weather"}},
+                      {"type": "function", "function": {"name": "t"}}]}"#;
+        let r = parse_in(body, true, ToolStyle::Tagged).unwrap();
+        let Prompt::Chat(m) = &r.prompt else { panic!() };
+        let roles: Vec<&str> = m.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool", "tool"]);
+        assert_eq!(m[0].content, "be brief", "the template lists the tools, not the system message");
+        assert_eq!(m[2].tool_calls.as_ref().unwrap()[0]["function"]["arguments"], json!({"city": "Oslo"}));
+        assert_eq!(m[4].tool_call_id.as_deref(), Some("c2"));
+        let tools = r.tools.as_ref().unwrap();
+        assert!(matches!(r.format, OutputFormat::TaggedCalls(_)));
+        let template = crate::tokenizer::chat::ChatTemplate::new(
+            "tagged",
+            include_str!("../../tests/data/tagged-tools.jinja"),
+            "",
+            "",
+        )
+        .unwrap();
+        let text = template.render_with_tools(m, tools.template_tools(), true).unwrap();
+        for part in [
+            "<|im_start|>system\nbe brief\n\nYou can call these functions",
+            r#"{"function":{"description":"The weather","name":"w","parameters":"#,
+            "<|im_start|>assistant\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"city\":\"Oslo\"}}\n</tool_call>\n",
+            "<|im_start|>user\n<tool_response>\ncold\n</tool_response>\n<tool_response>\nnoon\n</tool_response>\n<|im_end|>",
+        ] {
+            assert!(text.contains(part), "{part:?} not in:\n{text}");
+        }
+        assert!(text.ends_with("<|im_start|>assistant\n"), "{text}");
+        assert_eq!(text.matches("be brief").count(), 1, "{text}");
     }
 }

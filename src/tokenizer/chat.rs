@@ -86,11 +86,17 @@ pub const BUILTINS: &[(&str, &str)] = &[("chatml", CHATML), ("gemma", GEMMA)];
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant message's calls, for templates that write them (OpenAI's shape, the arguments an object).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` message's call id, for templates that write results themselves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage { role: role.into(), content: content.into(), tool_calls: None, tool_call_id: None }
     }
 }
 
@@ -254,6 +260,16 @@ impl ChatTemplate {
     /// Renders a conversation; `add_generation_prompt` appends the text that opens the assistant's reply. The render
     /// runs on its own thread within [`RenderLimits`].
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TemplateError> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`render`](Self::render) with `tools` (OpenAI's request shape) for templates that list them.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
         if let Some(t) = self.tripped.lock().ok().and_then(|t| *t) {
             return Err(self.limit_error(t));
         }
@@ -267,7 +283,7 @@ impl ChatTemplate {
         let (name, bos, eos) = (self.name.clone(), self.bos_token.clone(), self.eos_token.clone());
         let messages = messages.to_vec();
         let outcome = budget::run_bounded(self.limits.memory, self.limits.time, move || {
-            render_in(&env, &name, &messages, add_generation_prompt, &bos, &eos, &raised)
+            render_in(&env, &name, &messages, tools.as_ref(), add_generation_prompt, &bos, &eos, &raised)
         });
         let tripped = match outcome {
             Bounded::Done(result) => return result,
@@ -293,10 +309,12 @@ impl ChatTemplate {
 }
 
 /// One render, on the bounded thread.
+#[allow(clippy::too_many_arguments)]
 fn render_in(
     env: &Environment<'static>,
     name: &str,
     messages: &[ChatMessage],
+    tools: Option<&serde_json::Value>,
     add_generation_prompt: bool,
     bos_token: &str,
     eos_token: &str,
@@ -309,6 +327,11 @@ fn render_in(
         add_generation_prompt => add_generation_prompt,
         bos_token => bos_token,
         eos_token => eos_token,
+    };
+    // `tools` only where there are some: templates test `tools is defined` as often as its truth.
+    let ctx = match tools {
+        Some(tools) => context! { tools => tools, ..ctx },
+        None => ctx,
     };
     let mut out = CappedWriter { buf: Vec::new(), limit: MAX_OUTPUT, overflowed: false };
     let result = tmpl.render_captured_to(ctx, &mut out).map(|_| ());
