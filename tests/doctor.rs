@@ -169,6 +169,16 @@ fn templates_that_break_refuse_or_ignore_are_reported() {
             "warn",
             "drops the system message",
         ),
+        // Teaches <tool_call> tags but never writes the tools it is given.
+        (
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+             {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}\
+             {# tools: answer with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call> #}",
+            "warn",
+            "writes <tool_call> tags but not the tools it is given",
+        ),
+        // The tagged style done right (the test template): the tools reach the model.
+        (include_str!("data/tagged-tools.jinja"), "ok", "tool calls: in the template's own <tool_call> tags"),
     ];
     for (i, (template, status, needle)) in cases.into_iter().enumerate() {
         let path = model_with(dir.path(), &format!("t{i}.gguf"), |w| {

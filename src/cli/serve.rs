@@ -184,6 +184,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         template,
         ServerConfig { model_name, max_body_bytes: args.max_body, log_format },
     );
+    if state.tool_style == crate::tools::ToolStyle::Tagged {
+        log("tools: the chat template lists them and its <tool_call> tags carry the calls (Hermes/Qwen style)");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("infer-http")
