@@ -1,10 +1,10 @@
 //! Tool (function) calling that works with any chat template.
 //!
 //! Few GGUF chat templates describe tools, and those that do each want their own reply format. Where the template
-//! is of the Hermes kind ([`ToolStyle::Tagged`]: Qwen 2.5 and 3, Hermes 2 and 3 and their fine-tunes), the tools go
-//! to the template, which lists them as the model was trained to read them, and the reply is held to that
-//! template's `<tool_call>` format ([`crate::structured::tagged_calls`]): under `auto` the model writes words
-//! freely and a call wherever it opens the tag. Every other template gets the one route every model can follow
+//! is of the Hermes kind ([`ToolStyle::Hermes`]: Qwen 2.5 and 3, Hermes 2 and 3 and their fine-tunes) or of Llama
+//! 3.1's ([`ToolStyle::Llama3`]), the tools go to the template, which lists them as the model was trained to read
+//! them, and the reply is held to that template's own call format ([`crate::structured::native_calls`]): under
+//! `auto` the model writes words freely, and a call where the format lets one begin. Every other template gets the one route every model can follow
 //! ([`ToolStyle::Json`]): the tools and a JSON reply format are described in the system message, and
 //! the reply is held to that format by a JSON schema ([`crate::structured`]), so a model of any size writes a call
 //! that parses, names a declared tool and carries arguments of that tool's `parameters` schema:
@@ -24,8 +24,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
-use crate::structured::tagged_calls::{CLOSE, OPEN};
-use crate::structured::{JsonSchema, OutputFormat, SchemaError, TaggedCalls};
+use crate::structured::native_calls::{CLOSE, CallSyntax, OPEN};
+use crate::structured::{JsonSchema, NativeCalls, OutputFormat, SchemaError};
 use crate::tokenizer::chat::ChatMessage;
 
 /// Most tools one request may declare (OpenAI's limit).
@@ -86,15 +86,43 @@ pub enum ToolStyle {
     /// The template lists the tools itself (it is given them as `tools`) and teaches the model to answer with
     /// `<tool_call>` tags around `{"name": ..., "arguments": ...}` (Hermes 2 Pro's format, which Qwen took over).
     /// Earlier calls and results reach the template as its own messages (`tool_calls`, role `tool`).
-    Tagged,
+    Hermes,
+    /// Llama 3.1 to 3.3: the template lists the tools and asks for one bare `{"name": ..., "parameters": ...}` as
+    /// the reply; results go back as its `ipython` turns (it renders `tool` messages so).
+    Llama3,
 }
 
 impl ToolStyle {
-    /// The style a chat template's source teaches: tagged where it writes both tags, lists `tools` and names the
-    /// `arguments` (as Qwen's and Hermes' templates do); JSON for every other template.
+    /// The style a chat template's source teaches: Hermes where it writes both tags, lists `tools` and names the
+    /// `arguments` (as Qwen's and Hermes' templates do); Llama 3 where it has Llama 3's headers, lists `tools`,
+    /// names the `parameters` and has `ipython` turns; JSON for every other template.
     pub fn of_template(source: &str) -> ToolStyle {
-        let tagged = [OPEN, CLOSE, "tools", "arguments"].iter().all(|w| source.contains(w));
-        if tagged { ToolStyle::Tagged } else { ToolStyle::Json }
+        let has = |words: &[&str]| words.iter().all(|w| source.contains(w));
+        if has(&[OPEN, CLOSE, "tools", "arguments"]) {
+            ToolStyle::Hermes
+        } else if has(&["<|start_header_id|>", "ipython", "tools", "parameters"]) {
+            ToolStyle::Llama3
+        } else {
+            ToolStyle::Json
+        }
+    }
+
+    /// What the model writes to call, in words.
+    pub fn calls_as(self) -> &'static str {
+        match self {
+            ToolStyle::Json => "the JSON protocol in the system message",
+            ToolStyle::Hermes => "<tool_call> tags",
+            ToolStyle::Llama3 => "a bare {\"name\", \"parameters\"} object",
+        }
+    }
+
+    /// The syntax of the template's own calls (`None` for the JSON protocol).
+    fn syntax(self) -> Option<CallSyntax> {
+        match self {
+            ToolStyle::Json => None,
+            ToolStyle::Hermes => Some(CallSyntax::Hermes),
+            ToolStyle::Llama3 => Some(CallSyntax::Llama3),
+        }
     }
 }
 
@@ -107,8 +135,8 @@ pub struct ToolUse {
     parallel: bool,
     /// The JSON protocol's reply schema.
     schema: Arc<JsonSchema>,
-    /// The tagged format's, when the template has it ([`ToolUse::in_style`]).
-    tagged: Option<Arc<TaggedCalls>>,
+    /// The template's own call format, when it has one ([`ToolUse::in_style`]).
+    native: Option<Arc<NativeCalls>>,
 }
 
 impl PartialEq for ToolUse {
@@ -199,19 +227,21 @@ impl ToolUse {
         }
         let source = reply_schema(&tools, &choice, parallel);
         let schema = Arc::new(JsonSchema::compile(&source).map_err(ToolError::Schema)?);
-        Ok(Some(ToolUse { tools, choice, parallel, schema, tagged: None }))
+        Ok(Some(ToolUse { tools, choice, parallel, schema, native: None }))
     }
 
     /// The same tools asked for in `style`.
     pub fn in_style(mut self, style: ToolStyle) -> Result<ToolUse, ToolError> {
-        self.tagged = match style {
-            ToolStyle::Json => None,
-            ToolStyle::Tagged => {
-                let call = call_alternatives(&self.tools, &self.choice);
+        self.native = match style.syntax() {
+            None => None,
+            Some(syntax) => {
+                let call = call_alternatives(&self.tools, &self.choice, syntax.arguments_key());
                 let call = Arc::new(JsonSchema::compile(&call).map_err(ToolError::Schema)?);
                 let lazy = self.choice == ToolChoice::Auto;
-                let max_calls = if self.parallel { MAX_CALLS as u8 } else { 1 };
-                Some(Arc::new(TaggedCalls { call, lazy, max_calls }))
+                // A bare call is the whole reply.
+                let parallel = self.parallel && syntax == CallSyntax::Hermes;
+                let max_calls = if parallel { MAX_CALLS as u8 } else { 1 };
+                Some(Arc::new(NativeCalls { syntax, call, lazy, max_calls }))
             }
         };
         Ok(self)
@@ -219,7 +249,11 @@ impl ToolUse {
 
     /// The style the calls are asked for in.
     pub fn style(&self) -> ToolStyle {
-        if self.tagged.is_some() { ToolStyle::Tagged } else { ToolStyle::Json }
+        match self.native.as_ref().map(|n| n.syntax) {
+            None => ToolStyle::Json,
+            Some(CallSyntax::Hermes) => ToolStyle::Hermes,
+            Some(CallSyntax::Llama3) => ToolStyle::Llama3,
+        }
     }
 
     /// The schema a reply in the JSON protocol follows.
@@ -229,16 +263,16 @@ impl ToolUse {
 
     /// The format a reply is held to.
     pub fn format(&self) -> OutputFormat {
-        match &self.tagged {
-            Some(t) => OutputFormat::TaggedCalls(t.clone()),
+        match &self.native {
+            Some(t) => OutputFormat::NativeCalls(t.clone()),
             None => OutputFormat::JsonSchema(self.schema.clone()),
         }
     }
 
-    /// The tools as a tagged template takes them (`tools`: OpenAI's request shape); `None` in the JSON style,
-    /// whose tools are in the system message.
+    /// The tools as a template with its own call format takes them (`tools`: OpenAI's request shape); `None` in
+    /// the JSON style, whose tools are in the system message.
     pub fn template_tools(&self) -> Option<Value> {
-        self.tagged.as_ref()?;
+        self.native.as_ref()?;
         let list = self
             .tools
             .iter()
@@ -257,8 +291,8 @@ impl ToolUse {
 
     /// A reader of replies in this style.
     pub fn reader(&self) -> CallReader {
-        match self.tagged {
-            Some(_) => CallReader::Tagged(TaggedReader::default()),
+        match &self.native {
+            Some(n) => CallReader::Native(NativeReader::new(n.syntax)),
             None => CallReader::Json(ReplyReader::default()),
         }
     }
@@ -300,9 +334,9 @@ impl ToolUse {
     }
 
     /// Adds [`instruction`](Self::instruction) to the conversation's system message (one is put first if there is
-    /// none), in the JSON style; in the tagged style the template lists the tools.
+    /// none), in the JSON style; a template with its own call format lists the tools itself.
     pub fn prompt(&self, messages: &mut Vec<ChatMessage>) {
-        if self.tagged.is_some() {
+        if self.native.is_some() {
             return;
         }
         let text = self.instruction();
@@ -322,7 +356,7 @@ impl ToolUse {
         let whole = match &reader {
             CallReader::Json(r) => r.is_complete(),
             // Words are a whole reply once the text ends.
-            CallReader::Tagged(_) => reader.is_complete() || reader.is_response(),
+            CallReader::Native(_) => reader.is_complete() || reader.is_response(),
         };
         whole.then(|| ToolReply::of(pieces))
     }
@@ -350,7 +384,7 @@ pub fn words_and_calls(pieces: Vec<ReplyPiece>) -> (String, Vec<ToolCall>) {
     (words, calls)
 }
 
-/// An assistant message's earlier calls as tagged templates take them (`tool_calls` in OpenAI's shape, with the
+/// An assistant message's earlier calls as templates with their own call format take them (`tool_calls` in OpenAI's shape, with the
 /// arguments as an object, which the templates write out with `tojson`).
 pub fn past_calls_json(calls: &[PastCall]) -> Value {
     calls
@@ -403,7 +437,7 @@ fn arguments_schema(t: &Tool) -> Value {
 /// The schema of one call, `{"name": ..., "arguments": {...}}`: one alternative per allowed tool, told apart by its
 /// `name`, under `anyOf`; each tool's arguments schema sits under the returned `$defs`, its local `$ref`s (written
 /// against its own root, as pydantic writes them) pointed at their new place.
-fn call_alternatives(tools: &[Tool], choice: &ToolChoice) -> Value {
+fn call_alternatives(tools: &[Tool], choice: &ToolChoice, arguments_key: &str) -> Value {
     let mut defs = Map::new();
     let mut calls = Vec::new();
     for (i, t) in tools.iter().enumerate() {
@@ -412,11 +446,11 @@ fn call_alternatives(tools: &[Tool], choice: &ToolChoice) -> Value {
         }
         let def = format!("tool{i}");
         defs.insert(def.clone(), rebase_refs(arguments_schema(t), &format!("/$defs/{def}")));
-        calls.push(json!({
-            "type": "object",
-            "properties": {"name": {"const": t.name}, "arguments": {"$ref": format!("#/$defs/{def}")}},
-            "required": ["name", "arguments"],
-        }));
+        // `name` first: the alternatives are told apart by it.
+        let mut properties = Map::new();
+        properties.insert("name".into(), json!({"const": t.name}));
+        properties.insert(arguments_key.into(), json!({"$ref": format!("#/$defs/{def}")}));
+        calls.push(json!({"type": "object", "properties": properties, "required": ["name", arguments_key]}));
     }
     json!({"anyOf": calls, "$defs": defs})
 }
@@ -424,7 +458,7 @@ fn call_alternatives(tools: &[Tool], choice: &ToolChoice) -> Value {
 /// The schema of a reply in the JSON protocol: `{"tool_calls": [...]}` of [`call_alternatives`], and for `auto`
 /// also `{"response": "..."}`.
 fn reply_schema(tools: &[Tool], choice: &ToolChoice, parallel: bool) -> Value {
-    let mut call = call_alternatives(tools, choice);
+    let mut call = call_alternatives(tools, choice, "arguments");
     let defs = call.as_object_mut().and_then(|o| o.remove("$defs")).unwrap_or_default();
     let max = if parallel { MAX_CALLS } else { 1 };
     let call_list = json!({
@@ -494,6 +528,8 @@ pub struct ReplyReader {
     high: Option<u16>,
     /// Calls begun so far.
     calls: usize,
+    /// The calls' arguments are under `parameters` (Llama 3's calls), not `arguments`.
+    parameters: bool,
     /// Inside the arguments: open brackets, and where in a string.
     depth: u32,
     in_string: bool,
@@ -568,7 +604,10 @@ impl ReplyReader {
                     self.calls += 1;
                     ReplyAt::ArgumentsKey
                 }),
-                ReplyAt::ArgumentsKey => self.expect(&[",", "\"arguments\"", ":"]).map(|_| ReplyAt::Arguments),
+                ReplyAt::ArgumentsKey => {
+                    let key = if self.parameters { "\"parameters\"" } else { "\"arguments\"" };
+                    self.expect(&[",", key, ":"]).map(|_| ReplyAt::Arguments)
+                }
                 ReplyAt::Arguments => self.arguments(&mut args),
                 ReplyAt::CallClose => self.expect(&["}"]).map(|_| ReplyAt::AfterCall),
                 ReplyAt::AfterCall => match self.keys_ws(&[",", "]"]) {
@@ -731,26 +770,31 @@ impl ReplyReader {
     }
 }
 
-/// Reads a reply in the tagged format ([`ToolStyle::Tagged`]) as [`ReplyReader`] reads one in the JSON protocol:
-/// the words before the first `<tool_call>` as they come (holding back what may be the start of the tag), then
-/// each call's name and arguments. The calls are handed to a [`ReplyReader`] as the protocol's `tool_calls` list
-/// they amount to, so both styles read calls the same way.
-#[derive(Debug, Default)]
-pub struct TaggedReader {
+/// Reads a reply in a template's own call format ([`ToolStyle::Hermes`], [`ToolStyle::Llama3`]) as
+/// [`ReplyReader`] reads one in the JSON protocol: the words before the first `<tool_call>` as they come (holding
+/// back what may be the start of the tag), or a bare call that begins the reply, then each call's name and
+/// arguments. The calls are handed to a [`ReplyReader`] as the protocol's `tool_calls` list they amount to, so every
+/// style reads calls the same way.
+#[derive(Debug)]
+pub struct NativeReader {
+    syntax: CallSyntax,
     raw: String,
     /// Bytes of `raw` read so far.
     pos: usize,
-    at: TaggedAt,
+    at: NativeAt,
     calls: ReplyReader,
     /// Calls whose closing tag was read.
     closed: usize,
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum TaggedAt {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NativeAt {
     /// Words, before any call.
-    #[default]
     Words,
+    /// A bare call's reply before its first character: a call if it is `{`, else words.
+    Start,
+    /// Words in which no call can begin.
+    Plain,
     /// Inside a call's object (after its opening tag).
     Call,
     /// After a call's object: its closing tag.
@@ -761,7 +805,16 @@ enum TaggedAt {
     Trailing,
 }
 
-impl TaggedReader {
+impl NativeReader {
+    pub fn new(syntax: CallSyntax) -> NativeReader {
+        let (at, parameters) = match syntax {
+            CallSyntax::Hermes => (NativeAt::Words, false),
+            CallSyntax::Llama3 => (NativeAt::Start, true),
+        };
+        let calls = ReplyReader { parameters, ..ReplyReader::default() };
+        NativeReader { syntax, raw: String::new(), pos: 0, at, calls, closed: 0 }
+    }
+
     /// Takes the next piece of the reply and returns what it completes.
     pub fn push(&mut self, piece: &str) -> Vec<ReplyPiece> {
         self.raw.push_str(piece);
@@ -769,14 +822,29 @@ impl TaggedReader {
         loop {
             let rest = &self.raw[self.pos..];
             let next = match self.at {
-                TaggedAt::Words => match rest.find(OPEN) {
+                NativeAt::Start => match rest.chars().next() {
+                    None => None,
+                    Some('{') => {
+                        out.extend(self.calls.push("{\"tool_calls\": ["));
+                        Some(NativeAt::Call)
+                    }
+                    Some(_) => Some(NativeAt::Plain),
+                },
+                NativeAt::Plain => {
+                    if !rest.is_empty() {
+                        out.push(ReplyPiece::Words(rest.to_string()));
+                        self.pos = self.raw.len();
+                    }
+                    None
+                }
+                NativeAt::Words => match rest.find(OPEN) {
                     Some(i) => {
                         if i > 0 {
                             out.push(ReplyPiece::Words(rest[..i].to_string()));
                         }
                         self.pos += i + OPEN.len();
                         out.extend(self.calls.push("{\"tool_calls\": ["));
-                        Some(TaggedAt::Call)
+                        Some(NativeAt::Call)
                     }
                     None => {
                         // Everything but a tail that may begin the tag.
@@ -794,7 +862,7 @@ impl TaggedReader {
                         None
                     }
                 },
-                TaggedAt::Call => {
+                NativeAt::Call => {
                     // A character at a time, so that the object's end is where the reader stops.
                     let mut next = None;
                     while let Some(c) = self.raw[self.pos..].chars().next() {
@@ -802,35 +870,42 @@ impl TaggedReader {
                         let mut buf = [0u8; 4];
                         out.extend(self.calls.push(c.encode_utf8(&mut buf)));
                         if self.calls.after_call() {
-                            next = Some(TaggedAt::Closing);
+                            next = Some(match self.syntax {
+                                CallSyntax::Hermes => NativeAt::Closing,
+                                // A bare call is the whole reply.
+                                CallSyntax::Llama3 => {
+                                    self.closed += 1;
+                                    NativeAt::Trailing
+                                }
+                            });
                             break;
                         }
                         if self.calls.is_other() {
-                            next = Some(TaggedAt::Trailing);
+                            next = Some(NativeAt::Trailing);
                             break;
                         }
                     }
                     next
                 }
-                TaggedAt::Closing => match tag_after_space(rest, CLOSE) {
+                NativeAt::Closing => match tag_after_space(rest, CLOSE) {
                     Some(Some(n)) => {
                         self.pos += n;
                         self.closed += 1;
-                        Some(TaggedAt::Between)
+                        Some(NativeAt::Between)
                     }
-                    Some(None) => Some(TaggedAt::Trailing),
+                    Some(None) => Some(NativeAt::Trailing),
                     None => None,
                 },
-                TaggedAt::Between => match tag_after_space(rest, OPEN) {
+                NativeAt::Between => match tag_after_space(rest, OPEN) {
                     Some(Some(n)) => {
                         self.pos += n;
                         out.extend(self.calls.push(","));
-                        Some(TaggedAt::Call)
+                        Some(NativeAt::Call)
                     }
-                    Some(None) => Some(TaggedAt::Trailing),
+                    Some(None) => Some(NativeAt::Trailing),
                     None => None,
                 },
-                TaggedAt::Trailing => None,
+                NativeAt::Trailing => None,
             };
             match next {
                 Some(at) => self.at = at,
@@ -842,7 +917,7 @@ impl TaggedReader {
 
     /// The words held back at the end of the reply (they did not begin a tag after all).
     pub fn finish(&mut self) -> Vec<ReplyPiece> {
-        if self.at != TaggedAt::Words || self.pos == self.raw.len() {
+        if self.at != NativeAt::Words || self.pos == self.raw.len() {
             return Vec::new();
         }
         let words = self.raw[self.pos..].to_string();
@@ -854,7 +929,7 @@ impl TaggedReader {
     pub fn is_complete(&self) -> bool {
         self.closed > 0
             && self.closed == self.calls.calls()
-            && matches!(self.at, TaggedAt::Between | TaggedAt::Trailing)
+            && matches!(self.at, NativeAt::Between | NativeAt::Trailing)
     }
 }
 
@@ -876,7 +951,7 @@ fn tag_after_space(text: &str, tag: &str) -> Option<Option<usize>> {
 #[derive(Debug)]
 pub enum CallReader {
     Json(ReplyReader),
-    Tagged(TaggedReader),
+    Native(NativeReader),
 }
 
 impl CallReader {
@@ -884,7 +959,7 @@ impl CallReader {
     pub fn push(&mut self, piece: &str) -> Vec<ReplyPiece> {
         match self {
             CallReader::Json(r) => r.push(piece),
-            CallReader::Tagged(r) => r.push(piece),
+            CallReader::Native(r) => r.push(piece),
         }
     }
 
@@ -892,7 +967,7 @@ impl CallReader {
     pub fn finish(&mut self) -> Vec<ReplyPiece> {
         match self {
             CallReader::Json(_) => Vec::new(),
-            CallReader::Tagged(r) => r.finish(),
+            CallReader::Native(r) => r.finish(),
         }
     }
 
@@ -900,7 +975,7 @@ impl CallReader {
     pub fn raw(&self) -> &str {
         match self {
             CallReader::Json(r) => r.raw(),
-            CallReader::Tagged(r) => &r.raw,
+            CallReader::Native(r) => &r.raw,
         }
     }
 
@@ -908,7 +983,7 @@ impl CallReader {
     pub fn is_complete(&self) -> bool {
         match self {
             CallReader::Json(r) => r.is_complete() && r.calls() > 0,
-            CallReader::Tagged(r) => r.is_complete(),
+            CallReader::Native(r) => r.is_complete(),
         }
     }
 
@@ -916,7 +991,9 @@ impl CallReader {
     pub fn is_response(&self) -> bool {
         match self {
             CallReader::Json(r) => r.is_response(),
-            CallReader::Tagged(r) => r.calls.calls() == 0 && r.at == TaggedAt::Words,
+            CallReader::Native(r) => {
+                r.calls.calls() == 0 && matches!(r.at, NativeAt::Words | NativeAt::Start | NativeAt::Plain)
+            }
         }
     }
 
@@ -925,7 +1002,7 @@ impl CallReader {
     pub fn is_other(&self) -> bool {
         match self {
             CallReader::Json(r) => r.is_other(),
-            CallReader::Tagged(_) => false,
+            CallReader::Native(_) => false,
         }
     }
 }
@@ -999,7 +1076,7 @@ mod tests {
 
     #[test]
     fn tagged_replies_are_read_across_every_split() {
-        let tagged = || CallReader::Tagged(TaggedReader::default());
+        let tagged = || CallReader::Native(NativeReader::new(CallSyntax::Hermes));
         let calls = "Let me see: <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"<Oslo>\"}}\n</tool_call>\n\
                      <tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
         let want = vec![
@@ -1025,17 +1102,49 @@ mod tests {
     }
 
     #[test]
+    fn bare_replies_are_read_across_every_split() {
+        let bare = || CallReader::Native(NativeReader::new(CallSyntax::Llama3));
+        let call = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"{Oslo}\"}}";
+        let want = vec![("get_weather".to_string(), r#"{"city":"{Oslo}"}"#.to_string())];
+        let words = "It is {warm} in Oslo.";
+        for (text, want_words, want_calls) in [(call, "", want), (words, words, vec![])] {
+            let every: Vec<usize> = (1..text.len()).filter(|&c| text.is_char_boundary(c)).collect();
+            let mut splits: Vec<Vec<usize>> = every.iter().map(|&c| vec![c]).collect();
+            splits.extend([vec![], every]);
+            for cuts in splits {
+                let (w, c, r) = read_with(bare(), text, &cuts);
+                assert_eq!((w.as_str(), &c), (want_words, &want_calls), "split at {cuts:?}");
+                assert_eq!(r.is_complete(), !want_calls.is_empty(), "{cuts:?}");
+                assert_eq!(r.is_response(), want_calls.is_empty(), "{cuts:?}");
+            }
+        }
+        let (_, c, r) = read_with(bare(), &call[..30], &[]);
+        assert!(c.len() == 1 && !r.is_complete() && !r.is_response());
+    }
+
+    #[test]
     fn the_template_decides_the_style() {
+        let llama3 = include_str!("../tests/data/llama3-tools.jinja");
+        assert_eq!(ToolStyle::of_template(llama3), ToolStyle::Llama3);
+        let t = ToolUse::new(vec![weather()], ToolChoice::Required, true).unwrap().unwrap();
+        let t = t.in_style(ToolStyle::Llama3).unwrap();
+        let OutputFormat::NativeCalls(spec) = t.format() else { panic!("{:?}", t.format()) };
+        assert!(!spec.lazy && spec.max_calls == 1, "a bare call is the whole reply");
+        let reply = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}";
+        let Some(ToolReply::Calls(calls)) = t.read(reply) else { panic!("{reply}") };
+        assert_eq!(calls[0].arguments, r#"{"city":"Oslo"}"#);
+
         let tagged = include_str!("../tests/data/tagged-tools.jinja");
-        assert_eq!(ToolStyle::of_template(tagged), ToolStyle::Tagged);
+        assert_eq!(ToolStyle::of_template(tagged), ToolStyle::Hermes);
         for plain in [crate::tokenizer::chat::CHATML, crate::tokenizer::chat::GEMMA] {
             assert_eq!(ToolStyle::of_template(plain), ToolStyle::Json);
         }
         let t = ToolUse::new(vec![weather()], ToolChoice::Auto, true).unwrap().unwrap();
         assert!(t.template_tools().is_none() && matches!(t.format(), OutputFormat::JsonSchema(_)));
-        let t = t.in_style(ToolStyle::Tagged).unwrap();
+        let t = t.in_style(ToolStyle::Hermes).unwrap();
+        assert_eq!(t.style(), ToolStyle::Hermes);
         assert_eq!(t.template_tools().unwrap()[0]["function"]["name"], "get_weather");
-        let OutputFormat::TaggedCalls(spec) = t.format() else { panic!("{:?}", t.format()) };
+        let OutputFormat::NativeCalls(spec) = t.format() else { panic!("{:?}", t.format()) };
         assert!(spec.lazy && usize::from(spec.max_calls) == MAX_CALLS);
         let mut messages = vec![ChatMessage::new("user", "hi")];
         t.prompt(&mut messages);
@@ -1046,8 +1155,8 @@ mod tests {
         assert_eq!(t.read("It is sunny."), Some(ToolReply::Text("It is sunny.".into())));
         assert_eq!(t.read("<tool_call>\n{\"name\""), None);
         let named = ToolUse::new(vec![weather()], ToolChoice::Function("get_weather".into()), false);
-        let named = named.unwrap().unwrap().in_style(ToolStyle::Tagged).unwrap();
-        let OutputFormat::TaggedCalls(spec) = named.format() else { panic!() };
+        let named = named.unwrap().unwrap().in_style(ToolStyle::Hermes).unwrap();
+        let OutputFormat::NativeCalls(spec) = named.format() else { panic!() };
         assert!(!spec.lazy && spec.max_calls == 1);
     }
 

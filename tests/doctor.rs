@@ -175,10 +175,11 @@ fn templates_that_break_refuse_or_ignore_are_reported() {
              {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}\
              {# tools: answer with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call> #}",
             "warn",
-            "writes <tool_call> tags but not the tools it is given",
+            "teaches <tool_call> tags but does not write the tools it is given",
         ),
         // The tagged style done right (the test template): the tools reach the model.
-        (include_str!("data/tagged-tools.jinja"), "ok", "tool calls: in the template's own <tool_call> tags"),
+        (include_str!("data/tagged-tools.jinja"), "ok", "tool calls: as the template's own <tool_call> tags"),
+        (include_str!("data/llama3-tools.jinja"), "ok", "tool calls: as the template's own a bare {\"name\""),
     ];
     for (i, (template, status, needle)) in cases.into_iter().enumerate() {
         let path = model_with(dir.path(), &format!("t{i}.gguf"), |w| {

@@ -4,7 +4,7 @@
 //! response, streamed or whole) on a tiny model with a real engine behind it.
 //!
 //! The first byte picks the route, the `Content-Length` header (none, the true one, or one over the limit) and the
-//! chat template (chatml, or one of the tagged tool style); the rest is the body. What may not happen: a panic (in a handler, the engine thread or a blocking task), a 5xx,
+//! chat template (chatml, or one with Hermes' or Llama 3's call format); the rest is the body. What may not happen: a panic (in a handler, the engine thread or a blocking task), a 5xx,
 //! an error that is not an OpenAI error body, a 200 that is not a whole response or a stream ending in `[DONE]`.
 #![no_main]
 
@@ -29,9 +29,10 @@ const MAX_BODY: usize = 4096;
 
 struct App {
     runtime: tokio::runtime::Runtime,
-    /// With the built-in chatml template (tools in the JSON protocol), and with a template of the tagged tool style
-    /// (`tests/data/tagged-tools.jinja`: the tools, calls and results go to the template, replies in its tags).
-    routers: [axum::Router; 2],
+    /// With the built-in chatml template (tools in the JSON protocol), and with templates that have their own call
+    /// format (`tests/data/tagged-tools.jinja`, Hermes' tags; `tests/data/llama3-tools.jinja`, Llama 3's bare
+    /// calls): the tools, calls and results go to the template, replies in its format.
+    routers: [axum::Router; 3],
 }
 
 fn app() -> &'static App {
@@ -57,10 +58,13 @@ fn app() -> &'static App {
         let config = ServerConfig { model_name: "fuzz".into(), max_body_bytes: MAX_BODY, log_format: LogFormat::Json };
         let tagged = ChatTemplate::new("tagged", include_str!("../../tests/data/tagged-tools.jinja"), "", "")
             .expect("the tagged test template");
+        let llama3 = ChatTemplate::new("llama3", include_str!("../../tests/data/llama3-tools.jinja"), "", "")
+            .expect("the Llama 3 test template");
         let state = AppState::new(engine.clone(), tokenizer.clone(), Some(template), config.clone());
-        let tagged = AppState::new(engine, tokenizer, Some(tagged), config);
+        let tagged = AppState::new(engine.clone(), tokenizer.clone(), Some(tagged), config.clone());
+        let llama3 = AppState::new(engine, tokenizer, Some(llama3), config);
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
-        App { runtime, routers: [router(state), router(tagged)] }
+        App { runtime, routers: [router(state), router(tagged), router(llama3)] }
     })
 }
 
@@ -87,7 +91,7 @@ fuzz_target!(
     let Ok(req) = req.body(Body::from(body.to_vec())) else { return };
     let app = app();
     let (status, content_type, bytes) = app.runtime.block_on(async {
-        let routed = &app.routers[usize::from(sel >> 4 & 1)];
+        let routed = &app.routers[usize::from(sel >> 4) % 3];
         let resp = routed.clone().oneshot(req).await.expect("the router is infallible");
         let status = resp.status().as_u16();
         let ct = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();

@@ -184,8 +184,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         template,
         ServerConfig { model_name, max_body_bytes: args.max_body, log_format },
     );
-    if state.tool_style == crate::tools::ToolStyle::Tagged {
-        log("tools: the chat template lists them and its <tool_call> tags carry the calls (Hermes/Qwen style)");
+    if state.tool_style != crate::tools::ToolStyle::Json {
+        log(&format!("tools: the chat template lists them, and calls are {}", state.tool_style.calls_as()));
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -107,30 +107,32 @@ pub fn check_all(
             details.push(format!("fails without a generation prompt: {e}"));
         }
     }
-    match crate::tools::ToolStyle::of_template(template.source()) {
-        crate::tools::ToolStyle::Tagged => {
-            // The style is read from the source's words; the template must also write the tools it is given.
-            let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
-            match template.render_with_tools(&messages, Some(tools), true) {
-                Ok(with) if with.contains("get_weather") => details
-                    .push("tool calls: in the template's own <tool_call> tags (it lists the tools itself)".into()),
-                Ok(_) => {
-                    status = status.max(Status::Warn);
-                    details.push(
-                        "tool calls: it writes <tool_call> tags but not the tools it is given, so a `serve` request's                          tools never reach the model"
-                            .into(),
-                    );
-                }
-                Err(e) => {
-                    status = status.max(Status::Warn);
-                    details.push(format!("tool calls: it fails to render a conversation with tools: {e}"));
-                }
+    let style = crate::tools::ToolStyle::of_template(template.source());
+    if style == crate::tools::ToolStyle::Json {
+        details.push(
+            "tool calls: described in the system message as a JSON protocol (the template has no tool format)".into(),
+        );
+    } else {
+        // The style is read from the source's words; the template must also write the tools it is given.
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+        let calls_as = style.calls_as();
+        match template.render_with_tools(&messages, Some(tools), true) {
+            Ok(with) if with.contains("get_weather") => {
+                details.push(format!("tool calls: as the template's own {calls_as} (it lists the tools itself)"));
+            }
+            Ok(_) => {
+                status = status.max(Status::Warn);
+                details.push(format!(
+                    "tool calls: it teaches {calls_as} but does not write the tools it is given, so a `serve` \
+                     request's tools never reach the model"
+                ));
+            }
+            Err(e) => {
+                status = status.max(Status::Warn);
+                details.push(format!("tool calls: it fails to render a conversation with tools: {e}"));
             }
         }
-        crate::tools::ToolStyle::Json => details.push(
-            "tool calls: described in the system message as a JSON protocol (the template has no tool format)".into(),
-        ),
     }
     let n_tokens = tok.encode_prompt(&rendered).len();
     let summary = format!("{origin}: renders a {}-message conversation ({n_tokens} tokens)", messages.len());

@@ -455,7 +455,7 @@ async fn generate(state: Arc<AppState>, req: HttpRequest, chat: bool) -> Respons
     axum::Json(meta.full(&outs, &usage)).into_response()
 }
 
-/// A reply under `tools` read back: its calls (the finish reason becomes `tool_calls`; in the tagged style with the
+/// A reply under `tools` read back: its calls (the finish reason becomes `tool_calls`; in Hermes' style with the
 /// words written before them) or its answer in words. Of a reply cut short (by `max_tokens`), words are given as far
 /// as they go, a call as it was written.
 fn read_tool_reply(

@@ -722,8 +722,8 @@ fn parse_prompt(f: &Fields<'_>) -> Result<Prompt, ApiError> {
     }
 }
 
-/// The conversation. Earlier calls and results are kept as the template's own messages in the tagged style, and
-/// written in the JSON protocol's shapes otherwise.
+/// The conversation. Earlier calls and results are kept as the template's own messages where it has its own call
+/// format, and written in the JSON protocol's shapes otherwise.
 fn parse_messages(f: &Fields<'_>, style: ToolStyle) -> Result<Vec<ChatMessage>, ApiError> {
     let items = match f.get("messages") {
         None => return Err(ApiError::bad("messages", "`messages` is required")),
@@ -792,7 +792,7 @@ fn parse_messages(f: &Fields<'_>, style: ToolStyle) -> Result<Vec<ChatMessage>, 
                     ));
                 }
             };
-            if style == ToolStyle::Tagged {
+            if style != ToolStyle::Json {
                 out.push(ChatMessage { tool_call_id: call_id, ..ChatMessage::new("tool", content) });
                 continue;
             }
@@ -809,7 +809,7 @@ fn parse_messages(f: &Fields<'_>, style: ToolStyle) -> Result<Vec<ChatMessage>, 
         }
         if past.is_empty() {
             out.push(ChatMessage::new(role, content));
-        } else if style == ToolStyle::Tagged {
+        } else if style != ToolStyle::Json {
             let tool_calls = Some(crate::tools::past_calls_json(&past));
             out.push(ChatMessage { tool_calls, ..ChatMessage::new("assistant", content) });
         } else {
@@ -909,7 +909,7 @@ impl ResponseMeta<'_> {
                     let message = match &c.tool_calls {
                         Some(calls) => json!({
                             "role": "assistant",
-                            // Words said before the calls (the tagged style lets a model write some).
+                            // Words said before the calls (Hermes' format lets a model write some).
                             "content": if c.text.is_empty() { Value::Null } else { json!(c.text) },
                             "tool_calls": tool_calls_json(calls),
                         }),
@@ -1119,7 +1119,7 @@ mod tests {
     }
 
     #[test]
-    fn a_tagged_template_gets_the_tools_calls_and_results_as_its_own() {
+    fn templates_with_a_call_format_get_the_tools_calls_and_results_as_their_own() {
         let body = br#"{"messages": [{"role": "system", "content": "be brief"},
             {"role": "user", "content": "weather?"},
             {"role": "assistant", "content": null, "tool_calls": [
@@ -1129,7 +1129,7 @@ mod tests {
             {"role": "tool", "tool_call_id": "c2", "content": "noon"}],
             "tools": [{"type": "function", "function": {"name": "w", "description": "The weather"}},
                       {"type": "function", "function": {"name": "t"}}]}"#;
-        let r = parse_in(body, true, ToolStyle::Tagged).unwrap();
+        let r = parse_in(body, true, ToolStyle::Hermes).unwrap();
         let Prompt::Chat(m) = &r.prompt else { panic!() };
         let roles: Vec<&str> = m.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(roles, ["system", "user", "assistant", "tool", "tool"]);
@@ -1137,7 +1137,7 @@ mod tests {
         assert_eq!(m[2].tool_calls.as_ref().unwrap()[0]["function"]["arguments"], json!({"city": "Oslo"}));
         assert_eq!(m[4].tool_call_id.as_deref(), Some("c2"));
         let tools = r.tools.as_ref().unwrap();
-        assert!(matches!(r.format, OutputFormat::TaggedCalls(_)));
+        assert!(matches!(r.format, OutputFormat::NativeCalls(_)));
         let template = crate::tokenizer::chat::ChatTemplate::new(
             "tagged",
             include_str!("../../tests/data/tagged-tools.jinja"),
@@ -1156,5 +1156,34 @@ mod tests {
         }
         assert!(text.ends_with("<|im_start|>assistant\n"), "{text}");
         assert_eq!(text.matches("be brief").count(), 1, "{text}");
+
+        // Llama 3's: the tools in the first user turn, the call a bare object, the results ipython turns.
+        let body = br#"{"messages": [{"role": "system", "content": "be brief"},
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{\"city\": \"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "cold"}],
+            "tools": [{"type": "function", "function": {"name": "w", "description": "The weather"}}]}"#;
+        let r = parse_in(body, true, ToolStyle::Llama3).unwrap();
+        let Prompt::Chat(m) = &r.prompt else { panic!() };
+        let template = crate::tokenizer::chat::ChatTemplate::new(
+            "llama3",
+            include_str!("../../tests/data/llama3-tools.jinja"),
+            "<|begin_of_text|>",
+            "",
+        )
+        .unwrap();
+        let tools = r.tools.as_ref().unwrap().template_tools();
+        let text = template.render_with_tools(m, tools, true).unwrap();
+        for part in [
+            "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nbe brief<|eot_id|>",
+            "These functions are available.",
+            r#"{"function":{"description":"The weather","name":"w","parameters":"#,
+            "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"w\", \"parameters\": {\"city\":\"Oslo\"}}<|eot_id|>",
+            "<|start_header_id|>ipython<|end_header_id|>\n\ncold<|eot_id|>",
+        ] {
+            assert!(text.contains(part), "{part:?} not in:\n{text}");
+        }
+        assert!(text.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\n"), "{text}");
     }
 }

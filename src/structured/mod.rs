@@ -15,9 +15,9 @@
 pub mod grammar;
 pub mod grammar_machine;
 pub mod json;
+pub mod native_calls;
 pub mod schema;
 pub mod schema_machine;
-pub mod tagged_calls;
 pub mod vocab;
 
 use std::sync::{Arc, OnceLock};
@@ -27,9 +27,9 @@ use serde::{Deserialize, Serialize};
 pub use grammar::{Grammar, GrammarError};
 pub use grammar_machine::{GrammarConstraint, GrammarMachine};
 pub use json::JsonMachine;
+pub use native_calls::{NativeCalls, NativeCallsConstraint};
 pub use schema::{JsonSchema, SchemaError};
 pub use schema_machine::SchemaMachine;
-pub use tagged_calls::{TaggedCalls, TaggedCallsConstraint};
 pub use vocab::SortedVocab;
 
 /// What shape the generated text must have.
@@ -45,10 +45,10 @@ pub enum OutputFormat {
     JsonSchema(Arc<JsonSchema>),
     /// Text of this GBNF grammar (from its rule `root`).
     Grammar(Arc<Grammar>),
-    /// Tool calls in the tagged format of Hermes-style templates (set by [`crate::tools`] for a request's tools;
+    /// Tool calls in a chat template's own format (set by [`crate::tools`] for a request's tools;
     /// no command line or file names it).
     #[serde(skip)]
-    TaggedCalls(Arc<TaggedCalls>),
+    NativeCalls(Arc<NativeCalls>),
 }
 
 impl OutputFormat {
@@ -60,14 +60,14 @@ impl OutputFormat {
             OutputFormat::JsonObject => "json",
             OutputFormat::JsonSchema(_) => "json-schema",
             OutputFormat::Grammar(_) => "grammar",
-            OutputFormat::TaggedCalls(_) => "tool-calls",
+            OutputFormat::NativeCalls(_) => "tool-calls",
         }
     }
 
     /// The schema generation follows, if the text must be JSON.
     pub fn schema(&self) -> Option<Arc<JsonSchema>> {
         match self {
-            OutputFormat::Text | OutputFormat::Grammar(_) | OutputFormat::TaggedCalls(_) => None,
+            OutputFormat::Text | OutputFormat::Grammar(_) | OutputFormat::NativeCalls(_) => None,
             OutputFormat::JsonObject => Some(JsonSchema::any_object()),
             OutputFormat::JsonSchema(s) => Some(s.clone()),
         }
@@ -105,7 +105,7 @@ pub struct Refused {
 pub enum Constraint {
     Json(JsonConstraint),
     Grammar(GrammarConstraint),
-    Tagged(TaggedCallsConstraint),
+    Native(NativeCallsConstraint),
 }
 
 impl Constraint {
@@ -120,7 +120,7 @@ impl Constraint {
         match format {
             OutputFormat::Text => None,
             OutputFormat::Grammar(g) => Some(Constraint::Grammar(GrammarConstraint::new(vocab(), g.clone()))),
-            OutputFormat::TaggedCalls(t) => Some(Constraint::Tagged(TaggedCallsConstraint::new(vocab(), t.clone()))),
+            OutputFormat::NativeCalls(t) => Some(Constraint::Native(NativeCallsConstraint::new(vocab(), t.clone()))),
             _ => format.schema().map(|schema| Constraint::Json(JsonConstraint::new(vocab(), schema))),
         }
     }
@@ -130,7 +130,7 @@ impl Constraint {
         match self {
             Constraint::Json(c) => c.mask(),
             Constraint::Grammar(c) => c.mask(),
-            Constraint::Tagged(c) => c.mask(),
+            Constraint::Native(c) => c.mask(),
         }
     }
 
@@ -139,7 +139,7 @@ impl Constraint {
         match self {
             Constraint::Json(c) => c.accept(token, bytes),
             Constraint::Grammar(c) => c.accept(token, bytes),
-            Constraint::Tagged(c) => c.accept(token, bytes),
+            Constraint::Native(c) => c.accept(token, bytes),
         }
     }
 
@@ -148,7 +148,7 @@ impl Constraint {
         match self {
             Constraint::Json(c) => c.is_complete(),
             Constraint::Grammar(c) => c.is_complete(),
-            Constraint::Tagged(c) => c.is_complete(),
+            Constraint::Native(c) => c.is_complete(),
         }
     }
 

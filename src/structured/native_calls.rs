@@ -1,18 +1,24 @@
-//! Tool calls in the tagged format that Hermes-style chat templates teach (Qwen 2.5 and 3, Hermes 2 and 3, and the
-//! fine-tunes built on their templates):
+//! Tool calls in the formats that chat templates teach their models ([`CallSyntax`]):
 //!
-//! ```text
-//! <tool_call>
-//! {"name": "get_weather", "arguments": {"city": "Oslo"}}
-//! </tool_call>
-//! ```
+//! - Hermes-style templates (Qwen 2.5 and 3, Hermes 2 and 3, and the fine-tunes built on their templates) put each
+//!   call between tags, several on separate lines:
+//!
+//!   ```text
+//!   <tool_call>
+//!   {"name": "get_weather", "arguments": {"city": "Oslo"}}
+//!   </tool_call>
+//!   ```
+//!
+//! - Llama 3.1 to 3.3 templates ask for one bare object as the whole reply:
+//!   `{"name": "get_weather", "parameters": {"city": "Oslo"}}`.
 //!
 //! A model trained on such a template writes its calls this way on its own, so [`crate::tools`] asks for them in
-//! this shape when the template has it, instead of its own JSON protocol. [`TaggedCallsMachine`] holds a reply to
+//! this shape when the template has it, instead of its own JSON protocol. [`NativeCallsMachine`] holds a reply to
 //! it: each call object is held to a JSON schema (one object alternative per tool, tagged by `name`, its
-//! `arguments` the tool's parameters), calls follow one another separated by a newline (up to a limit), and with
-//! `lazy` (the `auto` tool choice) the reply may first be free text, in which the calls begin wherever the model
-//! writes the opening tag: like the lazy grammars of llama.cpp's server, the text is free until the tag appears.
+//! `arguments` or `parameters` the tool's parameters), and with `lazy` (the `auto` tool choice) the reply may be
+//! free text instead. With tags, calls follow one another separated by a newline (up to a limit) and begin
+//! wherever the model writes the opening tag, after any words: like the lazy grammars of llama.cpp's server, the
+//! text is free until the tag appears. A bare object is a call only as the reply's first byte.
 
 use std::sync::Arc;
 
@@ -33,10 +39,30 @@ const FIRST: u8 = 0;
 const CLOSING: u8 = 1;
 const NEXT: u8 = 2;
 
+/// How a template has its model write a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallSyntax {
+    /// `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, calls on separate lines, after any words.
+    Hermes,
+    /// `{"name": ..., "parameters": {...}}`: one call, the whole reply.
+    Llama3,
+}
+
+impl CallSyntax {
+    /// The key of a call's arguments.
+    pub fn arguments_key(self) -> &'static str {
+        match self {
+            CallSyntax::Hermes => "arguments",
+            CallSyntax::Llama3 => "parameters",
+        }
+    }
+}
+
 /// What a reply must look like.
 #[derive(Debug, PartialEq)]
-pub struct TaggedCalls {
-    /// One call object: `{"name": ..., "arguments": {...}}`, one alternative per allowed tool.
+pub struct NativeCalls {
+    pub syntax: CallSyntax,
+    /// One call object: `{"name": ..., "<arguments key>": {...}}`, one alternative per allowed tool.
     pub call: Arc<JsonSchema>,
     /// Words may come first, and the reply may be words alone (the `auto` choice); otherwise it begins with a call.
     pub lazy: bool,
@@ -48,6 +74,10 @@ pub struct TaggedCalls {
 enum At {
     /// Free text, of which the last `matched` bytes begin the opening tag.
     Free { matched: u8 },
+    /// A bare call's reply before its first byte, which decides between a call and words.
+    Start,
+    /// Free text in which no call can begin any more.
+    Words,
     /// Inside literal run `lit` of [`LITERALS`] after `pos` bytes.
     Literal { lit: u8, pos: u8 },
     /// Inside a call object.
@@ -56,23 +86,28 @@ enum At {
     End,
 }
 
-/// Where a reply in the tagged format is; a `Copy` value compared whole, as the mask cache needs.
+/// Where a reply in a template's call format is; a `Copy` value compared whole, as the mask cache needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TaggedCallsMachine {
+pub struct NativeCallsMachine {
     at: At,
     /// Calls closed so far.
     calls: u8,
 }
 
-impl TaggedCallsMachine {
-    pub fn new(spec: &TaggedCalls) -> TaggedCallsMachine {
-        let at = if spec.lazy { At::Free { matched: 0 } } else { At::Literal { lit: FIRST, pos: 0 } };
-        TaggedCallsMachine { at, calls: 0 }
+impl NativeCallsMachine {
+    pub fn new(spec: &NativeCalls) -> NativeCallsMachine {
+        let at = match (spec.syntax, spec.lazy) {
+            (CallSyntax::Hermes, true) => At::Free { matched: 0 },
+            (CallSyntax::Hermes, false) => At::Literal { lit: FIRST, pos: 0 },
+            (CallSyntax::Llama3, true) => At::Start,
+            (CallSyntax::Llama3, false) => At::Call(SchemaMachine::new(&spec.call)),
+        };
+        NativeCallsMachine { at, calls: 0 }
     }
 
     /// Whether the reply may end here: in free text (lazy), or after a call's closing tag.
     pub fn is_accepting(&self) -> bool {
-        matches!(self.at, At::Free { .. } | At::Literal { lit: NEXT, pos: 0 } | At::End)
+        matches!(self.at, At::Free { .. } | At::Start | At::Words | At::Literal { lit: NEXT, pos: 0 } | At::End)
     }
 
     /// Whether more text can follow.
@@ -86,7 +121,7 @@ impl TaggedCallsMachine {
     }
 
     /// The call object's room inside a plain string ([`SchemaMachine::plain_string`]).
-    pub fn plain_string(&self, spec: &TaggedCalls) -> Option<u32> {
+    pub fn plain_string(&self, spec: &NativeCalls) -> Option<u32> {
         match &self.at {
             At::Call(m) => m.plain_string(&spec.call),
             _ => None,
@@ -94,13 +129,13 @@ impl TaggedCallsMachine {
     }
 
     /// Accepts every byte of `bytes`, or returns `false` at the first refused one.
-    pub fn feed(&mut self, spec: &TaggedCalls, bytes: &[u8]) -> bool {
+    pub fn feed(&mut self, spec: &NativeCalls, bytes: &[u8]) -> bool {
         bytes.iter().all(|&b| self.step(spec, b))
     }
 
     /// Accepts `b` if the reply so far plus `b` can still be one of the format, and says whether it did. A refused
     /// byte leaves the machine unchanged.
-    pub fn step(&mut self, spec: &TaggedCalls, b: u8) -> bool {
+    pub fn step(&mut self, spec: &NativeCalls, b: u8) -> bool {
         let open = OPEN.as_bytes();
         match &mut self.at {
             At::Free { matched } => {
@@ -117,6 +152,17 @@ impl TaggedCallsMachine {
                     // match at this byte.
                     *matched = u8::from(b == open[0]);
                 }
+                true
+            }
+            At::Start if b == b'{' => {
+                let mut m = SchemaMachine::new(&spec.call);
+                let took = m.step(&spec.call, b);
+                debug_assert!(took, "a call is an object");
+                self.at = At::Call(m);
+                true
+            }
+            At::Start | At::Words => {
+                self.at = At::Words;
                 true
             }
             At::Literal { lit, pos } => {
@@ -141,7 +187,13 @@ impl TaggedCallsMachine {
                     return false;
                 }
                 if m.is_complete() {
-                    self.at = At::Literal { lit: CLOSING, pos: 0 };
+                    self.at = match spec.syntax {
+                        CallSyntax::Hermes => At::Literal { lit: CLOSING, pos: 0 },
+                        CallSyntax::Llama3 => {
+                            self.calls += 1;
+                            At::End
+                        }
+                    };
                 }
                 true
             }
@@ -150,23 +202,23 @@ impl TaggedCallsMachine {
     }
 }
 
-/// One sequence's constraint to the tagged format: the machine and masks of the states it met recently.
+/// One sequence's constraint to a template's call format: the machine and masks of the states it met recently.
 #[derive(Debug)]
-pub struct TaggedCallsConstraint {
+pub struct NativeCallsConstraint {
     vocab: Arc<SortedVocab>,
-    spec: Arc<TaggedCalls>,
-    machine: TaggedCallsMachine,
+    spec: Arc<NativeCalls>,
+    machine: NativeCallsMachine,
     /// An end-of-generation token was taken.
     ended: bool,
-    cache: Vec<(TaggedCallsMachine, Vec<u64>)>,
-    states: Vec<TaggedCallsMachine>,
+    cache: Vec<(NativeCallsMachine, Vec<u64>)>,
+    states: Vec<NativeCallsMachine>,
 }
 
-impl TaggedCallsConstraint {
-    pub fn new(vocab: Arc<SortedVocab>, spec: Arc<TaggedCalls>) -> TaggedCallsConstraint {
-        TaggedCallsConstraint {
+impl NativeCallsConstraint {
+    pub fn new(vocab: Arc<SortedVocab>, spec: Arc<NativeCalls>) -> NativeCallsConstraint {
+        NativeCallsConstraint {
             vocab,
-            machine: TaggedCallsMachine::new(&spec),
+            machine: NativeCallsMachine::new(&spec),
             spec,
             ended: false,
             cache: Vec::with_capacity(CACHED_MASKS),
@@ -225,7 +277,7 @@ mod tests {
 
     use super::*;
 
-    fn spec(lazy: bool, max_calls: u8) -> TaggedCalls {
+    fn spec(lazy: bool, max_calls: u8) -> NativeCalls {
         let call = json!({"anyOf": [
             {"type": "object", "properties": {"name": {"const": "w"}, "arguments": {"type": "object",
              "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": false}},
@@ -234,12 +286,12 @@ mod tests {
              "properties": {}, "additionalProperties": false}},
              "required": ["name", "arguments"], "additionalProperties": false},
         ]});
-        TaggedCalls { call: Arc::new(JsonSchema::compile(&call).unwrap()), lazy, max_calls }
+        NativeCalls { syntax: CallSyntax::Hermes, call: Arc::new(JsonSchema::compile(&call).unwrap()), lazy, max_calls }
     }
 
     /// The machine after `text`, `None` if a byte is refused.
-    fn run(spec: &TaggedCalls, text: &str) -> Option<TaggedCallsMachine> {
-        let mut m = TaggedCallsMachine::new(spec);
+    fn run(spec: &NativeCalls, text: &str) -> Option<NativeCallsMachine> {
+        let mut m = NativeCallsMachine::new(spec);
         m.feed(spec, text.as_bytes()).then_some(m)
     }
 
@@ -251,7 +303,7 @@ mod tests {
         let s = spec(false, 1);
         let m = run(&s, W).unwrap();
         assert!(m.is_accepting() && !m.is_open() && m.calls() == 1);
-        assert!(!TaggedCallsMachine::new(&s).is_accepting(), "a call is required");
+        assert!(!NativeCallsMachine::new(&s).is_accepting(), "a call is required");
         for bad in [
             "Sure! <tool_call>",
             "<tool_call>{",
@@ -280,7 +332,7 @@ mod tests {
     #[test]
     fn lazy_replies_are_free_until_the_tag() {
         let s = spec(true, 2);
-        let start = TaggedCallsMachine::new(&s);
+        let start = NativeCallsMachine::new(&s);
         assert!(start.is_accepting(), "words alone are a reply");
         for words in ["It is sunny.", "a < b, <tool_ and <tool_call", "<<tool_call", "x <tool_cal>"] {
             let m = run(&s, words).unwrap_or_else(|| panic!("{words:?}"));
@@ -293,5 +345,26 @@ mod tests {
         let open = run(&s, "words <tool_call>").unwrap();
         assert!(!open.is_accepting(), "an opened call must be written");
         assert!(run(&s, &format!("{W} and more words")).is_none(), "calls end the reply");
+    }
+
+    #[test]
+    fn a_bare_call_is_the_whole_reply_or_none_of_it() {
+        let call = json!({"anyOf": [{"type": "object", "properties": {"name": {"const": "w"}, "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+            "required": ["name", "parameters"]}]});
+        let call = Arc::new(JsonSchema::compile(&call).unwrap());
+        let bare = |lazy| NativeCalls { syntax: CallSyntax::Llama3, call: call.clone(), lazy, max_calls: 1 };
+        let text = "{\"name\": \"w\", \"parameters\": {\"city\": \"Oslo\"}}";
+        for lazy in [false, true] {
+            let s = bare(lazy);
+            let m = run(&s, text).unwrap();
+            assert!(m.is_accepting() && !m.is_open() && m.calls() == 1);
+            assert!(run(&s, &format!("{text} ")).is_none(), "the call is the whole reply");
+            assert!(run(&s, "{\"name\": \"x\"").is_none());
+            assert_eq!(NativeCallsMachine::new(&s).is_accepting(), lazy, "an empty reply is words only under auto");
+        }
+        assert!(run(&bare(false), "Sure").is_none());
+        let words = run(&bare(true), "Sure: {\"name\": \"x\"} is not a call here").unwrap();
+        assert!(words.is_accepting() && words.is_open() && words.calls() == 0);
     }
 }
