@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::grammar::{Elem, Grammar};
 use super::vocab::SortedVocab;
-use super::{CACHED_MASKS, Refused};
+use super::{MaskCache, Refused};
 
 /// The most entries a stack may have: nesting deeper than this is refused, as JSON nesting is past its limit.
 pub const MAX_DEPTH: usize = 256;
@@ -290,7 +290,7 @@ pub struct GrammarConstraint {
     state: u32,
     /// An end-of-generation token was taken (where the text was a whole match).
     ended: bool,
-    cache: Vec<(u32, Vec<u64>)>,
+    cache: MaskCache<u32>,
     scratch: Vec<u32>,
 }
 
@@ -302,7 +302,7 @@ impl GrammarConstraint {
             state: machine.start(),
             machine: RefCell::new(machine),
             ended: false,
-            cache: Vec::with_capacity(CACHED_MASKS),
+            cache: MaskCache::new(),
             scratch: Vec::new(),
         }
     }
@@ -310,30 +310,27 @@ impl GrammarConstraint {
     /// The tokens allowed next: those whose bytes the grammar takes from here, and the end-of-generation tokens
     /// where the text so far is a whole match.
     pub fn mask(&mut self) -> &[u64] {
-        if let Some(at) = self.cache.iter().position(|(s, _)| *s == self.state) {
-            return &self.cache[at].1;
-        }
-        if self.machine.get_mut().is_full() {
+        if !self.cache.has(self.state) && self.machine.get_mut().is_full() {
+            // The machine's tables start over, and with them the state numbers the masks are kept by.
             self.state = self.machine.get_mut().start_over(self.state);
             self.cache.clear();
         }
-        let mut mask = if self.cache.len() == CACHED_MASKS { self.cache.remove(0).1 } else { Vec::new() };
-        let machine = &self.machine;
-        let step = |s: &mut u32, b: u8| match machine.borrow_mut().step(*s, b) {
-            Some(next) => {
-                *s = next;
-                true
+        let (machine, vocab, scratch, state) = (&self.machine, &self.vocab, &mut self.scratch, self.state);
+        self.cache.get(state, |mask| {
+            let step = |s: &mut u32, b: u8| match machine.borrow_mut().step(*s, b) {
+                Some(next) => {
+                    *s = next;
+                    true
+                }
+                None => false,
+            };
+            vocab.fill_mask(&state, None, step, mask, scratch);
+            if machine.borrow_mut().is_accepting(state) {
+                for &id in vocab.eog() {
+                    mask[id as usize / 64] |= 1 << (id % 64);
+                }
             }
-            None => false,
-        };
-        self.vocab.fill_mask(&self.state, None, step, &mut mask, &mut self.scratch);
-        if self.machine.get_mut().is_accepting(self.state) {
-            for &id in self.vocab.eog() {
-                mask[id as usize / 64] |= 1 << (id % 64);
-            }
-        }
-        self.cache.push((self.state, mask));
-        &self.cache[self.cache.len() - 1].1
+        })
     }
 
     /// Why no token is allowed here, for a request that ran into it: the bytes the grammar would take next (which

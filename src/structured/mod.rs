@@ -80,7 +80,44 @@ impl OutputFormat {
 }
 
 /// Masks kept per constraint: the states of a string's inside, of the places between values, and a spare.
-pub(crate) const CACHED_MASKS: usize = 4;
+const CACHED_MASKS: usize = 4;
+
+/// The masks of the states a constraint met most recently ([`CACHED_MASKS`] of them): a long string repeats one
+/// state token after token, so most steps inside strings reuse one.
+#[derive(Debug)]
+pub(crate) struct MaskCache<M> {
+    /// The most recent last.
+    entries: Vec<(M, Vec<u64>)>,
+}
+
+impl<M: Copy + PartialEq> MaskCache<M> {
+    pub(crate) fn new() -> MaskCache<M> {
+        MaskCache { entries: Vec::with_capacity(CACHED_MASKS) }
+    }
+
+    /// Whether the mask of `state` is kept.
+    pub(crate) fn has(&self, state: M) -> bool {
+        self.entries.iter().any(|(m, _)| *m == state)
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    /// The mask of `state`: the one kept, or one `fill` computes (into the oldest one's buffer, once all are in use).
+    pub(crate) fn get(&mut self, state: M, fill: impl FnOnce(&mut Vec<u64>)) -> &[u64] {
+        let at = match self.entries.iter().position(|(m, _)| *m == state) {
+            Some(at) => at,
+            None => {
+                let mut mask = if self.entries.len() == CACHED_MASKS { self.entries.remove(0).1 } else { Vec::new() };
+                fill(&mut mask);
+                self.entries.push((state, mask));
+                self.entries.len() - 1
+            }
+        };
+        &self.entries[at].1
+    }
+}
 
 /// One sequence's JSON constraint: the schema, the machine, and masks of the states it met recently.
 #[derive(Debug)]
@@ -88,8 +125,7 @@ pub struct JsonConstraint {
     vocab: Arc<SortedVocab>,
     schema: Arc<JsonSchema>,
     machine: SchemaMachine,
-    /// Recently computed masks with the state each is for; the most recent last.
-    cache: Vec<(SchemaMachine, Vec<u64>)>,
+    cache: MaskCache<SchemaMachine>,
     states: Vec<SchemaMachine>,
 }
 
@@ -168,7 +204,7 @@ impl JsonConstraint {
             vocab,
             machine: SchemaMachine::new(&schema),
             schema,
-            cache: Vec::with_capacity(CACHED_MASKS),
+            cache: MaskCache::new(),
             states: Vec::new(),
         }
     }
@@ -176,18 +212,11 @@ impl JsonConstraint {
     /// The tokens allowed next, as a bit mask over the vocabulary (bit `id % 64` of word `id / 64`). All zero once
     /// the object is complete.
     pub fn mask(&mut self) -> &[u64] {
-        let at = match self.cache.iter().position(|(m, _)| *m == self.machine) {
-            Some(at) => at,
-            None => {
-                let mut mask = if self.cache.len() == CACHED_MASKS { self.cache.remove(0).1 } else { Vec::new() };
-                let schema = &*self.schema;
-                let plain = self.machine.plain_string(schema);
-                self.vocab.fill_mask(&self.machine, plain, |m, b| m.step(schema, b), &mut mask, &mut self.states);
-                self.cache.push((self.machine, mask));
-                self.cache.len() - 1
-            }
-        };
-        &self.cache[at].1
+        let (schema, machine, vocab, states) = (&*self.schema, &self.machine, &self.vocab, &mut self.states);
+        self.cache.get(self.machine, |mask| {
+            let plain = machine.plain_string(schema);
+            vocab.fill_mask(machine, plain, |m, b| m.step(schema, b), mask, states);
+        })
     }
 
     /// Advances past `token`'s bytes (`bytes`, as the tokenizer decodes it), which must be allowed.

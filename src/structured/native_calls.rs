@@ -25,7 +25,7 @@ use std::sync::Arc;
 use super::schema::JsonSchema;
 use super::schema_machine::SchemaMachine;
 use super::vocab::SortedVocab;
-use super::{CACHED_MASKS, Refused};
+use super::{MaskCache, Refused};
 
 /// The tag that opens a call.
 pub const OPEN: &str = "<tool_call>";
@@ -210,7 +210,7 @@ pub struct NativeCallsConstraint {
     machine: NativeCallsMachine,
     /// An end-of-generation token was taken.
     ended: bool,
-    cache: Vec<(NativeCallsMachine, Vec<u64>)>,
+    cache: MaskCache<NativeCallsMachine>,
     states: Vec<NativeCallsMachine>,
 }
 
@@ -221,7 +221,7 @@ impl NativeCallsConstraint {
             machine: NativeCallsMachine::new(&spec),
             spec,
             ended: false,
-            cache: Vec::with_capacity(CACHED_MASKS),
+            cache: MaskCache::new(),
             states: Vec::new(),
         }
     }
@@ -229,23 +229,15 @@ impl NativeCallsConstraint {
     /// The tokens allowed next: those whose bytes keep the reply in the format, and the end-of-generation tokens
     /// where it may end. In free text that is every token with text, except those that would open a call badly.
     pub fn mask(&mut self) -> &[u64] {
-        let at = match self.cache.iter().position(|(m, _)| *m == self.machine) {
-            Some(at) => at,
-            None => {
-                let mut mask = if self.cache.len() == CACHED_MASKS { self.cache.remove(0).1 } else { Vec::new() };
-                let spec = &*self.spec;
-                let plain = self.machine.plain_string(spec);
-                self.vocab.fill_mask(&self.machine, plain, |m, b| m.step(spec, b), &mut mask, &mut self.states);
-                if self.machine.is_accepting() {
-                    for &id in self.vocab.eog() {
-                        mask[id as usize / 64] |= 1 << (id % 64);
-                    }
+        let (spec, machine, vocab, states) = (&*self.spec, &self.machine, &self.vocab, &mut self.states);
+        self.cache.get(self.machine, |mask| {
+            vocab.fill_mask(machine, machine.plain_string(spec), |m, b| m.step(spec, b), mask, states);
+            if machine.is_accepting() {
+                for &id in vocab.eog() {
+                    mask[id as usize / 64] |= 1 << (id % 64);
                 }
-                self.cache.push((self.machine, mask));
-                self.cache.len() - 1
             }
-        };
-        &self.cache[at].1
+        })
     }
 
     /// Advances past `token` (its bytes as the tokenizer decodes them), which must be allowed.
