@@ -133,10 +133,16 @@ pub struct ToolUse {
     tools: Vec<Tool>,
     choice: ToolChoice,
     parallel: bool,
+    reply: ReplyFormat,
+}
+
+/// What a reply is held to, compiled for the style the tools are asked for in.
+#[derive(Debug)]
+enum ReplyFormat {
     /// The JSON protocol's reply schema.
-    schema: Arc<JsonSchema>,
-    /// The template's own call format, when it has one ([`ToolUse::in_style`]).
-    native: Option<Arc<NativeCalls>>,
+    Json(Arc<JsonSchema>),
+    /// The template's own call format.
+    Native(Arc<NativeCalls>),
 }
 
 impl PartialEq for ToolUse {
@@ -186,8 +192,19 @@ pub struct ToolResult {
 }
 
 impl ToolUse {
-    /// The tools and choice of a request; `None` when no call is possible (no tools, or the choice `none`).
+    /// The tools and choice of a request in the JSON protocol; `None` when no call is possible (no tools, or the
+    /// choice `none`).
     pub fn new(tools: Vec<Tool>, choice: ToolChoice, parallel: bool) -> Result<Option<ToolUse>, ToolError> {
+        ToolUse::new_in(tools, choice, parallel, ToolStyle::Json)
+    }
+
+    /// [`new`](Self::new) with the calls asked for in `style`.
+    pub fn new_in(
+        tools: Vec<Tool>,
+        choice: ToolChoice,
+        parallel: bool,
+        style: ToolStyle,
+    ) -> Result<Option<ToolUse>, ToolError> {
         if tools.len() > MAX_TOOLS {
             return Err(ToolError::TooMany { count: tools.len() });
         }
@@ -225,75 +242,54 @@ impl ToolUse {
             _ if tools.is_empty() => return Ok(None),
             _ => {}
         }
-        let source = reply_schema(&tools, &choice, parallel);
-        let schema = Arc::new(JsonSchema::compile(&source).map_err(ToolError::Schema)?);
-        Ok(Some(ToolUse { tools, choice, parallel, schema, native: None }))
-    }
-
-    /// The same tools asked for in `style`.
-    pub fn in_style(mut self, style: ToolStyle) -> Result<ToolUse, ToolError> {
-        self.native = match style.syntax() {
-            None => None,
+        let reply = match style.syntax() {
+            None => {
+                let source = reply_schema(&tools, &choice, parallel);
+                ReplyFormat::Json(Arc::new(JsonSchema::compile(&source).map_err(ToolError::Schema)?))
+            }
             Some(syntax) => {
-                let call = call_alternatives(&self.tools, &self.choice, syntax.arguments_key());
+                let call = call_alternatives(&tools, &choice, syntax.arguments_key());
                 let call = Arc::new(JsonSchema::compile(&call).map_err(ToolError::Schema)?);
-                let lazy = self.choice == ToolChoice::Auto;
+                let lazy = choice == ToolChoice::Auto;
                 // A bare call is the whole reply.
-                let parallel = self.parallel && syntax == CallSyntax::Hermes;
-                let max_calls = if parallel { MAX_CALLS as u8 } else { 1 };
-                Some(Arc::new(NativeCalls { syntax, call, lazy, max_calls }))
+                let max_calls = if parallel && syntax == CallSyntax::Hermes { MAX_CALLS as u8 } else { 1 };
+                ReplyFormat::Native(Arc::new(NativeCalls { syntax, call, lazy, max_calls }))
             }
         };
-        Ok(self)
+        Ok(Some(ToolUse { tools, choice, parallel, reply }))
     }
 
     /// The style the calls are asked for in.
     pub fn style(&self) -> ToolStyle {
-        match self.native.as_ref().map(|n| n.syntax) {
-            None => ToolStyle::Json,
-            Some(CallSyntax::Hermes) => ToolStyle::Hermes,
-            Some(CallSyntax::Llama3) => ToolStyle::Llama3,
+        match &self.reply {
+            ReplyFormat::Json(_) => ToolStyle::Json,
+            ReplyFormat::Native(n) => match n.syntax {
+                CallSyntax::Hermes => ToolStyle::Hermes,
+                CallSyntax::Llama3 => ToolStyle::Llama3,
+            },
         }
-    }
-
-    /// The schema a reply in the JSON protocol follows.
-    pub fn schema(&self) -> Arc<JsonSchema> {
-        self.schema.clone()
     }
 
     /// The format a reply is held to.
     pub fn format(&self) -> OutputFormat {
-        match &self.native {
-            Some(t) => OutputFormat::NativeCalls(t.clone()),
-            None => OutputFormat::JsonSchema(self.schema.clone()),
+        match &self.reply {
+            ReplyFormat::Json(schema) => OutputFormat::JsonSchema(schema.clone()),
+            ReplyFormat::Native(n) => OutputFormat::NativeCalls(n.clone()),
         }
     }
 
     /// The tools as a template with its own call format takes them (`tools`: OpenAI's request shape); `None` in
     /// the JSON style, whose tools are in the system message.
     pub fn template_tools(&self) -> Option<Value> {
-        self.native.as_ref()?;
-        let list = self
-            .tools
-            .iter()
-            .map(|t| {
-                let mut f = Map::new();
-                f.insert("name".into(), json!(t.name));
-                if let Some(d) = &t.description {
-                    f.insert("description".into(), json!(d));
-                }
-                f.insert("parameters".into(), arguments_schema(t));
-                json!({"type": "function", "function": f})
-            })
-            .collect();
-        Some(Value::Array(list))
+        let ReplyFormat::Native(_) = self.reply else { return None };
+        Some(self.tools.iter().map(|t| json!({"type": "function", "function": tool_entry(t)})).collect())
     }
 
     /// A reader of replies in this style.
     pub fn reader(&self) -> CallReader {
-        match &self.native {
-            Some(n) => CallReader::Native(NativeReader::new(n.syntax)),
-            None => CallReader::Json(ReplyReader::default()),
+        match &self.reply {
+            ReplyFormat::Json(_) => CallReader::Json(ReplyReader::default()),
+            ReplyFormat::Native(n) => CallReader::Native(NativeReader::new(n.syntax)),
         }
     }
 
@@ -302,13 +298,7 @@ impl ToolUse {
     pub fn instruction(&self) -> String {
         let mut out = String::from("You can call these tools:\n");
         for t in &self.tools {
-            let mut entry = Map::new();
-            entry.insert("name".into(), json!(t.name));
-            if let Some(d) = &t.description {
-                entry.insert("description".into(), json!(d));
-            }
-            entry.insert("parameters".into(), arguments_schema(t));
-            out.push_str(&Value::Object(entry).to_string());
+            out.push_str(&tool_entry(t).to_string());
             out.push('\n');
         }
         let calls = if self.parallel {
@@ -336,7 +326,7 @@ impl ToolUse {
     /// Adds [`instruction`](Self::instruction) to the conversation's system message (one is put first if there is
     /// none), in the JSON style; a template with its own call format lists the tools itself.
     pub fn prompt(&self, messages: &mut Vec<ChatMessage>) {
-        if self.native.is_some() {
+        if let ReplyFormat::Native(_) = self.reply {
             return;
         }
         let text = self.instruction();
@@ -351,8 +341,7 @@ impl ToolUse {
     /// The reply's calls or answer; `None` when the text is not a whole reply (generation stopped early).
     pub fn read(&self, text: &str) -> Option<ToolReply> {
         let mut reader = self.reader();
-        let mut pieces = reader.push(text);
-        pieces.extend(reader.finish());
+        let pieces = reader.push_end(text);
         let whole = match &reader {
             CallReader::Json(r) => r.is_complete(),
             // Words are a whole reply once the text ends.
@@ -427,6 +416,17 @@ pub fn results_text(results: &[ToolResult]) -> String {
         })
         .collect();
     json!({ "tool_results": list }).to_string()
+}
+
+/// A tool as the instruction and the templates list it: its name, description and arguments schema.
+fn tool_entry(t: &Tool) -> Value {
+    let mut entry = Map::new();
+    entry.insert("name".into(), json!(t.name));
+    if let Some(d) = &t.description {
+        entry.insert("description".into(), json!(d));
+    }
+    entry.insert("parameters".into(), arguments_schema(t));
+    Value::Object(entry)
 }
 
 /// A tool's arguments schema: its `parameters`, or an object with no properties.
@@ -963,6 +963,13 @@ impl CallReader {
         }
     }
 
+    /// Takes the reply's last piece, and gives with what it completes what the reader held back.
+    pub fn push_end(&mut self, last: &str) -> Vec<ReplyPiece> {
+        let mut pieces = self.push(last);
+        pieces.extend(self.finish());
+        pieces
+    }
+
     /// What the reader held back, at the reply's end.
     pub fn finish(&mut self) -> Vec<ReplyPiece> {
         match self {
@@ -1126,8 +1133,7 @@ mod tests {
     fn the_template_decides_the_style() {
         let llama3 = include_str!("../tests/data/llama3-tools.jinja");
         assert_eq!(ToolStyle::of_template(llama3), ToolStyle::Llama3);
-        let t = ToolUse::new(vec![weather()], ToolChoice::Required, true).unwrap().unwrap();
-        let t = t.in_style(ToolStyle::Llama3).unwrap();
+        let t = ToolUse::new_in(vec![weather()], ToolChoice::Required, true, ToolStyle::Llama3).unwrap().unwrap();
         let OutputFormat::NativeCalls(spec) = t.format() else { panic!("{:?}", t.format()) };
         assert!(!spec.lazy && spec.max_calls == 1, "a bare call is the whole reply");
         let reply = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}";
@@ -1141,7 +1147,7 @@ mod tests {
         }
         let t = ToolUse::new(vec![weather()], ToolChoice::Auto, true).unwrap().unwrap();
         assert!(t.template_tools().is_none() && matches!(t.format(), OutputFormat::JsonSchema(_)));
-        let t = t.in_style(ToolStyle::Hermes).unwrap();
+        let t = ToolUse::new_in(vec![weather()], ToolChoice::Auto, true, ToolStyle::Hermes).unwrap().unwrap();
         assert_eq!(t.style(), ToolStyle::Hermes);
         assert_eq!(t.template_tools().unwrap()[0]["function"]["name"], "get_weather");
         let OutputFormat::NativeCalls(spec) = t.format() else { panic!("{:?}", t.format()) };
@@ -1154,8 +1160,9 @@ mod tests {
         assert_eq!((calls[0].name.as_str(), calls[0].arguments.as_str()), ("get_weather", r#"{"city":"Oslo"}"#));
         assert_eq!(t.read("It is sunny."), Some(ToolReply::Text("It is sunny.".into())));
         assert_eq!(t.read("<tool_call>\n{\"name\""), None);
-        let named = ToolUse::new(vec![weather()], ToolChoice::Function("get_weather".into()), false);
-        let named = named.unwrap().unwrap().in_style(ToolStyle::Hermes).unwrap();
+        let named =
+            ToolUse::new_in(vec![weather()], ToolChoice::Function("get_weather".into()), false, ToolStyle::Hermes);
+        let named = named.unwrap().unwrap();
         let OutputFormat::NativeCalls(spec) = named.format() else { panic!() };
         assert!(!spec.lazy && spec.max_calls == 1);
     }
@@ -1214,7 +1221,7 @@ mod tests {
         assert!(
             named.instruction().contains("call the tool \"get_time\"") && named.instruction().contains("exactly one")
         );
-        let s = named.schema();
+        let OutputFormat::JsonSchema(s) = named.format() else { panic!("{:?}", named.format()) };
         assert!(s.source()["properties"]["tool_calls"]["items"]["anyOf"].as_array().unwrap().len() == 1);
         assert_eq!(s.source()["properties"]["tool_calls"]["maxItems"], json!(1));
         assert!(ToolUse::new(vec![weather()], ToolChoice::None, true).unwrap().is_none());

@@ -397,7 +397,7 @@ fn native_use(
             parameters: t["function"].get("parameters").cloned(),
         })
         .collect();
-    ToolUse::new(list, choice, parallel).unwrap().unwrap().in_style(style).unwrap()
+    ToolUse::new_in(list, choice, parallel, style).unwrap().unwrap()
 }
 
 /// One reply drawn token by token through a template format's constraint on `tok`'s vocabulary. Under `auto`, the

@@ -467,9 +467,7 @@ fn read_tool_reply(
         return (text, finish, None);
     };
     let mut reader = tools.reader();
-    let mut pieces = reader.push(&text);
-    pieces.extend(reader.finish());
-    let (words, calls) = crate::tools::words_and_calls(pieces);
+    let (words, calls) = crate::tools::words_and_calls(reader.push_end(&text));
     if reader.is_complete() {
         (words, "tool_calls", Some(calls))
     } else if reader.is_response() {
@@ -650,9 +648,7 @@ impl StreamState {
                     let (text, finish, calls) = match &self.tools {
                         Some(t) => {
                             let mut reader = c.reader.take().unwrap_or_else(|| t.reader());
-                            let mut pieces = reader.push(&done.text);
-                            pieces.extend(reader.finish());
-                            let (words, calls) = stream_pieces(pieces);
+                            let (words, calls) = stream_pieces(reader.push_end(&done.text));
                             if reader.is_other() {
                                 (reader.raw().to_string(), finish, Vec::new())
                             } else if reader.is_complete() {

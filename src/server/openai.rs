@@ -480,7 +480,7 @@ fn parse_tools(f: &Fields<'_>, chat: bool, style: ToolStyle) -> Result<Option<Ar
         ToolError::UnknownChoice { .. } | ToolError::NoTools { .. } => "tool_choice".into(),
         _ => "tools".into(),
     };
-    let tools = ToolUse::new(tools, choice, parallel).and_then(|t| t.map(|t| t.in_style(style)).transpose());
+    let tools = ToolUse::new_in(tools, choice, parallel, style);
     tools.map(|t| t.map(Arc::new)).map_err(|e| ApiError::bad(&param(&e), e.to_string()))
 }
 
@@ -1104,7 +1104,7 @@ mod tests {
             r#"{"tool_results":[{"tool_call_id":"c1","name":"w","content":"cold"},{"tool_call_id":"c2","name":"t","content":"noon"}]}"#
         );
         let tools = r.tools.as_ref().unwrap();
-        assert_eq!(r.format, OutputFormat::JsonSchema(tools.schema()));
+        assert!(matches!(r.format, OutputFormat::JsonSchema(_)) && r.format == tools.format());
         // Without tools the history is written the same way, and nothing is added to the system message.
         let r = parse(br#"{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}"#, true);
         let r = r.unwrap();
@@ -1136,16 +1136,14 @@ mod tests {
         assert_eq!(m[0].content, "be brief", "the template lists the tools, not the system message");
         assert_eq!(m[2].tool_calls.as_ref().unwrap()[0]["function"]["arguments"], json!({"city": "Oslo"}));
         assert_eq!(m[4].tool_call_id.as_deref(), Some("c2"));
-        let tools = r.tools.as_ref().unwrap();
         assert!(matches!(r.format, OutputFormat::NativeCalls(_)));
-        let template = crate::tokenizer::chat::ChatTemplate::new(
-            "tagged",
-            include_str!("../../tests/data/tagged-tools.jinja"),
-            "",
-            "",
-        )
-        .unwrap();
-        let text = template.render_with_tools(m, tools.template_tools(), true).unwrap();
+        // A request's conversation and tools as `source` renders them.
+        let render = |source: &str, bos: &str, r: &GenerationRequest| {
+            let Prompt::Chat(m) = &r.prompt else { panic!() };
+            let template = crate::tokenizer::chat::ChatTemplate::new("test", source, bos, "").unwrap();
+            template.render_with_tools(m, r.tools.as_ref().unwrap().template_tools(), true).unwrap()
+        };
+        let text = render(include_str!("../../tests/data/tagged-tools.jinja"), "", &r);
         for part in [
             "<|im_start|>system\nbe brief\n\nYou can call these functions",
             r#"{"function":{"description":"The weather","name":"w","parameters":"#,
@@ -1165,16 +1163,7 @@ mod tests {
             {"role": "tool", "tool_call_id": "c1", "content": "cold"}],
             "tools": [{"type": "function", "function": {"name": "w", "description": "The weather"}}]}"#;
         let r = parse_in(body, true, ToolStyle::Llama3).unwrap();
-        let Prompt::Chat(m) = &r.prompt else { panic!() };
-        let template = crate::tokenizer::chat::ChatTemplate::new(
-            "llama3",
-            include_str!("../../tests/data/llama3-tools.jinja"),
-            "<|begin_of_text|>",
-            "",
-        )
-        .unwrap();
-        let tools = r.tools.as_ref().unwrap().template_tools();
-        let text = template.render_with_tools(m, tools, true).unwrap();
+        let text = render(include_str!("../../tests/data/llama3-tools.jinja"), "<|begin_of_text|>", &r);
         for part in [
             "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nbe brief<|eot_id|>",
             "These functions are available.",
