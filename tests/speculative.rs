@@ -135,9 +135,15 @@ fn guesses_stop_at_the_context() {
 }
 
 /// SmolLM2 asked to repeat a paragraph: `run` gives the same text with and without speculation (greedy, and
-/// sampled with a seed), and with it, guesses are fed and most stand.
+/// sampled with a seed), under the default policy and with every proposal fed; fed in full, most guesses stand.
+///
+/// The default policy chooses how many guesses to feed from the measured time of each pass, so how many it feeds
+/// depends on the machine and its load (a fresh-clone CI run fed 5, of which 2 stood). Only its tokens are
+/// compared; the acceptance count is asserted with `--draft-always`, where it is a function of the tokens alone
+/// (48 fed and 38 stood at scalar, avx2 and avx512 alike). Whether speculation is faster is measured by
+/// `scripts/spec-speed.py`, not timed here.
 #[test]
-fn smollm2_copies_faster_with_the_same_text() {
+fn smollm2_repeats_a_paragraph_with_the_same_text_and_its_guesses_stand() {
     let Some(model) = real_model("smollm2") else { return };
     let model = model.to_str().unwrap();
     let paragraph = "The Apollo program was the third United States human spaceflight program carried out by NASA, \
@@ -147,20 +153,23 @@ fn smollm2_copies_faster_with_the_same_text() {
     let prompt = format!("Repeat the following text exactly:\n{paragraph}");
     for sampling in [&["--temp", "0"][..], &["--temp", "0.7", "--seed", "4"][..]] {
         let mut outputs = Vec::new();
-        for spec in ["none", "ngram"] {
-            let mut args =
-                vec!["run", model, "--chat", "-p", &prompt, "-n", "80", "-t", "2", "--json", "--spec-type", spec];
+        for spec in
+            [&["--spec-type", "none"][..], &["--spec-type", "ngram"], &["--spec-type", "ngram", "--draft-always"]]
+        {
+            let mut args = vec!["run", model, "--chat", "-p", &prompt, "-n", "80", "-t", "2", "--json"];
+            args.extend_from_slice(spec);
             args.extend_from_slice(sampling);
             let out = infer(&args);
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
             let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
             outputs.push(v);
         }
-        assert_eq!(outputs[0]["tokens"], outputs[1]["tokens"], "{sampling:?}");
+        assert_eq!(outputs[0]["tokens"], outputs[1]["tokens"], "{sampling:?}, default policy");
+        assert_eq!(outputs[0]["tokens"], outputs[2]["tokens"], "{sampling:?}, --draft-always");
         assert_eq!(outputs[0]["timings"]["draft_tokens"], 0);
-        let drafted = outputs[1]["timings"]["draft_tokens"].as_u64().unwrap();
-        let accepted = outputs[1]["timings"]["draft_accepted"].as_u64().unwrap();
-        assert!(drafted > 0 && accepted * 2 > drafted, "{sampling:?}: {accepted} of {drafted} guesses stood");
+        let drafted = outputs[2]["timings"]["draft_tokens"].as_u64().unwrap();
+        let accepted = outputs[2]["timings"]["draft_accepted"].as_u64().unwrap();
+        assert!(drafted >= 20 && accepted * 2 > drafted, "{sampling:?}: {accepted} of {drafted} guesses stood");
     }
 }
 
