@@ -7,6 +7,7 @@
 pub mod chat;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod cpu_topology;
 pub mod doctor;
 pub mod engine;
 pub mod eval;

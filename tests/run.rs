@@ -195,3 +195,58 @@ fn q8_kv_cache_runs_or_is_refused_by_head_width() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.code() == Some(2) && err.contains("'--kv-type <T>'") && err.contains("q8_0"), "{err}");
 }
+
+/// The default thread count follows the CPUs the process may use: one per core of its affinity mask (run under
+/// `taskset`), reported by `info` and used by `run`; asking for more threads than usable CPUs warns.
+#[test]
+fn threads_default_to_the_usable_cores_and_too_many_warn() {
+    let dir = tempdir();
+    let model = dir.path().join("m.gguf");
+    build(Spec::llama(GgmlType::Q8_0), 5).write_file(&model).unwrap();
+    let m = model.to_str().unwrap();
+    let pinned = |args: &[&str]| {
+        let out = std::process::Command::new("taskset")
+            .args(["-c", "0"])
+            .arg(env!("CARGO_BIN_EXE_infer"))
+            .args(args)
+            .output()
+            .expect("taskset (util-linux) runs infer on CPU 0");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        out
+    };
+    let cpus =
+        |out: &std::process::Output| serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["cpus"].clone();
+
+    let all = cpus(&infer(&["info", m, "--json"]));
+    let online = all["online_cpus"].as_u64().unwrap();
+    assert!(all["default_threads"].as_u64().unwrap() >= 1, "{all}");
+    assert_eq!(
+        all["usable_cpus"],
+        all["cores"].as_array().unwrap().iter().map(|c| c["cpus"].as_array().unwrap().len()).sum::<usize>()
+    );
+
+    let one = cpus(&pinned(&["info", m, "--json"]));
+    assert_eq!((one["usable_cpus"].as_u64(), one["default_threads"].as_u64()), (Some(1), Some(1)), "{one}");
+    assert_eq!(one["cores"][0]["cpus"], serde_json::json!([0]));
+    let line = String::from_utf8(pinned(&["info", m]).stdout).unwrap();
+    let line = line.lines().find(|l| l.starts_with("cpus:")).expect("a cpus: line");
+    assert!(line.contains("1 core, ") && line.ends_with("; 1 thread by default (one per core)"), "{line}");
+    if online > 1 {
+        assert!(line.contains(&format!("this process may use 1 of {online} CPUs")), "{line}");
+    }
+
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", m, "-p", "abc", "-n", "2", "-c", "64", "--ignore-eos", "--json"];
+        args.extend_from_slice(extra);
+        pinned(&args)
+    };
+    let out = run(&[]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["timings"]["threads"], 1);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("usable CPUs"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&["-t", "3"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["timings"]["threads"], 3);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("warning: 3 threads on 1 usable CPUs"), "{stderr}");
+}

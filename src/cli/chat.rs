@@ -124,7 +124,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     }
     if interactive {
         let history = (!args.no_history).then(|| crate::registry::infer_home().join("history"));
-        let banner = banner(&loaded.path, model, n_ctx, repl.threads);
+        let banner = banner(&loaded.path, model, n_ctx, repl.threads, args.threads.reason());
         terminal::run(&mut repl, &banner, history)
     } else {
         repl.piped()
@@ -132,11 +132,11 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
 }
 
 /// The first lines on a terminal: the model, the context, where help is.
-fn banner(path: &std::path::Path, model: &crate::model::Model, n_ctx: usize, threads: usize) -> String {
+fn banner(path: &std::path::Path, model: &crate::model::Model, n_ctx: usize, threads: usize, why: &str) -> String {
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     let arch = model.file().metadata().opt_str("general.architecture").ok().flatten().unwrap_or("?").to_string();
     format!(
-        "infer chat with {name} ({arch}): context {n_ctx} tokens, {threads} threads, {}\n\
+        "infer chat with {name} ({arch}): context {n_ctx} tokens, {threads} threads ({why}), {}\n\
          /help lists the commands; \"\"\" starts a message of several lines; Ctrl-D leaves.",
         crate::cli::isa_in_use()
     )
@@ -364,7 +364,7 @@ impl Repl<'_> {
     fn finish_reply(&mut self, reply: &Reply, last: Option<char>) -> anyhow::Result<Flow> {
         let g = &reply.generation;
         if self.json {
-            print_line(&generation_json(g, reply.seed, reply.prompt_tokens, self.load_time).to_string())?;
+            print_line(&generation_json(g, reply.seed, reply.prompt_tokens, self.load_time, self.threads).to_string())?;
         } else {
             // The reply ends its line, then a blank line parts it from what comes next.
             print_flush(if last.is_none_or(|c| c == '\n') { "\n" } else { "\n\n" })?;

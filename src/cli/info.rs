@@ -5,6 +5,7 @@ use clap::Args;
 use serde_json::json;
 
 use crate::cli::output::print_line;
+use crate::cpu_topology::{CpuTopology, cpu_quota};
 use crate::gguf::{GgufFile, MetaValue};
 
 #[derive(Args, Debug)]
@@ -128,6 +129,7 @@ fn print_report(file: &GgufFile, s: &ModelSummary, full: bool) -> anyhow::Result
     }
     writeln!(out, "tensors:       {}", file.tensors().len())?;
     writeln!(out, "simd:          {}", simd_line())?;
+    writeln!(out, "cpus:          {}", cpus_line())?;
     writeln!(out)?;
     writeln!(out, "metadata ({} keys):", file.metadata().len())?;
     let preview = if full { usize::MAX } else { ARRAY_PREVIEW };
@@ -183,6 +185,7 @@ fn to_json(file: &GgufFile, s: &ModelSummary, full: bool) -> serde_json::Value {
         "context_length": s.context_length,
         "file_size": file.file_len(),
         "simd": simd_json(),
+        "cpus": CpuTopology::detect().to_json(cpu_quota()),
         "metadata": metadata,
         "tensors": tensors,
     })
@@ -200,6 +203,17 @@ pub fn simd_line() -> String {
     let offered = crate::cli::cpu_features().join(" ");
     let l1d = infer_kernels::dispatch::l1d_bytes().map(|b| format!("; L1D {} KB", b / 1024)).unwrap_or_default();
     format!("{} (cpu: {offered}{l1d})", crate::cli::isa_in_use())
+}
+
+/// The usable CPUs and the default thread count: `2 cores, 1 NUMA node; 2 threads by default (one per core)`.
+pub fn cpus_line() -> String {
+    let topology = CpuTopology::detect();
+    let quota = cpu_quota();
+    let choice = topology.default_threads(quota);
+    let capped = if quota < topology.usable_cpus() { format!("; a CPU quota of {quota}") } else { String::new() };
+    let n = choice.threads;
+    let plural = if n == 1 { "" } else { "s" };
+    format!("{}{capped}; {n} thread{plural} by default ({})", topology.describe(), choice.reason)
 }
 
 fn simd_json() -> serde_json::Value {

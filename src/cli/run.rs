@@ -146,7 +146,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         print_flush("\n")?;
     }
     if json_mode {
-        let out = generation_json(&result, params.seed, req.prompt.len(), load_time);
+        let out = generation_json(&result, params.seed, req.prompt.len(), load_time, args.threads.count());
         crate::cli::output::print_line(&out.to_string())?;
     }
     if result.context_full {
@@ -195,8 +195,15 @@ fn memory_line(model: &crate::model::Model, tokenizer: &crate::tokenizer::Tokeni
     format!("[ memory: {} ]", parts.join(" | "))
 }
 
-/// `--json`'s object for one generation: its text and tokens, why it ended, the seed, and the timings.
-pub fn generation_json(result: &Generation, seed: u64, prompt_tokens: usize, load_time: Duration) -> Value {
+/// `--json`'s object for one generation: its text and tokens, why it ended, the seed, and the timings (with the
+/// worker thread count they were measured with).
+pub fn generation_json(
+    result: &Generation,
+    seed: u64,
+    prompt_tokens: usize,
+    load_time: Duration,
+    threads: usize,
+) -> Value {
     let t = &result.timings;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     json!({
@@ -216,6 +223,7 @@ pub fn generation_json(result: &Generation, seed: u64, prompt_tokens: usize, loa
             "first_token_ms": t.first_token.map(ms),
             "draft_tokens": t.draft.drafted,
             "draft_accepted": t.draft.accepted,
+            "threads": threads,
         },
     })
 }

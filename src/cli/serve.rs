@@ -153,9 +153,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Arc::new(Engine::start_observed(model, tokenizer.clone(), config, observer).context("starting the engine")?);
     let plan = engine.pool_plan();
     log(&format!(
-        "infer serve: {model_name} | {} threads, {} | context {n_ctx} per request (trained {n_ctx_train}) | up to {} \
+        "infer serve: {model_name} | {} threads ({}), {} | context {n_ctx} per request (trained {n_ctx_train}) | up to {} \
          requests, {} tokens per step",
         args.threads.count(),
+        args.threads.reason(),
         super::isa_in_use(),
         args.max_seqs,
         engine.config().max_batch_tokens,

@@ -83,7 +83,7 @@ impl Default for EngineConfig {
             kv: KvBudget::Bytes(1 << 30),
             kv_dtype: KvDtype::F16,
             prefix_cache: true,
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            threads: crate::cpu_topology::default_threads().threads,
         }
     }
 }

@@ -395,7 +395,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         bail!("nothing to run: -p and -n are both 0 and no --batch was given");
     }
     let mut threads: Vec<usize> = if args.threads.is_empty() {
-        vec![std::thread::available_parallelism().map_or(1, |n| n.get())]
+        vec![crate::cpu_topology::default_threads().threads]
     } else {
         args.threads.iter().map(|n| n.get()).collect()
     };
