@@ -270,6 +270,14 @@ fn bad_input_fails_in_one_line_and_leaves_nothing() {
         &infer(&["quantize", model, "/nonexistent/dir/out.gguf", "q8_0", "--allow-requantize"]),
         "/nonexistent/dir/out.gguf",
     );
+    assert_clean_failure(&infer(&["quantize", model, out_s, "q8_0", "--max-kld", "-1"]), "is not a KL divergence");
+    assert_clean_failure(&infer(&["quantize", model, out_s, "q8_0", "--max-kld", "nan"]), "is not a KL divergence");
+    // The check's text is read before any quantizing.
+    assert_clean_failure(
+        &infer(&["quantize", model, out_s, "q8_0", "--allow-requantize", "--check-text", "/nonexistent/text.txt"]),
+        "/nonexistent/text.txt",
+    );
+    assert_clean_failure(&infer(&["quantize", model, out_s, "q8_0", "--dry-run", "--check"]), "cannot be used with");
     let truncated = dir.path().join("truncated.gguf");
     let bytes = std::fs::read(model).unwrap();
     std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
@@ -370,4 +378,60 @@ fn perplexity_runs_the_kv_type_it_is_given() {
         assert!(p != f16 && (p / f16 - 1.0).abs() < 0.01, "{name}: {p} against f16's {f16}");
     }
     assert_ne!(f32, q8);
+}
+
+/// `--check` scores the output against the input on the built-in text (or `--check-text`'s) and `--max-kld` fails
+/// the command above its bound, keeping the file; `--dry-run` writes nothing and its sizes are the written file's.
+#[test]
+fn check_scores_the_output_and_max_kld_gates_it() {
+    let Some(src) = smollm2_f32() else { return };
+    let src = src.to_str().unwrap();
+    let dir = crate::common::tempdir();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    /// (positions, mean KLD, same top token %) from the check's line.
+    fn scores(stderr: &str) -> (usize, f64, f64) {
+        let line =
+            stderr.lines().find(|l| l.starts_with("check on ")).unwrap_or_else(|| panic!("no check line: {stderr}"));
+        let after = |key: &str| -> &str {
+            let rest = &line[line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len()..];
+            rest.split([' ', ',', '%', ')']).next().unwrap()
+        };
+        (after("(").parse().unwrap(), after("mean KLD ").parse().unwrap(), after("same top token ").parse().unwrap())
+    }
+
+    // Q8_0 passes a tight gate. The built-in text is 653 SmolLM2 tokens with BOS: 652 positions predict the next.
+    let stderr = ok(&infer(&["quantize", src, &path("q8.gguf"), "q8_0", "--max-kld", "0.01"]));
+    let (positions, kld, top) = scores(&stderr);
+    assert!(stderr.contains("check on the built-in text"), "{stderr}");
+    assert_eq!(positions, 652, "{stderr}");
+    assert!(kld > 0.0 && kld < 0.01 && top > 90.0, "{stderr}");
+
+    // Round-to-nearest Q4_0 (mean KLD about 0.4 on this text) fails a gate of 0.05, and its file stays.
+    let out = infer(&["quantize", src, &path("q4.gguf"), "q4_0", "--pure", "--rtn", "--max-kld", "0.05"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let (_, kld4, top4) = scores(&stderr);
+    assert!(kld4 > 0.05 && top4 < top, "{stderr}");
+    assert!(
+        stderr.contains(&format!("error: the check failed: mean KLD {kld4:.4} is above --max-kld 0.05")),
+        "{stderr}"
+    );
+    assert!(std::path::Path::new(&path("q4.gguf")).exists(), "the output is kept");
+
+    // Another text: its first 1,024 tokens (jargon-intro.txt is longer).
+    let stderr = ok(&infer(&["quantize", src, &path("q8b.gguf"), "q8_0", "--check-text", &data("jargon-intro.txt")]));
+    assert!(stderr.contains("jargon-intro.txt"), "{stderr}");
+    assert_eq!(scores(&stderr).0, 1023, "{stderr}");
+
+    // The dry run's plan: one line per tensor and the totals, whose output size is the Q8_0 file's tensor data.
+    let out = infer(&["quantize", src, &path("dry.gguf"), "q8_0", "--dry-run"]);
+    let stdout = String::from_utf8(out.stdout.clone()).unwrap();
+    ok(&out);
+    assert!(!std::path::Path::new(&path("dry.gguf")).exists(), "a dry run writes nothing");
+    let written = GgufFile::open(std::path::Path::new(&path("q8.gguf"))).unwrap();
+    assert_eq!(stdout.lines().count(), written.tensors().len() + 1, "{stdout}");
+    let bpw = written.tensor_bytes_total() as f64 * 8.0 / written.parameter_count() as f64;
+    let total = stdout.lines().last().unwrap();
+    assert!(total.starts_with(&format!("dry run: {} tensors, ", written.tensors().len())), "{total}");
+    assert!(total.contains(&format!("({bpw:.2} bits per weight) as Q8_0")), "{total} vs {bpw}");
 }

@@ -11,6 +11,7 @@
 //! [`calibrate()`] gathers by running the model over a text.
 
 pub mod calibrate;
+pub mod check;
 pub mod gptq;
 pub mod policy;
 pub mod timeline;

@@ -52,7 +52,8 @@ pub struct BenchArgs {
     #[arg(short = 'r', long = "repetitions", value_name = "N", default_value_t = 5, value_parser = parse_repetitions,
           allow_negative_numbers = true)]
     pub repetitions: usize,
-    /// Thread counts to test, comma-separated [default: all available cores].
+    /// Thread counts to test, comma-separated [default: one per physical core this process may use, as `infer info`
+    /// says].
     #[arg(short = 't', long = "threads", value_name = "N,..", value_delimiter = ',', value_parser = parse_threads,
           allow_negative_numbers = true)]
     pub threads: Vec<std::num::NonZeroUsize>,
