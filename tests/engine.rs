@@ -381,7 +381,12 @@ fn the_engine_thread_serves_queues_and_cancels() {
     let mut rng = Rng::new(4);
     let reqs: Vec<Request> = (0..6).map(|i| greedy(tokens(&mut rng, 10 + 7 * i), 12)).collect();
     let want = alone(&model, &tok, &reqs);
-    let engine = Engine::start(model.clone(), tok.clone(), config()).unwrap();
+    // A context (and a pool) of 100,000 positions: the request cancelled below cannot reach its end, minutes of
+    // generation away, before it is dropped, however late this thread gets to drop it.
+    const LONG: usize = 100_000;
+    let blocks = LONG.div_ceil(infer::model::kv_cache::DEFAULT_BLOCK_SIZE) + 64;
+    let cfg = EngineConfig { n_ctx: LONG, kv: KvBudget::Blocks(blocks), ..config() };
+    let engine = Engine::start(model.clone(), tok.clone(), cfg).unwrap();
     let streams: Vec<RequestStream> = reqs.iter().map(|r| engine.submit(r.clone()).unwrap()).collect();
     let got: Vec<Completion> = streams.into_iter().map(|s| s.collect().unwrap()).collect();
     assert_same("engine thread", &want, &got);
@@ -389,18 +394,24 @@ fn the_engine_thread_serves_queues_and_cancels() {
     // Bad requests are refused by name.
     let e = engine.submit(greedy(Vec::new(), 4)).unwrap_err();
     assert_eq!(e, RequestError::EmptyPrompt);
-    let e = engine.submit(greedy(vec![3; 600], 4)).unwrap_err();
-    assert!(matches!(e, RequestError::PromptTooLong { prompt: 600, n_ctx: 512 }), "{e}");
+    let e = engine.submit(greedy(vec![3; LONG + 1], 4)).unwrap_err();
+    assert!(matches!(e, RequestError::PromptTooLong { prompt, n_ctx: LONG } if prompt == LONG + 1), "{e}");
     let e = engine.submit(greedy(vec![9999], 4)).unwrap_err();
     assert!(e.to_string().contains("out of range"), "{e}");
 
     // A cancelled request stops early; the engine goes on.
-    let mut s = engine.submit(greedy(tokens(&mut rng, 5), 400)).unwrap();
+    let mut s = engine.submit(greedy(tokens(&mut rng, 5), LONG)).unwrap();
     assert!(matches!(s.blocking_next(), Some(Event::Token { .. })));
     drop(s);
     let after = engine.submit(reqs[0].clone()).unwrap().collect().unwrap();
     assert_eq!(after.tokens, want[0].tokens);
+    let start = std::time::Instant::now();
     while engine.stats().requests_cancelled == 0 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "the dropped request was not counted as cancelled within 60 s: {:?}",
+            engine.stats()
+        );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     engine.shutdown();

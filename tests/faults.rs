@@ -182,12 +182,12 @@ fn r06_ctrl_c_in_run_chat_and_bench() {
     let dir = tempdir();
     let m = tiny(dir.path());
     let m = m.to_str().unwrap();
-    // run: the JSON is still printed, finish_reason cancelled.
-    let child =
-        spawn(&["run", m, "-p", "x", "-n", "100000000", "--ignore-eos", "-c", "100000", "--json"], Stdio::null());
-    std::thread::sleep(Duration::from_millis(1500));
-    interrupt(&child);
-    let out = wait_at_most(child, Duration::from_secs(20));
+    // run: the JSON is still printed, finish_reason cancelled. Ctrl-C once a token is decoded (the timeline's mark):
+    // the handler is in place by then, and generation under way.
+    let out = interrupt_when(
+        spawn_with_timeline(&["run", m, "-p", "x", "-n", "100000000", "--ignore-eos", "-c", "100000", "--json"]),
+        DECODED,
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
     assert_eq!(v["finish_reason"], "cancelled");
@@ -208,7 +208,8 @@ fn r06_ctrl_c_in_run_chat_and_bench() {
     assert!(replies < messages - 1, "the chat went on after Ctrl-C ({replies} replies)");
     // bench: the finished tests are printed, then the note; status 130.
     // Tests that take longer and longer (pp1 .. pp250, about a minute in all), so that Ctrl-C lands after some and
-    // before the last.
+    // before the last. (bench shows its progress only on a terminal, so this one waits a fixed time: the first
+    // test, 200 runs of one token on the tiny model, takes well under it.)
     let tests = 250;
     let sizes: Vec<String> = (1..=tests).map(|n| n.to_string()).collect();
     let child = spawn(&["bench", m, "-p", &sizes.join(","), "-n", "0", "-r", "200", "-o", "jsonl"], Stdio::null());
@@ -222,9 +223,25 @@ fn r06_ctrl_c_in_run_chat_and_bench() {
     assert!(!lines.is_empty() && lines.len() < tests, "the finished tests only: {} of {tests}", lines.len());
 }
 
+/// The timeline's mark for each forward pass of a generation (with `INFER_TIMELINE` set): a token was sampled.
+pub(crate) const DECODED: &str = " decoded ";
+
+/// Spawns `infer` (stdin empty, stdout and stderr piped) with `INFER_TIMELINE` set, so that it marks its progress on
+/// stderr (the model loaded, each token decoded) for [`interrupt_when`] to wait for.
+pub(crate) fn spawn_with_timeline(args: &[&str]) -> Child {
+    infer_bin()
+        .env("INFER_TIMELINE", "1")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// Sends Ctrl-C once `child`'s stderr has shown `needle` (the command is under way), and returns its output, stderr
 /// from the start. Nothing may take more than 10 s to stop.
-fn interrupt_when(mut child: Child, needle: &str) -> Output {
+pub(crate) fn interrupt_when(mut child: Child, needle: &str) -> Output {
     let mut stderr = child.stderr.take().unwrap();
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];

@@ -110,16 +110,11 @@ fn prompt_sources_and_limits() {
 #[test]
 fn ctrl_c_stops_generation_and_keeps_the_text() {
     let Some(path) = real_model("smollm2") else { return };
-    let child = infer_bin()
-        .args(["run", path.to_str().unwrap(), "-p", "Once upon a time", "-n", "100000", "--ignore-eos", "-c", "8192"])
-        .args(["--temp", "0", "--json"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(2500));
-    crate::common::interrupt(&child);
-    let out = child.wait_with_output().unwrap();
+    let args = ["run", path.to_str().unwrap(), "-p", "Once upon a time", "-n", "100000", "--ignore-eos", "-c", "8192"];
+    // Ctrl-C once the first token is decoded (the timeline's mark on stderr): by then the handler, installed after
+    // the model loads, is in place, and there is text to keep.
+    let child = crate::faults::spawn_with_timeline(&[&args[..], &["--temp", "0", "--json"]].concat());
+    let out = crate::faults::interrupt_when(child, crate::faults::DECODED);
     let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).expect("the final JSON is still printed");
     assert_eq!(v["finish_reason"], "cancelled");
     assert!(!v["text"].as_str().unwrap().is_empty(), "what was generated before Ctrl-C is kept");

@@ -18,6 +18,8 @@ pub struct Server {
     child: Child,
     pub base: String,
     log: Arc<Mutex<Vec<String>>>,
+    /// The thread copying stderr into `log`; it ends at the pipe's end (the server gone), with every line in.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Server {
@@ -32,7 +34,7 @@ impl Server {
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
-        {
+        let reader = {
             let log = log.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -41,8 +43,8 @@ impl Server {
                     }
                     log.lock().unwrap().push(line);
                 }
-            });
-        }
+            })
+        };
         let addr = match rx.recv_timeout(Duration::from_secs(120)) {
             Ok(a) => a,
             Err(_) => {
@@ -50,7 +52,7 @@ impl Server {
                 panic!("the server did not start: {:?}", log.lock().unwrap());
             }
         };
-        Server { child, base: format!("http://{addr}"), log }
+        Server { child, base: format!("http://{addr}"), log, reader: Some(reader) }
     }
 
     pub fn log(&self) -> Vec<String> {
@@ -80,17 +82,24 @@ impl Server {
         assert!(status.success());
     }
 
-    /// Waits up to `limit` for the server to exit (failing the test past it): its exit status and log.
+    /// Waits up to `limit` for the server to exit (failing the test past it): its exit status and its whole log
+    /// (the reader thread has reached the end of the pipe, so no line is still on its way).
     pub fn wait_exit(mut self, limit: Duration) -> (Option<i32>, Vec<String>) {
         let deadline = Instant::now() + limit;
-        loop {
+        let status = loop {
             if let Some(s) = self.child.try_wait().unwrap() {
-                std::thread::sleep(Duration::from_millis(100));
-                return (s.code(), self.log());
+                break s;
             }
             assert!(Instant::now() < deadline, "the server did not exit within {limit:?}: {:#?}", self.log());
             std::thread::sleep(Duration::from_millis(20));
+        };
+        let reader = self.reader.take().expect("the log reader is joined once");
+        while !reader.is_finished() {
+            assert!(Instant::now() < deadline, "the server's stderr stayed open after it exited: {:#?}", self.log());
+            std::thread::sleep(Duration::from_millis(5));
         }
+        reader.join().expect("the log reader panicked");
+        (status.code(), self.log())
     }
 
     /// Sends SIGTERM and waits for the exit status.
@@ -475,10 +484,12 @@ fn trace_prints_every_step_of_the_engine() {
 #[test]
 fn a_full_queue_answers_429_with_retry_after() {
     let dir = tempdir();
-    let server = Server::start(&tiny_model(dir.path()), &["--max-seqs", "1", "--max-queue", "1"]);
+    // A context of 100,000 tokens: the long request cannot reach its end (minutes of generation on this model)
+    // before the client drops it, however slowly the test gets its other requests in.
+    let server = Server::start(&tiny_model(dir.path()), &["--max-seqs", "1", "--max-queue", "1", "-c", "100000"]);
     let url = format!("{}/v1/completions", server.base);
     let metrics = || get(&format!("{}/metrics", server.base)).1;
-    // One request generates for a long time (its stream open), one waits behind it.
+    // One request generates until it is dropped (its stream open), one waits behind it.
     let long = agent()
         .post(&url)
         .send(json!({"prompt": "x", "max_tokens": 100000, "ignore_eos": true, "stream": true}).to_string().as_bytes())

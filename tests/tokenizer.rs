@@ -238,8 +238,12 @@ fn gemma3_without_template_gets_the_builtin() {
     assert!(err.contains("nope"), "{err}");
 }
 
+/// `infer tokenize --jsonl` loads the model once, then answers line by line: the model's path is removed after the
+/// first answer, and the other 99 lines are still answered (a command loading per line could not open it again),
+/// each exactly as the library tokenizes it.
 #[test]
 fn cli_tokenize_jsonl_hundred_lines_one_load() {
+    use std::io::{BufRead, BufReader, Read};
     let Some(m) = load("smollm2") else { return };
     let mut lines = reference_lines("smollm2-tokenize.jsonl");
     let mut i = 0;
@@ -249,33 +253,42 @@ fn cli_tokenize_jsonl_hundred_lines_one_load() {
         lines.push((text, ids));
         i += 1;
     }
-    let input: String = lines.iter().map(|(t, _)| serde_json::to_string(t).unwrap() + "\n").collect();
-    let run = |input: &str| {
-        let start = std::time::Instant::now();
-        let mut child = common::infer_bin()
-            .args(["tokenize", m.path.to_str().unwrap(), "--jsonl", "--no-bos"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn infer");
-        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let input: Vec<String> = lines.iter().map(|(t, _)| serde_json::to_string(t).unwrap() + "\n").collect();
+    // The model under a path of this test's own (a hard link, or a copy across file systems), removed below.
+    let dir = common::tempdir();
+    let path = dir.path().join("model.gguf");
+    if std::fs::hard_link(&m.path, &path).is_err() {
+        std::fs::copy(&m.path, &path).expect("copy the model");
+    }
+    let mut child = common::infer_bin()
+        .args(["tokenize", path.to_str().unwrap(), "--jsonl", "--no-bos"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn infer");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut answers = String::new();
+    stdin.write_all(input[0].as_bytes()).unwrap();
+    stdin.flush().unwrap();
+    // Each answer is flushed as soon as it is ready: the first comes while the rest of the input is not written.
+    if stdout.read_line(&mut answers).unwrap() == 0 {
         let out = child.wait_with_output().unwrap();
-        (out, start.elapsed())
-    };
-    let (out, t100) = run(&input);
+        panic!("no answer to the first line: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    std::fs::remove_file(&path).unwrap();
+    let rest = input[1..].concat();
+    let writer = std::thread::spawn(move || stdin.write_all(rest.as_bytes()));
+    stdout.read_to_string(&mut answers).unwrap();
+    writer.join().unwrap().unwrap();
+    let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let got: Vec<Vec<u32>> = stdout.lines().map(|l| serde_json::from_str(l).expect("a JSON array per line")).collect();
-    assert_eq!(got.len(), 100);
+    let got: Vec<Vec<u32>> = answers.lines().map(|l| serde_json::from_str(l).expect("a JSON array per line")).collect();
+    assert_eq!(got.len(), 100, "one answer per line, with the model file gone after the first");
     for ((text, want), got) in lines.iter().zip(&got) {
         assert_eq!(got, want, "{text:?}");
     }
-    // Loading once: 100 lines take about as long as one (loading dominates), far from 100 loads.
-    let (one, t1) = run(&input[..input.find('\n').unwrap() + 1]);
-    assert!(one.status.success());
-    eprintln!("infer tokenize --jsonl: 1 line {t1:?}, 100 lines {t100:?}");
-    assert!(t100 < t1 * 10, "100 lines took {t100:?}, one line {t1:?}: is the model loaded per line?");
 }
 
 #[test]
@@ -380,10 +393,10 @@ proptest! {
     }
 }
 
-/// Throughput on a few MB of real prose (Debian's license texts, repeated), printed for the record; the bound only
-/// catches pathological slowdowns (the test profile is not fully optimised and the machine is shared).
+/// A few MB of real prose (Debian's license texts, repeated) encode and decode back to the same text. The rate is
+/// printed for the record only: speed is checked in the benchmarks, never in a timed test.
 #[test]
-fn encode_throughput_on_license_text() {
+fn encode_round_trips_license_text() {
     let mut text = String::new();
     let Ok(dir) = std::fs::read_dir("/usr/share/common-licenses") else {
         return common::missing("/usr/share/common-licenses (Debian's license texts)");
@@ -396,7 +409,7 @@ fn encode_throughput_on_license_text() {
         }
     }
     if text.is_empty() {
-        return;
+        return common::missing("a readable license text in /usr/share/common-licenses");
     }
     let base = text.clone();
     while text.len() < 4_000_000 {
@@ -410,7 +423,6 @@ fn encode_throughput_on_license_text() {
         let mbs = text.len() as f64 / secs / 1e6;
         eprintln!("{model}: {} bytes -> {} tokens in {secs:.3} s = {mbs:.1} MB/s", text.len(), ids.len());
         assert_eq!(m.tok.decode(&ids), text, "{model}: license text round trip");
-        assert!(mbs > 1.0, "{model}: {mbs:.2} MB/s");
     }
 }
 
