@@ -318,6 +318,33 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Any set of CPUs, written as sysfs writes it (runs of consecutive ids as ranges), reads back as itself.
+        #[test]
+        fn cpu_lists_read_back_what_sysfs_would_write(cpus in proptest::collection::btree_set(0usize..300, 0..40)) {
+            let mut parts = Vec::new();
+            let ids: Vec<usize> = cpus.iter().copied().collect();
+            let mut i = 0;
+            while i < ids.len() {
+                let mut j = i;
+                while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
+                    j += 1;
+                }
+                parts.push(if i == j { ids[i].to_string() } else { format!("{}-{}", ids[i], ids[j]) });
+                i = j + 1;
+            }
+            proptest::prop_assert_eq!(parse_cpu_list(&parts.join(",")), Some(cpus));
+        }
+
+        /// Arbitrary text never panics, and whatever parses holds only ids below the bound.
+        #[test]
+        fn cpu_lists_of_any_text_parse_or_refuse(text in "[0-9,\\- a:]{0,24}") {
+            if let Some(cpus) = parse_cpu_list(&text) {
+                proptest::prop_assert!(cpus.iter().all(|&c| c < 1 << 16));
+            }
+        }
+    }
+
     #[test]
     fn smt_siblings_count_as_one_core() {
         // Linux numbers the second thread of each core after all first threads: core i = CPUs {i, i + 4}.
