@@ -435,3 +435,25 @@ fn check_scores_the_output_and_max_kld_gates_it() {
     assert!(total.starts_with(&format!("dry run: {} tensors, ", written.tensors().len())), "{total}");
     assert!(total.contains(&format!("({bpw:.2} bits per weight) as Q8_0")), "{total} vs {bpw}");
 }
+
+/// A file the quantizer can convert but infer cannot run (an architecture it does not know): OUT is written, and
+/// the failed check says so rather than passing for a failed conversion.
+#[test]
+fn a_check_that_cannot_run_says_the_output_was_written() {
+    use crate::synthetic::{Spec, build};
+    use infer::gguf::MetaValue;
+    use infer::kernels::GgmlType;
+    let dir = crate::common::tempdir();
+    let (input, output) = (dir.path().join("in.gguf"), dir.path().join("out.gguf"));
+    build(Spec::llama(GgmlType::F32), 3)
+        .set("general.architecture", MetaValue::String("nosucharch".into()))
+        .write_file(&input)
+        .unwrap();
+    let (i, o) = (input.to_str().unwrap(), output.to_str().unwrap());
+    let out = infer(&["quantize", i, o, "q8_0", "--allow-requantize", "--check"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("{} was written, but checking it against", output.display())), "{stderr}");
+    assert!(stderr.contains("nosucharch"), "the cause is named: {stderr}");
+    assert!(output.exists());
+}

@@ -303,10 +303,13 @@ fn check_output(input: &std::path::Path, args: &QuantizeArgs, text: &str) -> any
         None => "the built-in text".to_string(),
     };
     let engine = super::EngineArgs::default();
-    let base = super::load(Some(&input.to_string_lossy()), &engine)?;
-    let other = super::load_model(Some(&args.output.to_string_lossy()), &engine)?.1;
+    // OUT is in place by now: a failure here says so, so that nobody takes it for a failed conversion.
+    let unchecked =
+        || format!("{} was written, but checking it against {} failed", args.output.display(), input.display());
+    let base = super::load(Some(&input.to_string_lossy()), &engine).with_context(unchecked)?;
+    let other = super::load_model(Some(&args.output.to_string_lossy()), &engine).with_context(unchecked)?.1;
     let report = crate::quantize::check::check(&base.model, &other, &base.tokenizer, text, KvDtype::F32)
-        .with_context(|| format!("checking {} against {}", args.output.display(), input.display()))?;
+        .with_context(unchecked)?;
     let d = &report.divergence;
     let (Some(kld), Some(p99), Some(top1), Some(ppl_in), Some(ppl_out), Some(dp)) =
         (d.kld_mean, d.kld_p99, d.top1_agreement, d.ppl_base, d.ppl_other, d.delta_p_mean)
