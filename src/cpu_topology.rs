@@ -67,8 +67,7 @@ impl CpuTopology {
         static TOPOLOGY: OnceLock<CpuTopology> = OnceLock::new();
         TOPOLOGY.get_or_init(|| {
             let status = std::fs::read_to_string("/proc/self/status").ok();
-            let fallback = std::thread::available_parallelism().map_or(1, |n| n.get());
-            CpuTopology::read(Path::new("/sys"), status.as_deref(), fallback)
+            CpuTopology::read(Path::new("/sys"), status.as_deref(), cpu_quota())
         })
     }
 
@@ -229,9 +228,12 @@ impl CpuTopology {
     }
 }
 
-/// The CPUs the scheduler grants this process: its affinity mask, capped by a cgroup CPU quota.
+/// The CPUs the scheduler grants this process: its affinity mask, capped by a cgroup CPU quota. Read once: the
+/// commands ask for it several times at start-up (the count, its reason, the `-t` warning), and each reading
+/// opens the cgroup's files.
 pub fn cpu_quota() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    static QUOTA: OnceLock<usize> = OnceLock::new();
+    *QUOTA.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// The thread count used when `-t` is not given, for this machine.

@@ -1081,6 +1081,25 @@ mod tests {
         (words, calls, r)
     }
 
+    /// A reply, the words read from it, and its calls (name, arguments).
+    type ReadCase<'a> = (&'a str, &'a str, Vec<(String, String)>);
+
+    /// Each `(text, words, calls)` read by a fresh reader from `reader`, whole, cut at every character boundary,
+    /// and cut at all of them at once: always the same words and calls, complete when there are calls.
+    fn read_across_every_split(reader: impl Fn() -> CallReader, cases: [ReadCase<'_>; 2]) {
+        for (text, want_words, want_calls) in cases {
+            let every: Vec<usize> = (1..text.len()).filter(|&c| text.is_char_boundary(c)).collect();
+            let mut splits: Vec<Vec<usize>> = every.iter().map(|&c| vec![c]).collect();
+            splits.extend([vec![], every]);
+            for cuts in splits {
+                let (w, c, r) = read_with(reader(), text, &cuts);
+                assert_eq!((w.as_str(), &c), (want_words, &want_calls), "split at {cuts:?}");
+                assert_eq!(r.is_complete(), !want_calls.is_empty(), "{cuts:?}");
+                assert_eq!(r.is_response(), want_calls.is_empty(), "{cuts:?}");
+            }
+        }
+    }
+
     #[test]
     fn tagged_replies_are_read_across_every_split() {
         let tagged = || CallReader::Native(NativeReader::new(CallSyntax::Hermes));
@@ -1091,17 +1110,7 @@ mod tests {
             ("get_time".to_string(), "{}".to_string()),
         ];
         let words = "a < b, <tool_call ends with <tool";
-        for (text, want_words, want_calls) in [(calls, "Let me see: ", want), (words, words, vec![])] {
-            let every: Vec<usize> = (1..text.len()).filter(|&c| text.is_char_boundary(c)).collect();
-            let mut splits: Vec<Vec<usize>> = every.iter().map(|&c| vec![c]).collect();
-            splits.extend([vec![], every]);
-            for cuts in splits {
-                let (w, c, r) = read_with(tagged(), text, &cuts);
-                assert_eq!((w.as_str(), &c), (want_words, &want_calls), "split at {cuts:?}");
-                assert_eq!(r.is_complete(), !want_calls.is_empty(), "{cuts:?}");
-                assert_eq!(r.is_response(), want_calls.is_empty(), "{cuts:?}");
-            }
-        }
+        read_across_every_split(tagged, [(calls, "Let me see: ", want), (words, words, vec![])]);
         // Cut short inside a call: the call as far as it goes, not complete.
         let (w, c, r) = read_with(tagged(), &calls[..60], &[]);
         assert_eq!((w.as_str(), c.len()), ("Let me see: ", 1));
@@ -1114,17 +1123,7 @@ mod tests {
         let call = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"{Oslo}\"}}";
         let want = vec![("get_weather".to_string(), r#"{"city":"{Oslo}"}"#.to_string())];
         let words = "It is {warm} in Oslo.";
-        for (text, want_words, want_calls) in [(call, "", want), (words, words, vec![])] {
-            let every: Vec<usize> = (1..text.len()).filter(|&c| text.is_char_boundary(c)).collect();
-            let mut splits: Vec<Vec<usize>> = every.iter().map(|&c| vec![c]).collect();
-            splits.extend([vec![], every]);
-            for cuts in splits {
-                let (w, c, r) = read_with(bare(), text, &cuts);
-                assert_eq!((w.as_str(), &c), (want_words, &want_calls), "split at {cuts:?}");
-                assert_eq!(r.is_complete(), !want_calls.is_empty(), "{cuts:?}");
-                assert_eq!(r.is_response(), want_calls.is_empty(), "{cuts:?}");
-            }
-        }
+        read_across_every_split(bare, [(call, "", want), (words, words, vec![])]);
         let (_, c, r) = read_with(bare(), &call[..30], &[]);
         assert!(c.len() == 1 && !r.is_complete() && !r.is_response());
     }

@@ -186,22 +186,8 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         let tensor_bar = bar.clone();
         let mut on_tensor = move |t: &crate::quantize::TensorDone| {
             if verbose {
-                let dims: Vec<String> = t.plan.dims.iter().map(u64::to_string).collect();
-                tensor_bar.suspend(|| {
-                    eprintln_lossy!(
-                        "[{:>4}/{}] {:<28} {:>12} {:>5} -> {:<5} {:>9} -> {:>9} {:>6.0} ms{}",
-                        t.index + 1,
-                        t.total,
-                        t.plan.name,
-                        dims.join("x"),
-                        t.plan.from.name(),
-                        t.plan.to.name(),
-                        human_size(t.bytes_in),
-                        human_size(t.bytes_out),
-                        t.elapsed.as_secs_f64() * 1e3,
-                        if t.plan.fell_back() { format!(" (fallback from {})", t.plan.wanted) } else { String::new() }
-                    )
-                });
+                let line = tensor_line(t.index, t.total, t.plan, t.bytes_in, t.bytes_out, Some(t.elapsed));
+                tensor_bar.suspend(|| eprintln_lossy!("{line}"));
             }
             tensor_bar.inc(1);
         };
@@ -259,28 +245,16 @@ fn print_plan(quantizer: &Quantizer, args: &QuantizeArgs) -> anyhow::Result<()> 
     let mut out = String::new();
     for (i, p) in plan.iter().enumerate() {
         let tensor = &file.tensors()[p.index];
-        let n: u64 = p.dims.iter().product();
         let rows = p.dims.iter().skip(1).product::<u64>();
         let size = p.dims.first().and_then(|&w| p.to.row_bytes(w)).and_then(|r| r.checked_mul(rows));
         let size = size.with_context(|| format!("tensor {}: {:?} does not fit {}", p.name, p.dims, p.to))?;
         bytes_in += tensor.n_bytes;
         bytes_out += size;
-        elements += n;
-        let dims: Vec<String> = p.dims.iter().map(u64::to_string).collect();
-        out.push_str(&format!(
-            "[{:>4}/{}] {:<28} {:>12} {:>5} -> {:<5} {:>9} -> {:>9}{}\n",
-            i + 1,
-            plan.len(),
-            p.name,
-            dims.join("x"),
-            p.from.name(),
-            p.to.name(),
-            human_size(tensor.n_bytes),
-            human_size(size),
-            if p.fell_back() { format!(" (fallback from {})", p.wanted) } else { String::new() }
-        ));
+        elements += p.dims.iter().product::<u64>();
+        out.push_str(&tensor_line(i, plan.len(), p, tensor.n_bytes, size, None));
+        out.push('\n');
     }
-    let bpw = |b: u64| if elements == 0 { 0.0 } else { b as f64 * 8.0 / elements as f64 };
+    let bpw = |b: u64| crate::quantize::bits_per_weight(b, elements);
     out.push_str(&format!(
         "dry run: {} tensors, {} ({:.2} bits per weight) -> {} ({:.2} bits per weight) as {}; nothing written to {}\n",
         plan.len(),
@@ -293,6 +267,32 @@ fn print_plan(quantizer: &Quantizer, args: &QuantizeArgs) -> anyhow::Result<()> 
     ));
     crate::cli::output::print_flush(&out)?;
     Ok(())
+}
+
+/// One tensor's line of `-v` (with the time it took) and of `--dry-run` (without): position, name, shape, types
+/// and sizes before and after, and the type it fell back from.
+fn tensor_line(
+    index: usize,
+    total: usize,
+    p: &crate::quantize::TensorPlan,
+    bytes_in: u64,
+    bytes_out: u64,
+    elapsed: Option<std::time::Duration>,
+) -> String {
+    let dims: Vec<String> = p.dims.iter().map(u64::to_string).collect();
+    format!(
+        "[{:>4}/{}] {:<28} {:>12} {:>5} -> {:<5} {:>9} -> {:>9}{}{}",
+        index + 1,
+        total,
+        p.name,
+        dims.join("x"),
+        p.from.name(),
+        p.to.name(),
+        human_size(bytes_in),
+        human_size(bytes_out),
+        elapsed.map_or_else(String::new, |e| format!(" {:>6.0} ms", e.as_secs_f64() * 1e3)),
+        if p.fell_back() { format!(" (fallback from {})", p.wanted) } else { String::new() }
+    )
 }
 
 /// `--check`: OUT scored against IN on the check text, both with an f32 KV cache so that only the weights differ,

@@ -126,16 +126,17 @@ pub struct Summary {
 impl Summary {
     /// Bits per weight of the input's tensor data.
     pub fn bpw_in(&self) -> f64 {
-        bits(self.tensor_bytes_in, self.elements)
+        bits_per_weight(self.tensor_bytes_in, self.elements)
     }
 
     /// Bits per weight of the output's tensor data.
     pub fn bpw_out(&self) -> f64 {
-        bits(self.tensor_bytes_out, self.elements)
+        bits_per_weight(self.tensor_bytes_out, self.elements)
     }
 }
 
-fn bits(bytes: u64, elements: u64) -> f64 {
+/// Bits per weight of `bytes` of tensor data holding `elements` values (0 for none).
+pub fn bits_per_weight(bytes: u64, elements: u64) -> f64 {
     if elements == 0 { 0.0 } else { bytes as f64 * 8.0 / elements as f64 }
 }
 

@@ -1143,16 +1143,24 @@ mod tests {
             let template = crate::tokenizer::chat::ChatTemplate::new("test", source, bos, "").unwrap();
             template.render_with_tools(m, r.tools.as_ref().unwrap().template_tools(), true).unwrap()
         };
+        // Every part in the text, and the text ends with the prompt for the reply.
+        let holds = |text: &str, parts: &[&str], end: &str| {
+            for part in parts {
+                assert!(text.contains(part), "{part:?} not in:\n{text}");
+            }
+            assert!(text.ends_with(end), "{text}");
+        };
         let text = render(include_str!("../../tests/data/tagged-tools.jinja"), "", &r);
-        for part in [
-            "<|im_start|>system\nbe brief\n\nYou can call these functions",
-            r#"{"function":{"description":"The weather","name":"w","parameters":"#,
-            "<|im_start|>assistant\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"city\":\"Oslo\"}}\n</tool_call>\n",
-            "<|im_start|>user\n<tool_response>\ncold\n</tool_response>\n<tool_response>\nnoon\n</tool_response>\n<|im_end|>",
-        ] {
-            assert!(text.contains(part), "{part:?} not in:\n{text}");
-        }
-        assert!(text.ends_with("<|im_start|>assistant\n"), "{text}");
+        holds(
+            &text,
+            &[
+                "<|im_start|>system\nbe brief\n\nYou can call these functions",
+                r#"{"function":{"description":"The weather","name":"w","parameters":"#,
+                "<|im_start|>assistant\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"city\":\"Oslo\"}}\n</tool_call>\n",
+                "<|im_start|>user\n<tool_response>\ncold\n</tool_response>\n<tool_response>\nnoon\n</tool_response>\n<|im_end|>",
+            ],
+            "<|im_start|>assistant\n",
+        );
         assert_eq!(text.matches("be brief").count(), 1, "{text}");
 
         // Llama 3's: the tools in the first user turn, the call a bare object, the results ipython turns.
@@ -1164,15 +1172,16 @@ mod tests {
             "tools": [{"type": "function", "function": {"name": "w", "description": "The weather"}}]}"#;
         let r = parse_in(body, true, ToolStyle::Llama3).unwrap();
         let text = render(include_str!("../../tests/data/llama3-tools.jinja"), "<|begin_of_text|>", &r);
-        for part in [
-            "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nbe brief<|eot_id|>",
-            "These functions are available.",
-            r#"{"function":{"description":"The weather","name":"w","parameters":"#,
-            "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"w\", \"parameters\": {\"city\":\"Oslo\"}}<|eot_id|>",
-            "<|start_header_id|>ipython<|end_header_id|>\n\ncold<|eot_id|>",
-        ] {
-            assert!(text.contains(part), "{part:?} not in:\n{text}");
-        }
-        assert!(text.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\n"), "{text}");
+        holds(
+            &text,
+            &[
+                "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nbe brief<|eot_id|>",
+                "These functions are available.",
+                r#"{"function":{"description":"The weather","name":"w","parameters":"#,
+                "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"w\", \"parameters\": {\"city\":\"Oslo\"}}<|eot_id|>",
+                "<|start_header_id|>ipython<|end_header_id|>\n\ncold<|eot_id|>",
+            ],
+            "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        );
     }
 }
