@@ -196,6 +196,16 @@ pub fn l1d_bytes() -> Option<usize> {
     None
 }
 
+/// The size of the last-level (L3) cache in bytes, where CPUID states it. On Intel cores the AVX-512 decode
+/// kernels stream weights a short way ahead into L2 once the packed weights outgrow a third of it (they then come
+/// from DRAM).
+pub fn l3_bytes() -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    return crate::arch::cache::l3_bytes();
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
 /// The kernel table of [`isa()`].
 pub fn kernels() -> &'static Kernels {
     static TABLE: OnceLock<&'static Kernels> = OnceLock::new();

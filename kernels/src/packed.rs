@@ -69,7 +69,7 @@
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use half::f16;
 
@@ -478,11 +478,22 @@ enum Lines {
     Mapped(MappedLines),
 }
 
+/// Bytes of panel buffers alive in this process (every model loaded): the working set decode streams, which the
+/// decode kernels weigh against the last-level cache (`arch::cache::decode_stream`).
+static PANEL_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// Bytes of packed panels alive in this process, over every [`PackedMatrix`] (matrices packed together share one
+/// buffer, counted until the last of them is dropped).
+pub fn panel_bytes_alive() -> usize {
+    PANEL_BYTES.load(Ordering::Relaxed)
+}
+
 impl Lines {
     /// Buffers from this size up are mapped: one 2 MB page.
     const MAP_MIN: usize = 2 << 20;
 
     fn zeroed(n: usize) -> Lines {
+        PANEL_BYTES.fetch_add(n * 64, Ordering::Relaxed);
         #[cfg(target_os = "linux")]
         if n.saturating_mul(64) >= Self::MAP_MIN
             && let Some(m) = MappedLines::zeroed(n)
@@ -490,6 +501,12 @@ impl Lines {
             return Lines::Mapped(m);
         }
         Lines::Heap(vec![Line([0; 64]); n])
+    }
+}
+
+impl Drop for Lines {
+    fn drop(&mut self) {
+        PANEL_BYTES.fetch_sub(self.len() * 64, Ordering::Relaxed);
     }
 }
 

@@ -202,7 +202,8 @@ fn summarise_array_head(v: &MetaValue) -> serde_json::Value {
 pub fn simd_line() -> String {
     let offered = crate::cli::cpu_features().join(" ");
     let l1d = infer_kernels::dispatch::l1d_bytes().map(|b| format!("; L1D {} KB", b / 1024)).unwrap_or_default();
-    format!("{} (cpu: {offered}{l1d})", crate::cli::isa_in_use())
+    let l3 = infer_kernels::dispatch::l3_bytes().map(|b| format!(", L3 {} MB", b >> 20)).unwrap_or_default();
+    format!("{} (cpu: {offered}{l1d}{l3})", crate::cli::isa_in_use())
 }
 
 /// The usable CPUs and the default thread count: `2 cores, 1 NUMA node; 2 threads by default (one per core)`.
@@ -221,5 +222,6 @@ fn simd_json() -> serde_json::Value {
         "in_use": crate::cli::isa_in_use(),
         "cpu": crate::cli::cpu_features(),
         "l1d_bytes": infer_kernels::dispatch::l1d_bytes(),
+        "l3_bytes": infer_kernels::dispatch::l3_bytes(),
     })
 }

@@ -21,7 +21,7 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 use std::ops::Range;
 
-use super::cache::small_l1d;
+use super::cache::{DecodeStream, L2_NEAR_AHEAD, decode_stream, small_l1d};
 use super::packed256::{DECODE_F, prefetch_l2, prefetch_lines, prefetch_streams};
 use crate::dispatch::{Act32, OutSink};
 use crate::packed::{Line, PANEL_ROWS, PackedFormat, PackedView, Sections, check_args, check_args_f};
@@ -288,14 +288,13 @@ unsafe fn run<F: Quants, const G: usize>(
         let decode = o1 - o0 == 1;
         // The end of the task's panels, where a decode stream's prefetch stops (later panels are another task's).
         let end = w.bytes.as_ptr().wrapping_add(panels.end * w.panel_bytes);
-        // Decode's stream goes to L2 where L1 is small (see `DECODE_AHEAD`).
-        let l2 = decode && small_l1d();
+        // Where decode's stream goes, and how far ahead (see `DecodeStream`).
+        let how = decode_stream();
         if decode {
-            // Decode: the first `DECODE_AHEAD` bytes of the task are fetched here; each block then fetches its
-            // own lines that far ahead (see `tile`).
+            // Decode: the first `ahead` bytes of the task are fetched here; each block then fetches its own lines
+            // that far ahead (see `tile`).
             let first = w.bytes.as_ptr().wrapping_add(p * w.panel_bytes);
-            let lines = 0..stream_lines(first, DECODE_AHEAD, end);
-            if l2 { prefetch_l2(first, lines) } else { prefetch_lines(first, lines) }
+            stream_hint(how, first, 0..stream_lines(first, stream_ahead(how), end));
         }
         // Decode runs one panel per tile: with two, the two panels in use and the two being fetched overflowed L1
         // (4 × 26 KB for the Q8 FFN-down panels of SmolLM2); one panel per tile measured faster for Q4_1 and Q8_0.
@@ -305,7 +304,7 @@ unsafe fn run<F: Quants, const G: usize>(
             // Batches: the panels this group's tiles fetch as they go, the next group.
             let from = p + n;
             let lines = panels.end.saturating_sub(from).min(most) * w.panel_bytes / 64;
-            let next = if decode { Ahead::Stream { end, l2 } } else { Ahead::Group { from, lines } };
+            let next = if decode { Ahead::Stream { end, how } } else { Ahead::Group { from, lines } };
             // SAFETY (both): p + n ≤ panels.end; the rest is the caller's.
             if n == 2 {
                 unsafe { rows::<F, G, 2>(w, p, act, o0..o1, next, &mut unpacked, out) };
@@ -496,7 +495,7 @@ enum Ahead {
     },
     /// Decode: the task's panels as one stream, [`DECODE_AHEAD`] bytes ahead of the reads, into L1 (or with `l2`
     /// into L2), stopping at `end` (the end of the task's last panel).
-    Stream { end: *const u8, l2: bool },
+    Stream { end: *const u8, how: DecodeStream },
 }
 
 /// How far ahead of its reads (in bytes) a decode tile prefetches the panel stream: into L1 where L1D holds more
@@ -515,7 +514,21 @@ enum Ahead {
 /// 227; into L1: 2 KB 111 / 179, 4 KB 125 / 215; none 97 / 111. End to end, tg128 on 2 threads, 4 interleaved
 /// rounds, L1 → L2 medians: Q8_0 163 → 181, Q4_1 222 → 254, Q4_0 269 → 272, Gemma 3 98 → 105 t/s (L2 ahead in
 /// 14 of those 16 pairs).
+///
+/// Intel cores streaming from DRAM go [`L2_NEAR_AHEAD`] ahead into L2 instead ([`DecodeStream::L2Near`]).
 const DECODE_AHEAD: usize = 8 * 1024;
+
+/// How far ahead of its reads a decode tile's stream runs.
+#[inline(always)]
+fn stream_ahead(how: DecodeStream) -> usize {
+    if how == DecodeStream::L2Near { L2_NEAR_AHEAD } else { DECODE_AHEAD }
+}
+
+/// Prefetches `lines` from `at` into the cache level of the stream `how`.
+#[inline(always)]
+fn stream_hint(how: DecodeStream, at: *const u8, lines: Range<usize>) {
+    if how == DecodeStream::L1Far { prefetch_lines(at, lines) } else { prefetch_l2(at, lines) }
+}
 
 /// Cache lines of the `bytes` from `at` that lie before `end` (none when `at` is at or past it).
 #[inline(always)]
@@ -569,7 +582,7 @@ unsafe fn tiles<F: Quants, const G: usize, const P: usize, const CACHED: bool>(
             let (lo, hi) = (at(rows.start), at(rows.end));
             Prefetch::Lines { first: ahead.wrapping_add(64 * lo), count: hi - lo }
         }
-        Ahead::Stream { end, l2 } => Prefetch::Stream { end, l2 },
+        Ahead::Stream { end, how } => Prefetch::Stream { end, how },
     };
     let mut o = outs.start;
     // SAFETY (all): o + C ≤ outs.end in every call; the rest is the caller's.
@@ -611,7 +624,7 @@ enum Prefetch {
     Lines { first: *const u8, count: usize },
     /// Each block's own lines [`DECODE_AHEAD`] bytes further on, into L1 (with `l2` into L2), none at or past
     /// `end`.
-    Stream { end: *const u8, l2: bool },
+    Stream { end: *const u8, how: DecodeStream },
 }
 
 /// Repeats `body` with `c` bound to each constant `0..C` (`C` ≤ 8) so that `[_; C]` accumulators indexed by `c`
@@ -683,14 +696,13 @@ unsafe fn tile<F: Quants, const G: usize, const C: usize, const P: usize, const 
                     let per_block = count.div_ceil(nb);
                     prefetch_l2(first, b * per_block..((b + 1) * per_block).min(count))
                 }
-                Prefetch::Stream { end, l2 } => {
+                Prefetch::Stream { end, how } => {
                     // Block b's lines: its quants, and after a group's last block the group's scales (the last
                     // block of a panel also its padding, so that consecutive panels are one stream).
                     let (start, stop) = (sec.qs(b), if b + 1 < nb { sec.qs(b + 1) } else { w.panel_bytes });
                     for panel in base {
-                        let at = panel.wrapping_add(start + DECODE_AHEAD);
-                        let lines = 0..stream_lines(at, stop - start, end);
-                        if l2 { prefetch_l2(at, lines) } else { prefetch_lines(at, lines) }
+                        let at = panel.wrapping_add(start + stream_ahead(how));
+                        stream_hint(how, at, 0..stream_lines(at, stop - start, end));
                     }
                 }
             }
