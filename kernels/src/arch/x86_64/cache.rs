@@ -35,8 +35,8 @@ fn intel() -> bool {
 /// Where a quantized decode tile's software prefetch puts the weight stream, and how far ahead of its reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum DecodeStream {
-    /// `ahead` bytes ahead into L1 (`prefetcht0`): the panel kernels' choice, measured on AMD cores (Zen 4 with
-    /// the 32 KB L1D case below, Zen 5) and on Intel cores whose model sits in the L3.
+    /// The 512-bit kernel's `DECODE_AHEAD` bytes ahead into L1 (`prefetcht0`): its choice, measured on AMD cores
+    /// (Zen 4 with the 32 KB L1D case below, Zen 5) and on Intel cores whose model sits in the L3.
     L1Far,
     /// The same distance into L2 (`prefetcht1`), where L1D holds 32 KB or less.
     L2Far,
@@ -45,8 +45,8 @@ pub(crate) enum DecodeStream {
 }
 
 /// How far ahead [`DecodeStream::L2Near`] fetches. On an Intel Xeon with AMX (2 vCPUs of a guest that reports
-/// family 6 model 167; 48 KB L1D, 2 MB L2, 480 MB L3 shared with other guests), a 3.75 B-parameter llama of random Q4_1 weights
-/// (2.18 GiB, so every token reads DRAM), tg16 t/s on 1 / 2 threads, AVX-512 kernel, two interleaved rounds: the
+/// family 6 model 167; 48 KB L1D, 2 MB L2, 480 MB L3 shared with other guests), a 3.75 B-parameter llama of
+/// random Q4_1 weights (2.18 GiB, so every token reads DRAM), tg16 t/s on 1 / 2 threads, AVX-512 kernel, two interleaved rounds: the
 /// panel kernels' stream (8 KB into L1) 4.4 / 7.5; into L2 at 1 KB 5.2 / 10.0, 1.5 KB 5.5 / 10.3, 2 KB 6.1–6.5 /
 /// 11.5–12.3, 2.5 KB 6.5–6.6 / 12.4–12.5, 3 KB 6.1–6.3 / 11.6–12.0, 4 KB 5.8 / 11.2–11.4, 8 KB 5.7 / –; `prefetcht2`
 /// at 2 KB 6.1 / 11.5; 8 KB into L1 plus 16 KB into L2 – / 10.3–10.5; no software prefetch 4.4 / –;
@@ -145,7 +145,8 @@ mod tests {
         entries.flatten().map(|e| e.path()).find_map(|p| {
             (read(&p, "level").trim() == level && read(&p, "type").trim() == kind).then(|| {
                 let size = read(&p, "size");
-                let (n, unit) = size.trim().split_at(size.trim().len() - 1);
+                let size = size.trim();
+                let (n, unit) = size.split_at(size.len().saturating_sub(1));
                 let n: usize = n.parse().expect("sysfs cache size");
                 n * match unit {
                     "K" => 1024,

@@ -280,6 +280,8 @@ unsafe fn run<F: Quants, const G: usize>(
     let chunk = ACT_CHUNK / G;
     let mut halves = HALF_SUMS.take();
     let mut unpacked = UNPACKED.take();
+    // Where a decode chunk's stream goes, and how far ahead (see `DecodeStream`): read once per call, not per chunk.
+    let how = decode_stream();
     let mut o0 = 0;
     while o0 < n_out {
         let o1 = (o0 + chunk).min(n_out);
@@ -288,8 +290,6 @@ unsafe fn run<F: Quants, const G: usize>(
         let decode = o1 - o0 == 1;
         // The end of the task's panels, where a decode stream's prefetch stops (later panels are another task's).
         let end = w.bytes.as_ptr().wrapping_add(panels.end * w.panel_bytes);
-        // Where decode's stream goes, and how far ahead (see `DecodeStream`).
-        let how = decode_stream();
         if decode {
             // Decode: the first `ahead` bytes of the task are fetched here; each block then fetches its own lines
             // that far ahead (see `tile`).
@@ -493,8 +493,8 @@ enum Ahead {
         /// Its size in 64-byte lines.
         lines: usize,
     },
-    /// Decode: the task's panels as one stream, [`DECODE_AHEAD`] bytes ahead of the reads, into L1 (or with `l2`
-    /// into L2), stopping at `end` (the end of the task's last panel).
+    /// Decode: the task's panels as one stream, ahead of the reads as `how` says ([`DECODE_AHEAD`] or
+    /// [`L2_NEAR_AHEAD`] bytes, into L1 or L2), stopping at `end` (the end of the task's last panel).
     Stream { end: *const u8, how: DecodeStream },
 }
 
@@ -622,8 +622,7 @@ enum Prefetch {
     /// Q4_1 181.6 → 220.4, Q8_0 106.8 → 147.6 tokens; with 2 and 4 activation rows Q8_0 211 → 327 and 317 → 410;
     /// with 16 unchanged. (Decode, one panel per tile, streams instead: [`DECODE_AHEAD`].)
     Lines { first: *const u8, count: usize },
-    /// Each block's own lines [`DECODE_AHEAD`] bytes further on, into L1 (with `l2` into L2), none at or past
-    /// `end`.
+    /// Each block's own lines further on, as far and into the cache level `how` says, none at or past `end`.
     Stream { end: *const u8, how: DecodeStream },
 }
 
